@@ -1,0 +1,32 @@
+//! Labels, annotations, finalizers and field managers (CONTRACT.md "Keys").
+
+/// Provider CRD label that exports an API (exact value "true" only).
+pub const EXPORTED: &str = "core.kbind.io/exported";
+/// Consumer CRD label: kbind manages this CRD.
+pub const MANAGED: &str = "core.kbind.io/managed";
+/// Consumer CRD annotation: the one Connection that owns it.
+pub const CONNECTION: &str = "core.kbind.io/connection";
+/// Finalizer on Connection, its Secret, Binding and ClusterBinding: teardown not finished.
+pub const CLEANUP_FINALIZER: &str = "core.kbind.io/cleanup";
+/// Consumer CRD annotation: hash of the provider schema it was made from.
+pub const SCHEMA_HASH: &str = "core.kbind.io/schema-hash";
+/// Provider object label: the consumer cluster UID that owns it.
+pub const CONSUMER_CLUSTER: &str = "core.kbind.io/consumer-cluster";
+/// Provider object annotation: the consumer object UID that owns it.
+pub const CONSUMER_OBJECT_UID: &str = "core.kbind.io/consumer-object-uid";
+/// Finalizer on synced consumer objects: provider copy not yet handled.
+pub const SYNCER_FINALIZER: &str = "core.kbind.io/syncer";
+/// Consumer object annotation: why it does not sync.
+pub const CONFLICT: &str = "core.kbind.io/conflict";
+/// Consumer object annotation: on delete, hand the provider copy over instead of deleting it.
+pub const DELETION_POLICY: &str = "core.kbind.io/deletion-policy";
+/// The only value of [`DELETION_POLICY`] kbind acts on.
+pub const DELETION_POLICY_ORPHAN: &str = "Orphan";
+
+/// Prefix of the heartbeat Lease on the provider.
+pub const HEARTBEAT_LEASE_PREFIX: &str = "consumer-";
+
+/// Field manager for a pass's server-side apply writes.
+pub fn field_manager(pass: &str) -> String {
+    format!("kbind-{pass}")
+}

@@ -1,0 +1,14 @@
+//! The custom resources kbind reads and writes, in the spec's vocabulary.
+//!
+//! Each group lives in its own module; `keys` holds every label, annotation and finalizer so no
+//! pass spells a key twice.
+
+pub mod conditions;
+pub mod core;
+pub mod kcp;
+pub mod keys;
+pub mod providers;
+pub mod relsync;
+
+/// The status of a condition, as metav1.Condition spells it.
+pub use conditions::{ConditionStatus, Conditions};

@@ -1,0 +1,35 @@
+//! The `kbind` command line.
+
+use clap::{Parser, Subcommand};
+
+use crate::pass::CommonArgs;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kbind",
+    version,
+    about = "Batch reconcilers for cross-cluster API binding, permission claims and directory-to-SpiceDB sync",
+    long_about = "kbind runs as Kubernetes CronJobs: each subcommand does one bounded pass and exits, \
+keeping everything the next run needs in custom resource status.\n\n\
+Exit codes: 0 the pass did its work (or skipped because another run holds its Lease); \
+1 no progress was possible (API unreachable, auth failure); 2 usage or configuration error."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
+    Crds {
+        /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
+        /// instead, for running `kbind claims` against a plain Kubernetes API server.
+        #[arg(long)]
+        kcp: bool,
+    },
+    /// Print the version.
+    Version,
+}

@@ -1,0 +1,41 @@
+//! `kbind crds`: every CRD kbind's passes read or write, generated from the Rust types so the
+//! checked-in manifests cannot drift from the code (a test compares them).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+use crate::api::{core, kcp, providers, relsync};
+
+/// The CRDs a kbind installation owns, in `deploy/crds/` order.
+pub fn kbind_crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        core::Connection::crd(),
+        core::ClusterBinding::crd(),
+        core::Binding::crd(),
+        providers::CatalogEntry::crd(),
+        providers::Grant::crd(),
+        relsync::RelationshipSource::crd(),
+        relsync::AgentIdentity::crd(),
+    ]
+}
+
+/// The kcp CRDs kbind reads and writes, for plain-apiserver installs and tests (kcp serves
+/// these itself).
+pub fn kcp_crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        kcp::APIBinding::crd(),
+        kcp::APIExport::crd(),
+        kcp::APIExportEndpointSlice::crd(),
+        kcp::LogicalCluster::crd(),
+    ]
+}
+
+/// Render CRDs as one multi-document YAML stream.
+pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_saphyr::ser::Error> {
+    let mut out = String::new();
+    for crd in crds {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(crd)?);
+    }
+    Ok(out)
+}

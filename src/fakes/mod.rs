@@ -1,0 +1,97 @@
+//! Local stand-ins for Slack and a SCIM bridge, faithful to the documented behaviour kbind must
+//! survive (cursor pages that run short or empty while more remain, `ok:false` errors, the three
+//! throttle shapes, SCIM ListResponse quirks). Used by the tests and the demo; never in a job.
+
+pub mod scim;
+pub mod slack;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One injected misbehaviour, consumed by the next matching request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// HTTP 429 with `Retry-After: secs`, or without the header.
+    TooManyRequests { retry_after: Option<u64> },
+    /// HTTP 200 `{"ok":false,"error":"ratelimited"}` (Slack's third shape).
+    OkFalseRatelimited,
+    /// HTTP 200 `{"ok":false,"error":<code>}`.
+    OkFalse(String),
+    /// HTTP status with a body (e.g. 500, or 401 with a SCIM error).
+    Status(u16, String),
+}
+
+/// Knobs and counters shared by a fake's handlers.
+#[derive(Debug, Default)]
+pub struct Control {
+    /// Faults keyed by method (Slack method name or SCIM path kind); `*` matches any.
+    faults: BTreeMap<String, VecDeque<Fault>>,
+    calls: BTreeMap<String, u64>,
+    /// Authorization headers seen, to assert what a client sent where.
+    pub seen_auth: Vec<String>,
+}
+
+impl Control {
+    pub fn push_fault(&mut self, method: &str, fault: Fault) {
+        self.faults.entry(method.to_string()).or_default().push_back(fault);
+    }
+
+    fn next_fault(&mut self, method: &str) -> Option<Fault> {
+        for key in [method, "*"] {
+            if let Some(f) = self.faults.get_mut(key).and_then(VecDeque::pop_front) {
+                return Some(f);
+            }
+        }
+        None
+    }
+
+    fn count(&mut self, method: &str) {
+        *self.calls.entry(method.to_string()).or_default() += 1;
+    }
+
+    pub fn calls(&self, method: &str) -> u64 {
+        self.calls.get(method).copied().unwrap_or(0)
+    }
+
+    pub fn total_calls(&self) -> u64 {
+        self.calls.values().sum()
+    }
+}
+
+/// Lock a mutex, recovering from poisoning (a panicked handler must not wedge the fake).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running fake server; dropping the handle stops it.
+pub struct Running<S> {
+    pub addr: SocketAddr,
+    pub state: Arc<S>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<S> Running<S> {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl<S> Drop for Running<S> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn serve<S: Send + Sync + 'static>(
+    router: axum::Router,
+    state: Arc<S>,
+    port: u16,
+) -> std::io::Result<Running<S>> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(Running { addr, state, task })
+}

@@ -1,0 +1,16 @@
+//! kbind: batch reconcilers for cross-cluster API binding, permission-claim upkeep and
+//! directory-to-SpiceDB sync, each one bounded pass run as a Kubernetes CronJob.
+
+pub mod api;
+pub mod cli;
+pub mod crds;
+#[cfg(feature = "fakes")]
+pub mod fakes;
+pub mod pass;
+pub mod scrub;
+
+/// Install ring as the process-wide rustls provider (reqwest is built without one so only ring
+/// is linked). Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

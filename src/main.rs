@@ -1,0 +1,49 @@
+use std::io::IsTerminal;
+
+use clap::Parser;
+
+use kbind::cli::{Cli, Command};
+use kbind::pass::args::LogFormat;
+
+fn init_logging(format: Option<LogFormat>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = match format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Text) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.common.log_format);
+    let code = match cli.command {
+        Command::Crds { kcp } => {
+            let crds = if kcp { kbind::crds::kcp_crds() } else { kbind::crds::kbind_crds() };
+            match kbind::crds::to_yaml(&crds) {
+                Ok(y) => {
+                    use std::io::Write;
+                    // A closed pipe (`| head`) is not an error worth a panic.
+                    let _ = std::io::stdout().write_all(y.as_bytes());
+                    0
+                }
+                Err(e) => {
+                    eprintln!("kbind crds: {e}");
+                    1
+                }
+            }
+        }
+        Command::Version => {
+            println!("kbind {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+    };
+    std::process::exit(code);
+}

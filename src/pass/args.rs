@@ -1,0 +1,125 @@
+//! Flags every pass takes (CONTRACT "CLI").
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::shard::Shard;
+
+/// How the summary and dry-run plans are printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    #[default]
+    Text,
+    Json,
+    Yaml,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct CommonArgs {
+    /// Kubeconfig of the cluster this job runs against. Default: in-cluster, then $KUBECONFIG.
+    #[arg(long, env = "KUBECONFIG", global = true)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Observe and plan only: print the writes the pass would make, and make none.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
+    /// Format of the summary and of dry-run plans.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text, global = true)]
+    pub output: OutputFormat,
+    /// Stop taking new work after this many items (what counts is per pass; see --help of each).
+    #[arg(long, global = true)]
+    pub max_items: Option<u64>,
+    /// Stop taking new work this long after start, persist progress, exit 0 (e.g. 10m, 90s, 1h).
+    #[arg(long, default_value = "10m", value_parser = parse_duration, global = true)]
+    pub deadline: Duration,
+    /// Run shard i of n (0-based), e.g. `--shard $(JOB_COMPLETION_INDEX)/4` in an Indexed Job.
+    #[arg(long, value_parser = Shard::parse, global = true)]
+    pub shard: Option<Shard>,
+    /// Namespace of the pass Lease. Default: $POD_NAMESPACE, else kbind-system.
+    #[arg(long, env = "KBIND_LEASE_NAMESPACE", global = true)]
+    pub lease_namespace: Option<String>,
+    /// Log format. Default: text on a terminal, JSON otherwise.
+    #[arg(long, value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl CommonArgs {
+    pub fn lease_namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| "kbind-system".into())
+    }
+}
+
+/// Parse `90s`, `10m`, `1h`, `1h30m`, `500ms`, or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut num = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let mut unit = c.to_string();
+        if c == 'm' && chars.peek() == Some(&'s') {
+            unit.push('s');
+            chars.next();
+        }
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 90s, 10m, 1h30m"))?;
+        num.clear();
+        total += match unit.as_str() {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            _ => return Err(format!("invalid duration unit {unit:?} in {s:?}: use ms, s, m or h")),
+        };
+    }
+    if !num.is_empty() {
+        return Err(format!("invalid duration {s:?}: a number needs a unit (ms, s, m, h)"));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ok = [
+            ("90", 90_000),
+            ("90s", 90_000),
+            ("10m", 600_000),
+            ("1h30m", 5_400_000),
+            ("250ms", 250),
+        ];
+        for (s, ms) in ok {
+            assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
+        }
+        for bad in ["", "10x", "m", "10m5", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

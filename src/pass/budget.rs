@@ -1,0 +1,112 @@
+//! `--max-items` and `--deadline`: a pass asks before each unit of work, and near the deadline
+//! stops taking new work so it can finish what is in flight and persist its cursor.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub struct Budget {
+    max_items: Option<u64>,
+    used: AtomicU64,
+    start: Instant,
+    deadline: Duration,
+}
+
+/// Why a pass stopped taking work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exhausted {
+    MaxItems,
+    Deadline,
+}
+
+impl Budget {
+    pub fn new(max_items: Option<u64>, deadline: Duration) -> Self {
+        Self { max_items, used: AtomicU64::new(0), start: Instant::now(), deadline }
+    }
+
+    pub fn unlimited() -> Self {
+        Self::new(None, Duration::from_secs(365 * 24 * 3600))
+    }
+
+    /// The margin kept before the deadline for finishing in-flight work and recording status:
+    /// a tenth of the deadline, between 1 s and 30 s.
+    fn margin(&self) -> Duration {
+        (self.deadline / 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    }
+
+    /// Time left before the pass must stop taking work.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_sub(self.margin()).saturating_sub(self.start.elapsed())
+    }
+
+    /// Check without consuming: is there time (and items) left for more work?
+    pub fn check(&self) -> Result<(), Exhausted> {
+        if self.remaining().is_zero() {
+            return Err(Exhausted::Deadline);
+        }
+        if let Some(max) = self.max_items
+            && self.used.load(Ordering::SeqCst) >= max
+        {
+            return Err(Exhausted::MaxItems);
+        }
+        Ok(())
+    }
+
+    /// Take one item of budget.
+    pub fn take(&self) -> Result<(), Exhausted> {
+        if self.remaining().is_zero() {
+            return Err(Exhausted::Deadline);
+        }
+        match self.max_items {
+            None => {
+                self.used.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            Some(max) => self
+                .used
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| (u < max).then_some(u + 1))
+                .map(|_| ())
+                .map_err(|_| Exhausted::MaxItems),
+        }
+    }
+
+    /// Whether a wait of `d` would cross the point where work must stop.
+    pub fn would_cross_deadline(&self, d: Duration) -> bool {
+        d >= self.remaining()
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_run_out() {
+        let b = Budget::new(Some(2), Duration::from_secs(600));
+        assert!(b.take().is_ok());
+        assert!(b.check().is_ok());
+        assert!(b.take().is_ok());
+        assert_eq!(b.take(), Err(Exhausted::MaxItems));
+        assert_eq!(b.check(), Err(Exhausted::MaxItems));
+        assert_eq!(b.used(), 2);
+    }
+
+    #[test]
+    fn deadline_keeps_a_margin() {
+        // A 1 s deadline has a 1 s margin: no time for work at all.
+        let b = Budget::new(None, Duration::from_secs(1));
+        assert_eq!(b.take(), Err(Exhausted::Deadline));
+        let b = Budget::new(None, Duration::from_secs(600));
+        assert!(b.take().is_ok());
+        assert!(b.would_cross_deadline(Duration::from_secs(600)));
+        assert!(!b.would_cross_deadline(Duration::from_secs(1)));
+    }
+}

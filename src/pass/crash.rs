@@ -1,0 +1,21 @@
+//! Test-only crash knob: with `KBIND_CRASH_AFTER_WRITES=N` the process aborts right after its
+//! Nth data write, so crash-point tests can stop a real run at a chosen moment. Unset in
+//! production; an abort skips every destructor, which is the point.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+pub const ENV: &str = "KBIND_CRASH_AFTER_WRITES";
+
+/// Record one data write; aborts the process when the knob says so.
+pub fn data_write() {
+    let n = WRITES.fetch_add(1, Ordering::SeqCst) + 1;
+    let limit = LIMIT.get_or_init(|| std::env::var(ENV).ok().and_then(|v| v.parse().ok()));
+    if limit.is_some_and(|l| n >= l) {
+        eprintln!("kbind: {ENV}={n} reached, aborting (test crash point)");
+        std::process::abort();
+    }
+}

@@ -1,0 +1,147 @@
+//! One run at a time: a `coordination.k8s.io/v1` Lease per pass (and shard). A run that finds the
+//! Lease held by a live holder skips; an expired Lease is taken over. Every write carries the
+//! resourceVersion it read, so two runs racing for one Lease cannot both win.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+/// Result of trying to take the Lease.
+#[derive(Debug)]
+pub enum Acquired {
+    /// We hold it; release it when done.
+    Held(LeaseGuard),
+    /// A live holder has it.
+    HeldBy(String),
+}
+
+#[derive(Debug)]
+pub struct LeaseGuard {
+    api: Api<Lease>,
+    name: String,
+    holder: String,
+}
+
+/// A holder identity that is unique per process: the pod name (or host) plus pid and time.
+pub fn holder_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "kbind".into());
+    format!("{host}-{}-{}", std::process::id(), Timestamp::now().as_millisecond() % 1_000_000)
+}
+
+fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
+    let Some(holder) = spec.holder_identity.as_deref() else { return false };
+    if holder.is_empty() {
+        return false;
+    }
+    let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else { return false };
+    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    renewed.0 + SignedDuration::from_secs(secs) > now
+}
+
+/// Try to take the Lease `name` in `namespace` for `duration_secs`.
+pub async fn acquire(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+    duration_secs: i32,
+) -> Result<Acquired, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let now = Timestamp::now();
+    let spec = LeaseSpec {
+        holder_identity: Some(holder.to_string()),
+        lease_duration_seconds: Some(duration_secs),
+        acquire_time: Some(MicroTime(now)),
+        renew_time: Some(MicroTime(now)),
+        ..Default::default()
+    };
+    let guard = || LeaseGuard { api: api.clone(), name: name.to_string(), holder: holder.to_string() };
+    match api.get_opt(name).await? {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
+                spec: Some(LeaseSpec { lease_transitions: Some(0), ..spec }),
+            };
+            match api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(Acquired::Held(guard())),
+                Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
+                    Ok(Acquired::HeldBy(current_holder(&api, name).await))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Some(existing) => {
+            let old = existing.spec.clone().unwrap_or_default();
+            if is_live(&old, now) {
+                return Ok(Acquired::HeldBy(old.holder_identity.unwrap_or_default()));
+            }
+            let transitions = old.lease_transitions.unwrap_or(0) + 1;
+            let mut taken = existing;
+            taken.spec = Some(LeaseSpec { lease_transitions: Some(transitions), ..spec });
+            // replace carries metadata.resourceVersion: a racing taker gets 409.
+            match api.replace(name, &PostParams::default(), &taken).await {
+                Ok(_) => Ok(Acquired::Held(guard())),
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    Ok(Acquired::HeldBy(current_holder(&api, name).await))
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+async fn current_holder(api: &Api<Lease>, name: &str) -> String {
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec.and_then(|s| s.holder_identity))
+        .unwrap_or_else(|| "another run".into())
+}
+
+impl LeaseGuard {
+    /// Give the Lease up so the next run need not wait for it to expire. Best effort: an
+    /// unreleased Lease simply expires.
+    pub async fn release(self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
+        let Some(spec) = lease.spec.as_mut() else { return };
+        if spec.holder_identity.as_deref() != Some(self.holder.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        if let Err(e) = self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            tracing::debug!(lease = %self.name, error = %crate::scrub::scrub(&e.to_string()), "lease release failed; it will expire");
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let at = |s: i64| Some(MicroTime(Timestamp::from_second(s).unwrap()));
+        let spec = |holder: Option<&str>, renew, dur| LeaseSpec {
+            holder_identity: holder.map(String::from),
+            renew_time: renew,
+            lease_duration_seconds: Some(dur),
+            ..Default::default()
+        };
+        assert!(is_live(&spec(Some("a"), at(999_990), 60), now));
+        assert!(!is_live(&spec(Some("a"), at(999_000), 60), now), "expired");
+        assert!(!is_live(&spec(None, at(999_990), 60), now), "released");
+        assert!(!is_live(&spec(Some(""), at(999_990), 60), now), "released");
+        assert!(!is_live(&spec(Some("a"), None, 60), now), "never renewed");
+    }
+}

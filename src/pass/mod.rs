@@ -1,0 +1,19 @@
+//! The pass framework every job shares: one bounded pass (observe → plan → apply → record),
+//! guarded by a Lease, limited by a budget and a deadline, reported as one summary line.
+
+pub mod args;
+pub mod budget;
+pub mod client;
+pub mod crash;
+pub mod error;
+pub mod events;
+pub mod lease;
+pub mod shard;
+pub mod status;
+pub mod summary;
+
+pub use args::{CommonArgs, OutputFormat};
+pub use budget::Budget;
+pub use error::PassError;
+pub use shard::Shard;
+pub use summary::{PlannedWrite, Summary};

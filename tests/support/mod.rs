@@ -1,0 +1,127 @@
+//! Test support: the servers started by `hack/test.sh` (passed in through environment
+//! variables), clients for them, and unique names so tests run in parallel without colliding.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// Where the harness servers are.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub consumer: PathBuf,
+    pub provider: PathBuf,
+    pub consumer_restricted: PathBuf,
+    pub provider_restricted: PathBuf,
+    pub spicedb_url: String,
+}
+
+/// The harness servers, or `None` (with one message) when the tests were started without them
+/// outside CI. In CI a missing server is a failure, never a skip.
+pub fn env() -> Option<Env> {
+    kbind::install_crypto_provider();
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    match (
+        var("KBIND_TEST_CONSUMER_KUBECONFIG"),
+        var("KBIND_TEST_PROVIDER_KUBECONFIG"),
+        var("KBIND_TEST_CONSUMER_RESTRICTED_KUBECONFIG"),
+        var("KBIND_TEST_PROVIDER_RESTRICTED_KUBECONFIG"),
+        var("KBIND_TEST_SPICEDB_URL"),
+    ) {
+        (Some(c), Some(p), Some(cr), Some(pr), Some(s)) => Some(Env {
+            consumer: c.into(),
+            provider: p.into(),
+            consumer_restricted: cr.into(),
+            provider_restricted: pr.into(),
+            spicedb_url: s,
+        }),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("the test servers are not running: CI must run the tests through hack/test.sh")
+        }
+        _ => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                eprintln!(
+                    "skipping integration tests: the real servers are not running. \
+                     Run the suite with `hack/test.sh` (it builds and starts them)."
+                )
+            });
+            None
+        }
+    }
+}
+
+pub async fn client(kubeconfig: &PathBuf) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+impl Env {
+    pub async fn consumer(&self) -> Client {
+        client(&self.consumer).await
+    }
+    pub async fn provider(&self) -> Client {
+        client(&self.provider).await
+    }
+}
+
+/// A DNS-label-safe name unique to this process and call.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:x}{:x}-{n}", std::process::id() % 4096, t % 65536)
+}
+
+/// Create a namespace (its name unique) and return the name.
+pub async fn namespace(client: &Client, prefix: &str) -> String {
+    let name = unique(prefix);
+    let ns = Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create namespace");
+    name
+}
+
+/// Server-side apply CRDs and wait until they are Established.
+pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds {
+        let name = crd.metadata.name.clone().expect("crd name");
+        api.patch(&name, &PatchParams::apply("kbind-tests").force(), &Patch::Apply(crd))
+            .await
+            .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
+    }
+    for crd in crds {
+        let name = crd.metadata.name.clone().expect("crd name");
+        wait_established(&api, &name).await;
+    }
+}
+
+pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
+    for _ in 0..100 {
+        if let Ok(crd) = api.get(name).await {
+            let ok = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if ok {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("CRD {name} not established");
+}
+
+/// kbind's own CRDs, installed once per cluster (idempotent; tests share the servers).
+pub async fn kbind_crds(client: &Client) {
+    apply_crds(client, &kbind::crds::kbind_crds()).await;
+}

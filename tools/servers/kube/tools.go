@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the server commands so `go mod tidy` keeps their dependencies.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
