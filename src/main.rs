@@ -13,7 +13,9 @@ fn init_logging(format: Option<LogFormat>) {
         Some(LogFormat::Text) => false,
         None => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -26,7 +28,11 @@ fn main() {
     init_logging(cli.common.log_format);
     let code = match cli.command {
         Command::Crds { kcp } => {
-            let crds = if kcp { kbind::crds::kcp_crds() } else { kbind::crds::kbind_crds() };
+            let crds = if kcp {
+                kbind::crds::kcp_crds()
+            } else {
+                kbind::crds::kbind_crds()
+            };
             match kbind::crds::to_yaml(&crds) {
                 Ok(y) => {
                     use std::io::Write;

@@ -37,12 +37,17 @@ fn strip_secrets(text: &str) -> String {
 
 fn find_url(s: &str) -> Option<usize> {
     let lower = s.to_ascii_lowercase();
-    [lower.find("http://"), lower.find("https://")].into_iter().flatten().min()
+    [lower.find("http://"), lower.find("https://")]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 /// `https://user:pass@host/x` → `https://host/x`.
 fn strip_userinfo(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_string() };
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
     let after = &url[scheme_end + 3..];
     let authority_end = after.find('/').unwrap_or(after.len());
     match after[..authority_end].rfind('@') {
@@ -79,7 +84,9 @@ fn redact_tokens(s: &str) -> String {
 
 fn is_tokenish(word: &str) -> bool {
     let w = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_');
-    ["xoxb-", "xoxp-", "xoxa-", "xoxe-", "xapp-"].iter().any(|p| w.starts_with(p))
+    ["xoxb-", "xoxp-", "xoxa-", "xoxe-", "xapp-"]
+        .iter()
+        .any(|p| w.starts_with(p))
 }
 
 #[cfg(test)]
@@ -95,9 +102,15 @@ mod tests {
             ),
             ("see http://h/x#frag.", "see http://h/x"),
             ("dial https://u:p@host:1/a?b", "dial https://host:1/a"),
-            ("Authorization: Bearer abc.def", "Authorization: Bearer [REDACTED]"),
+            (
+                "Authorization: Bearer abc.def",
+                "Authorization: Bearer [REDACTED]",
+            ),
             ("token xoxb-123-456 echoed", "token [REDACTED] echoed"),
-            ("form access_token=secret here", "form access_token=[REDACTED] here"),
+            (
+                "form access_token=secret here",
+                "form access_token=[REDACTED] here",
+            ),
             ("plain message", "plain message"),
         ];
         for (input, want) in cases {

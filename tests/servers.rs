@@ -5,16 +5,16 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
     CustomResourceDefinitionVersion, CustomResourceValidation, JSONSchemaProps,
 };
-use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::core::GroupVersionKind;
-use kube::Api;
 use serde_json::json;
 
 use kbind::fakes::{Fault, scim, slack};
@@ -26,16 +26,25 @@ fn widget_crd(group: &str) -> CustomResourceDefinition {
     }))
     .unwrap();
     CustomResourceDefinition {
-        metadata: ObjectMeta { name: Some(format!("widgets.{group}")), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(format!("widgets.{group}")),
+            ..Default::default()
+        },
         spec: CustomResourceDefinitionSpec {
             group: group.into(),
-            names: CustomResourceDefinitionNames { plural: "widgets".into(), kind: "Widget".into(), ..Default::default() },
+            names: CustomResourceDefinitionNames {
+                plural: "widgets".into(),
+                kind: "Widget".into(),
+                ..Default::default()
+            },
             scope: "Namespaced".into(),
             versions: vec![CustomResourceDefinitionVersion {
                 name: "v1".into(),
                 served: true,
                 storage: true,
-                schema: Some(CustomResourceValidation { open_api_v3_schema: Some(schema) }),
+                schema: Some(CustomResourceValidation {
+                    open_api_v3_schema: Some(schema),
+                }),
                 ..Default::default()
             }],
             ..Default::default()
@@ -47,16 +56,28 @@ fn widget_crd(group: &str) -> CustomResourceDefinition {
 #[tokio::test]
 async fn crd_created_and_object_round_tripped_on_each_apiserver() {
     let Some(env) = support::env() else { return };
-    for (side, client) in [("consumer", env.consumer().await), ("provider", env.provider().await)] {
+    for (side, client) in [
+        ("consumer", env.consumer().await),
+        ("provider", env.provider().await),
+    ] {
         let group = format!("{}.servers.kbind.io", support::unique("g"));
         support::apply_crds(&client, &[widget_crd(&group)]).await;
         let ns = support::namespace(&client, side).await;
-        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&group, "v1", "Widget"), "widgets");
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&group, "v1", "Widget"),
+            "widgets",
+        );
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
         let obj = DynamicObject::new("w1", &ar).data(json!({"spec": {"size": 3, "side": side}}));
-        api.create(&PostParams::default(), &obj).await.expect("create widget");
+        api.create(&PostParams::default(), &obj)
+            .await
+            .expect("create widget");
         let back = api.get("w1").await.expect("get widget");
-        assert_eq!(back.data["spec"], json!({"size": 3, "side": side}), "{side}");
+        assert_eq!(
+            back.data["spec"],
+            json!({"size": 3, "side": side}),
+            "{side}"
+        );
     }
 }
 
@@ -64,9 +85,18 @@ async fn crd_created_and_object_round_tripped_on_each_apiserver() {
 async fn the_two_apiservers_are_different_clusters() {
     let Some(env) = support::env() else { return };
     let uid = |c: kube::Client| async move {
-        Api::<Namespace>::all(c).get("kube-system").await.expect("kube-system").metadata.uid.expect("uid")
+        Api::<Namespace>::all(c)
+            .get("kube-system")
+            .await
+            .expect("kube-system")
+            .metadata
+            .uid
+            .expect("uid")
     };
-    assert_ne!(uid(env.consumer().await).await, uid(env.provider().await).await);
+    assert_ne!(
+        uid(env.consumer().await).await,
+        uid(env.provider().await).await
+    );
 }
 
 #[tokio::test]
@@ -82,7 +112,10 @@ async fn restricted_identity_is_refused_until_a_test_grants_it() {
     }
     // A test shapes the restricted identity's RBAC.
     let role = Role {
-        metadata: ObjectMeta { name: Some("read-cm".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("read-cm".into()),
+            ..Default::default()
+        },
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec!["".into()]),
             resources: Some(vec!["configmaps".into()]),
@@ -90,13 +123,30 @@ async fn restricted_identity_is_refused_until_a_test_grants_it() {
             ..Default::default()
         }]),
     };
-    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
     let rb = RoleBinding {
-        metadata: ObjectMeta { name: Some("read-cm".into()), ..Default::default() },
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "read-cm".into() },
-        subjects: Some(vec![Subject { kind: "User".into(), name: "kbind-restricted".into(), ..Default::default() }]),
+        metadata: ObjectMeta {
+            name: Some("read-cm".into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "read-cm".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: "kbind-restricted".into(),
+            ..Default::default()
+        }]),
     };
-    Api::<RoleBinding>::namespaced(admin, &ns).create(&PostParams::default(), &rb).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
     let mut ok = false;
     for _ in 0..50 {
         if cms.list(&ListParams::default()).await.is_ok() {
@@ -115,10 +165,15 @@ async fn spicedb_relationship_written_and_read_back() {
     // serve-testing: every bearer token is its own store.
     let token = support::unique("spicedb");
     let post = |path: &str, body: serde_json::Value| {
-        http.post(format!("{}{path}", env.spicedb_url)).bearer_auth(&token).json(&body).send()
+        http.post(format!("{}{path}", env.spicedb_url))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
     };
     let schema = "definition user {}\ndefinition slack_channel {\n  relation member: user\n}";
-    let r = post("/v1/schema/write", json!({"schema": schema})).await.unwrap();
+    let r = post("/v1/schema/write", json!({"schema": schema}))
+        .await
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let r = post(
         "/v1/relationships/write",
@@ -150,14 +205,22 @@ async fn spicedb_relationship_written_and_read_back() {
         .await
         .unwrap();
     // The other store has not even the schema: isolation is per token.
-    assert!(!other.contains("\"objectId\":\"ada\""), "stores are not isolated: {other}");
+    assert!(
+        !other.contains("\"objectId\":\"ada\""),
+        "stores are not isolated: {other}"
+    );
     assert!(other.contains("not found"), "{other}");
 }
 
 #[tokio::test]
 async fn slack_fake_pages_short_and_empty_with_live_cursors_and_throttles() {
     kbind::install_crypto_provider();
-    let users = (0..250).map(|i| slack::User { id: format!("U{i:04}"), ..Default::default() }).collect();
+    let users = (0..250)
+        .map(|i| slack::User {
+            id: format!("U{i:04}"),
+            ..Default::default()
+        })
+        .collect();
     let ws = slack::Workspace {
         token: "xoxb-test".into(),
         users,
@@ -184,10 +247,16 @@ async fn slack_fake_pages_short_and_empty_with_live_cursors_and_throttles() {
             empty += 1;
         }
         for m in members {
-            assert!(seen.insert(m["id"].as_str().unwrap().to_string()), "duplicate {m}");
+            assert!(
+                seen.insert(m["id"].as_str().unwrap().to_string()),
+                "duplicate {m}"
+            );
         }
         pages += 1;
-        cursor = v["response_metadata"]["next_cursor"].as_str().unwrap_or("").to_string();
+        cursor = v["response_metadata"]["next_cursor"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         if cursor.is_empty() {
             break;
         }
@@ -195,9 +264,18 @@ async fn slack_fake_pages_short_and_empty_with_live_cursors_and_throttles() {
     assert_eq!(seen.len(), 250);
     assert!(empty > 0 && pages > 6, "pages {pages} empty {empty}");
 
-    fake.state.control().push_fault("users.list", Fault::TooManyRequests { retry_after: Some(7) });
-    fake.state.control().push_fault("users.list", Fault::TooManyRequests { retry_after: None });
-    fake.state.control().push_fault("users.list", Fault::OkFalseRatelimited);
+    fake.state.control().push_fault(
+        "users.list",
+        Fault::TooManyRequests {
+            retry_after: Some(7),
+        },
+    );
+    fake.state
+        .control()
+        .push_fault("users.list", Fault::TooManyRequests { retry_after: None });
+    fake.state
+        .control()
+        .push_fault("users.list", Fault::OkFalseRatelimited);
     let r = call(String::new()).await.unwrap();
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "7");
@@ -206,7 +284,10 @@ async fn slack_fake_pages_short_and_empty_with_live_cursors_and_throttles() {
     assert!(r.headers().get("retry-after").is_none());
     let r = call(String::new()).await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"], "ratelimited");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"],
+        "ratelimited"
+    );
     // A token in the query string is refused, as for newer Slack apps.
     let v: serde_json::Value = http
         .get(format!("{}/api/users.list?token=xoxb-test", fake.url()))
@@ -224,13 +305,28 @@ async fn slack_fake_pages_short_and_empty_with_live_cursors_and_throttles() {
 async fn scim_fake_pages_by_start_index_and_throttles() {
     kbind::install_crypto_provider();
     let users = (0..250)
-        .map(|i| scim::ScimUser { id: format!("u{i}"), user_name: format!("user{i}"), active: true, ..Default::default() })
+        .map(|i| scim::ScimUser {
+            id: format!("u{i}"),
+            user_name: format!("user{i}"),
+            active: true,
+            ..Default::default()
+        })
         .collect();
-    let dir = scim::Directory { token: "scim-token".into(), users, max_results: 100, ..Default::default() };
+    let dir = scim::Directory {
+        token: "scim-token".into(),
+        users,
+        max_results: 100,
+        ..Default::default()
+    };
     let fake = scim::start(dir, 0).await.unwrap();
     let http = reqwest::Client::new();
     let get = |start: usize| {
-        http.get(format!("{}/scim/Users?startIndex={start}&count=500", fake.url())).bearer_auth("scim-token").send()
+        http.get(format!(
+            "{}/scim/Users?startIndex={start}&count=500",
+            fake.url()
+        ))
+        .bearer_auth("scim-token")
+        .send()
     };
     let (mut start, mut ids) = (1, BTreeSet::new());
     loop {
@@ -245,10 +341,20 @@ async fn scim_fake_pages_by_start_index_and_throttles() {
         }
     }
     assert_eq!(ids.len(), 250);
-    fake.state.control().push_fault("Users", Fault::TooManyRequests { retry_after: Some(2) });
+    fake.state.control().push_fault(
+        "Users",
+        Fault::TooManyRequests {
+            retry_after: Some(2),
+        },
+    );
     let r = get(1).await.unwrap();
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "2");
-    let r = http.get(format!("{}/scim/Users", fake.url())).bearer_auth("wrong").send().await.unwrap();
+    let r = http
+        .get(format!("{}/scim/Users", fake.url()))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
 }

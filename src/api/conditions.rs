@@ -113,12 +113,33 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_status_change() {
         let mut c: Vec<Condition> = Vec::new();
-        assert!(c.set_condition("Ready", ConditionStatus::False, "Waiting", "m", Some(1), t(10)));
+        assert!(c.set_condition(
+            "Ready",
+            ConditionStatus::False,
+            "Waiting",
+            "m",
+            Some(1),
+            t(10)
+        ));
         // Same status, new reason: a change, but the transition time stays.
-        assert!(c.set_condition("Ready", ConditionStatus::False, "Other", "m", Some(1), t(20)));
+        assert!(c.set_condition(
+            "Ready",
+            ConditionStatus::False,
+            "Other",
+            "m",
+            Some(1),
+            t(20)
+        ));
         assert_eq!(c[0].last_transition_time.0, t(10));
         // Identical: no change at all.
-        assert!(!c.set_condition("Ready", ConditionStatus::False, "Other", "m", Some(1), t(30)));
+        assert!(!c.set_condition(
+            "Ready",
+            ConditionStatus::False,
+            "Other",
+            "m",
+            Some(1),
+            t(30)
+        ));
         // Status flips: transition time moves.
         assert!(c.set_condition("Ready", ConditionStatus::True, "Ok", "", Some(2), t(40)));
         assert_eq!(c[0].last_transition_time.0, t(40));

@@ -8,9 +8,9 @@ pub const GROUP: &str = "core.kbind.io";
 pub const VERSION: &str = "v1alpha1";
 
 /// CEL: `<plural>.<group>`, lower-case DNS labels; refuses Kinds, versions and URLs.
-pub const API_NAME_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$')";
-pub const API_NAME_MESSAGE: &str =
-    "must be <plural>.<group> in lower case, e.g. widgets.example.org (not a Kind, a version or a URL)";
+pub const API_NAME_RULE: &str =
+    r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$')";
+pub const API_NAME_MESSAGE: &str = "must be <plural>.<group> in lower case, e.g. widgets.example.org (not a Kind, a version or a URL)";
 
 /// Where the provider credentials live. The reference is immutable; the Secret's data is not.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
@@ -29,7 +29,9 @@ fn default_kubeconfig_key() -> String {
 }
 
 /// Which provider discovery mechanism finds exported APIs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum SchemaSource {
     /// Labelled CRDs first; a successful empty list falls through to OpenAPI.
     #[default]
@@ -53,7 +55,9 @@ impl SchemaSource {
 }
 
 /// Which consumer CRDs are installed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum PullPolicy {
     /// Only APIs named by a Binding or ClusterBinding.
     #[default]
@@ -65,7 +69,9 @@ pub enum PullPolicy {
 }
 
 /// Whether an installed consumer CRD follows provider changes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum UpdatePolicy {
     /// Follow provider schema changes (by schema hash).
     #[default]
@@ -136,10 +142,18 @@ pub struct ExportedApi {
 #[x_kube(validation = Rule::new("!has(oldSelf.localClusterUID) || (has(self.localClusterUID) && self.localClusterUID == oldSelf.localClusterUID)").message("localClusterUID is immutable once recorded"))]
 pub struct ConnectionStatus {
     /// Provider cluster identity, pinned on first successful connection.
-    #[serde(rename = "remoteClusterUID", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "remoteClusterUID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub remote_cluster_uid: Option<String>,
     /// Consumer cluster identity, pinned on first successful connection.
-    #[serde(rename = "localClusterUID", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "localClusterUID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub local_cluster_uid: Option<String>,
     /// The source Auto selected (`CRD` or `OpenAPI`), or the explicit one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,7 +191,9 @@ pub struct ApiRef {
 }
 
 /// What to do with a provider object that kbind does not own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ConflictPolicy {
     /// Report a conflict and leave the provider object alone.
     #[default]

@@ -33,7 +33,9 @@ pub struct ClaimSelector {
 }
 
 /// Acceptance of a claim; kcp knows exactly these two.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ClaimState {
     Accepted,
     #[default]
@@ -146,9 +148,20 @@ pub struct Endpoint {
 }
 
 /// kcp LogicalCluster; kbind reads only its UID (the object is always named `cluster`).
-#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[kube(group = "core.kcp.io", version = "v1alpha1", kind = "LogicalCluster", plural = "logicalclusters")]
+#[derive(
+    CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[kube(
+    group = "core.kcp.io",
+    version = "v1alpha1",
+    kind = "LogicalCluster",
+    plural = "logicalclusters"
+)]
 pub struct LogicalClusterSpec {
-    #[serde(rename = "directlyDeletable", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "directlyDeletable",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub directly_deletable: Option<bool>,
 }

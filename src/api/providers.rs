@@ -5,7 +5,19 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 /// Reference to an APIExport: a workspace path (empty = the hub's own) and a name.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct ExportRef {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
@@ -13,7 +25,9 @@ pub struct ExportRef {
 }
 
 /// One thing a provider needs, claimed on its tenants' bindings.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, KubeSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, KubeSchema,
+)]
 pub struct Requirement {
     /// API group; empty for the core group.
     #[serde(default)]
@@ -80,7 +94,9 @@ pub struct CatalogEntryStatus {
 }
 
 /// A composition a workspace consented to.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Composition {
     #[serde(default)]
     pub group: String,

@@ -70,7 +70,9 @@ fn free_form(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 /// A failed scope in a pass; `scope` is empty when the failure is not attributable to one.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub struct ScopeErrorSample {
     #[serde(default)]
     pub scope: String,

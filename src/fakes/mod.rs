@@ -34,7 +34,10 @@ pub struct Control {
 
 impl Control {
     pub fn push_fault(&mut self, method: &str, fault: Fault) {
-        self.faults.entry(method.to_string()).or_default().push_back(fault);
+        self.faults
+            .entry(method.to_string())
+            .or_default()
+            .push_back(fault);
     }
 
     fn next_fault(&mut self, method: &str) -> Option<Fault> {

@@ -59,7 +59,10 @@ impl ScimState {
 
 pub async fn start(directory: Directory, port: u16) -> std::io::Result<Running<ScimState>> {
     let state = Arc::new(ScimState {
-        directory: Mutex::new(Directory { max_results: directory.max_results.max(1), ..directory }),
+        directory: Mutex::new(Directory {
+            max_results: directory.max_results.max(1),
+            ..directory
+        }),
         control: Mutex::default(),
     });
     let router = Router::new()
@@ -78,17 +81,26 @@ fn scim_error(status: StatusCode, detail: &str) -> Response {
         "status": status.as_u16().to_string(),
         "detail": detail,
     });
-    (status, [(header::CONTENT_TYPE, "application/scim+json")], body.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/scim+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// Count the call, apply a queued fault, check auth. `Err` is the response to send.
-fn gate(state: &ScimState, kind: &str, headers: &HeaderMap) -> Result<(), Response> {
-    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+fn gate(state: &ScimState, kind: &str, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let mut c = state.control();
     c.count(kind);
     c.seen_auth.push(auth.clone());
     if let Some(f) = c.next_fault(kind) {
-        return Err(match f {
+        return Err(Box::new(match f {
             Fault::TooManyRequests { retry_after } => {
                 let mut r = scim_error(StatusCode::TOO_MANY_REQUESTS, "too many requests");
                 if let Some(s) = retry_after {
@@ -96,22 +108,30 @@ fn gate(state: &ScimState, kind: &str, headers: &HeaderMap) -> Result<(), Respon
                 }
                 r
             }
-            Fault::Status(code, detail) => {
-                scim_error(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &detail)
-            }
+            Fault::Status(code, detail) => scim_error(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &detail,
+            ),
             Fault::OkFalse(detail) => scim_error(StatusCode::BAD_REQUEST, &detail),
             Fault::OkFalseRatelimited => scim_error(StatusCode::TOO_MANY_REQUESTS, "rate limited"),
-        });
+        }));
     }
     drop(c);
     if auth != format!("Bearer {}", state.directory().token) {
-        return Err(scim_error(StatusCode::UNAUTHORIZED, "invalid bearer token"));
+        return Err(Box::new(scim_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid bearer token",
+        )));
     }
     Ok(())
 }
 
 fn user_json(u: &ScimUser) -> Value {
-    let emails: Vec<Value> = u.emails.iter().map(|(v, p)| json!({"value": v, "primary": p, "type": "work"})).collect();
+    let emails: Vec<Value> = u
+        .emails
+        .iter()
+        .map(|(v, p)| json!({"value": v, "primary": p, "type": "work"}))
+        .collect();
     json!({
         "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
         "id": u.id, "userName": u.user_name, "active": u.active, "emails": emails,
@@ -119,7 +139,10 @@ fn user_json(u: &ScimUser) -> Value {
 }
 
 fn group_json(g: &ScimGroup, members: &[String]) -> Value {
-    let members: Vec<Value> = members.iter().map(|m| json!({"value": m, "type": "User"})).collect();
+    let members: Vec<Value> = members
+        .iter()
+        .map(|m| json!({"value": m, "type": "User"}))
+        .collect();
     json!({
         "schemas": ["urn:ietf:params:scim:schemas:core:2.0:Group"],
         "id": g.id, "displayName": g.display_name, "members": members,
@@ -127,9 +150,17 @@ fn group_json(g: &ScimGroup, members: &[String]) -> Value {
 }
 
 fn list_response(dir: &Directory, params: &HashMap<String, String>, items: Vec<Value>) -> Response {
-    let start = params.get("startIndex").and_then(|s| s.parse::<i64>().ok()).unwrap_or(1).max(1) as usize;
+    let start = params
+        .get("startIndex")
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or(1)
+        .max(1) as usize;
     let start = if dir.ignore_start_index { 1 } else { start };
-    let count = params.get("count").and_then(|s| s.parse::<i64>().ok()).unwrap_or(100).max(0) as usize;
+    let count = params
+        .get("count")
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or(100)
+        .max(0) as usize;
     let n = count.min(dir.max_results);
     let from = (start - 1).min(items.len());
     let to = (from + n).min(items.len());
@@ -142,7 +173,11 @@ fn list_response(dir: &Directory, params: &HashMap<String, String>, items: Vec<V
     if !dir.omit_total {
         body["totalResults"] = json!(items.len());
     }
-    ([(header::CONTENT_TYPE, "application/scim+json")], body.to_string()).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/scim+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 async fn list_users(
@@ -151,20 +186,28 @@ async fn list_users(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     if let Err(r) = gate(&s, "Users", &headers) {
-        return r;
+        return *r;
     }
     let dir = s.directory();
     let items = dir.users.iter().map(user_json).collect();
     list_response(&dir, &q, items)
 }
 
-async fn get_user(State(s): State<Arc<ScimState>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn get_user(
+    State(s): State<Arc<ScimState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     if let Err(r) = gate(&s, "User", &headers) {
-        return r;
+        return *r;
     }
     let dir = s.directory();
     match dir.users.iter().find(|u| u.id == id) {
-        Some(u) => ([(header::CONTENT_TYPE, "application/scim+json")], user_json(u).to_string()).into_response(),
+        Some(u) => (
+            [(header::CONTENT_TYPE, "application/scim+json")],
+            user_json(u).to_string(),
+        )
+            .into_response(),
         None => scim_error(StatusCode::NOT_FOUND, "user not found"),
     }
 }
@@ -175,10 +218,12 @@ async fn list_groups(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     if let Err(r) = gate(&s, "Groups", &headers) {
-        return r;
+        return *r;
     }
     let dir = s.directory();
-    let exclude_members = q.get("excludedAttributes").is_some_and(|a| a.contains("members"));
+    let exclude_members = q
+        .get("excludedAttributes")
+        .is_some_and(|a| a.contains("members"));
     let items = dir
         .groups
         .iter()
@@ -195,20 +240,32 @@ async fn get_group(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     if let Err(r) = gate(&s, "Group", &headers) {
-        return r;
+        return *r;
     }
     let dir = s.directory();
     let Some(g) = dir.groups.iter().find(|g| g.id == id) else {
         return scim_error(StatusCode::NOT_FOUND, "group not found");
     };
-    let start = q.get("startIndex").and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1);
+    let start = q
+        .get("startIndex")
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
     let start = if dir.ignore_start_index { 1 } else { start };
-    let count = q.get("count").and_then(|s| s.parse::<usize>().ok()).unwrap_or(usize::MAX).min(dir.max_results);
+    let count = q
+        .get("count")
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(usize::MAX)
+        .min(dir.max_results);
     let from = (start - 1).min(g.members.len());
     let to = from.saturating_add(count).min(g.members.len());
     let mut body = group_json(g, &g.members[from..to]);
     if !dir.omit_total {
         body["totalResults"] = json!(g.members.len());
     }
-    ([(header::CONTENT_TYPE, "application/scim+json")], body.to_string()).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/scim+json")],
+        body.to_string(),
+    )
+        .into_response()
 }

@@ -74,11 +74,16 @@ impl SlackState {
 /// Start the fake on 127.0.0.1 (`port` 0 picks a free one).
 pub async fn start(workspace: Workspace, port: u16) -> std::io::Result<Running<SlackState>> {
     let state = Arc::new(SlackState {
-        workspace: Mutex::new(Workspace { max_page: workspace.max_page.max(1), ..workspace }),
+        workspace: Mutex::new(Workspace {
+            max_page: workspace.max_page.max(1),
+            ..workspace
+        }),
         control: Mutex::default(),
         window: Mutex::new((std::time::Instant::now(), HashMap::new())),
     });
-    let router = Router::new().route("/api/{method}", any(handle)).with_state(state.clone());
+    let router = Router::new()
+        .route("/api/{method}", any(handle))
+        .with_state(state.clone());
     serve(router, state, port).await
 }
 
@@ -94,7 +99,10 @@ fn ok_false(code: &str) -> Response {
 fn fault_response(f: Fault) -> Response {
     match f {
         Fault::TooManyRequests { retry_after } => {
-            let mut r = (StatusCode::TOO_MANY_REQUESTS, axum::Json(json!({"ok": false, "error": "ratelimited"})))
+            let mut r = (
+                StatusCode::TOO_MANY_REQUESTS,
+                axum::Json(json!({"ok": false, "error": "ratelimited"})),
+            )
                 .into_response();
             if let Some(s) = retry_after {
                 r.headers_mut().insert(header::RETRY_AFTER, s.into());
@@ -103,9 +111,11 @@ fn fault_response(f: Fault) -> Response {
         }
         Fault::OkFalseRatelimited => ok_false("ratelimited"),
         Fault::OkFalse(code) => ok_false(&code),
-        Fault::Status(code, body) => {
-            (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response()
-        }
+        Fault::Status(code, body) => (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            body,
+        )
+            .into_response(),
     }
 }
 
@@ -118,7 +128,11 @@ async fn handle(
 ) -> Response {
     let mut params: HashMap<String, String> = parse_form(uri.query().unwrap_or(""));
     params.extend(parse_form(&body));
-    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     {
         let mut c = state.control();
         c.count(&method);
@@ -133,7 +147,11 @@ async fn handle(
     }
     let ws = state.workspace();
     if auth != format!("Bearer {}", ws.token) {
-        return ok_false(if auth.is_empty() { "not_authed" } else { "invalid_auth" });
+        return ok_false(if auth.is_empty() {
+            "not_authed"
+        } else {
+            "invalid_auth"
+        });
     }
     if let Some(&limit) = ws.tier_limits.get(&method) {
         let mut w = lock(&state.window);
@@ -143,16 +161,23 @@ async fn handle(
         let n = w.1.entry(method.clone()).or_default();
         *n += 1;
         if *n > limit {
-            return fault_response(Fault::TooManyRequests { retry_after: Some(1) });
+            return fault_response(Fault::TooManyRequests {
+                retry_after: Some(1),
+            });
         }
     }
     match method.as_str() {
         "auth.test" => ok(json!({"team_id": ws.team_id, "user_id": "UBOT", "bot_id": "BBOT"})),
         "conversations.list" => {
-            let types = params.get("types").cloned().unwrap_or_else(|| "public_channel".into());
+            let types = params
+                .get("types")
+                .cloned()
+                .unwrap_or_else(|| "public_channel".into());
             let want_public = types.split(',').any(|t| t == "public_channel");
             let want_private = types.split(',').any(|t| t == "private_channel");
-            let exclude_archived = params.get("exclude_archived").is_some_and(|v| v == "true" || v == "1");
+            let exclude_archived = params
+                .get("exclude_archived")
+                .is_some_and(|v| v == "true" || v == "1");
             let items: Vec<Value> = ws
                 .channels
                 .iter()
@@ -163,7 +188,10 @@ async fn handle(
             page(&ws, &params, items, "channels")
         }
         "conversations.members" => {
-            let Some(ch) = params.get("channel").and_then(|id| ws.channels.iter().find(|c| &c.id == id)) else {
+            let Some(ch) = params
+                .get("channel")
+                .and_then(|id| ws.channels.iter().find(|c| &c.id == id))
+            else {
                 return ok_false("channel_not_found");
             };
             let items = ch.members.iter().map(|m| json!(m)).collect();
@@ -173,12 +201,17 @@ async fn handle(
             let items = ws.users.iter().map(user_json).collect();
             page(&ws, &params, items, "members")
         }
-        "users.info" => match params.get("user").and_then(|id| ws.users.iter().find(|u| &u.id == id)) {
+        "users.info" => match params
+            .get("user")
+            .and_then(|id| ws.users.iter().find(|u| &u.id == id))
+        {
             Some(u) => ok(json!({"user": user_json(u)})),
             None => ok_false("user_not_found"),
         },
         "usergroups.list" => {
-            let include_users = params.get("include_users").is_some_and(|v| v == "true" || v == "1");
+            let include_users = params
+                .get("include_users")
+                .is_some_and(|v| v == "true" || v == "1");
             let groups: Vec<Value> = ws
                 .usergroups
                 .iter()
@@ -193,7 +226,10 @@ async fn handle(
             ok(json!({"usergroups": groups}))
         }
         "usergroups.users.list" => {
-            match params.get("usergroup").and_then(|id| ws.usergroups.iter().find(|g| &g.id == id)) {
+            match params
+                .get("usergroup")
+                .and_then(|id| ws.usergroups.iter().find(|g| &g.id == id))
+            {
                 Some(g) => ok(json!({"users": g.users})),
                 None => ok_false("no_such_subteam"),
             }
@@ -212,12 +248,23 @@ fn user_json(u: &User) -> Value {
 
 /// Cursor = "dXNl" + offset (opaque to clients, like Slack's base64 cursors); "e" suffix marks
 /// that the empty page before this offset was already served.
-fn page(ws: &Workspace, params: &HashMap<String, String>, items: Vec<Value>, key: &str) -> Response {
-    let limit = params.get("limit").and_then(|l| l.parse::<usize>().ok()).unwrap_or(100).clamp(1, 1000);
+fn page(
+    ws: &Workspace,
+    params: &HashMap<String, String>,
+    items: Vec<Value>,
+    key: &str,
+) -> Response {
+    let limit = params
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(100)
+        .clamp(1, 1000);
     let (offset, empty_served) = match params.get("cursor").filter(|c| !c.is_empty()) {
         None => (0, false),
         Some(c) => {
-            let Some(rest) = c.strip_prefix("dXNl") else { return ok_false("invalid_cursor") };
+            let Some(rest) = c.strip_prefix("dXNl") else {
+                return ok_false("invalid_cursor");
+            };
             let (num, e) = rest.strip_suffix('e').map_or((rest, false), |n| (n, true));
             match num.parse::<usize>() {
                 Ok(o) if o <= items.len() => (o, e),
@@ -226,14 +273,20 @@ fn page(ws: &Workspace, params: &HashMap<String, String>, items: Vec<Value>, key
         }
     };
     if ws.empty_pages && !empty_served && offset < items.len() {
-        return ok(json!({key: [], "response_metadata": {"next_cursor": format!("dXNl{offset}e")}}));
+        return ok(
+            json!({key: [], "response_metadata": {"next_cursor": format!("dXNl{offset}e")}}),
+        );
     }
     let mut n = limit.min(ws.max_page);
     if ws.short_pages {
         n = (n / 2).max(1);
     }
     let end = (offset + n).min(items.len());
-    let next = if end < items.len() { format!("dXNl{end}") } else { String::new() };
+    let next = if end < items.len() {
+        format!("dXNl{end}")
+    } else {
+        String::new()
+    };
     ok(json!({key: items[offset..end], "response_metadata": {"next_cursor": next}}))
 }
 

@@ -57,7 +57,11 @@ impl CommonArgs {
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
             .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
             .unwrap_or_else(|| "kbind-system".into())
     }
 }
@@ -93,11 +97,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n * 60),
             "h" => Duration::from_secs(n * 3600),
-            _ => return Err(format!("invalid duration unit {unit:?} in {s:?}: use ms, s, m or h")),
+            _ => {
+                return Err(format!(
+                    "invalid duration unit {unit:?} in {s:?}: use ms, s, m or h"
+                ));
+            }
         };
     }
     if !num.is_empty() {
-        return Err(format!("invalid duration {s:?}: a number needs a unit (ms, s, m, h)"));
+        return Err(format!(
+            "invalid duration {s:?}: a number needs a unit (ms, s, m, h)"
+        ));
     }
     Ok(total)
 }

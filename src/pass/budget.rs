@@ -21,7 +21,12 @@ pub enum Exhausted {
 
 impl Budget {
     pub fn new(max_items: Option<u64>, deadline: Duration) -> Self {
-        Self { max_items, used: AtomicU64::new(0), start: Instant::now(), deadline }
+        Self {
+            max_items,
+            used: AtomicU64::new(0),
+            start: Instant::now(),
+            deadline,
+        }
     }
 
     pub fn unlimited() -> Self {
@@ -36,7 +41,9 @@ impl Budget {
 
     /// Time left before the pass must stop taking work.
     pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_sub(self.margin()).saturating_sub(self.start.elapsed())
+        self.deadline
+            .saturating_sub(self.margin())
+            .saturating_sub(self.start.elapsed())
     }
 
     /// Check without consuming: is there time (and items) left for more work?
@@ -64,7 +71,9 @@ impl Budget {
             }
             Some(max) => self
                 .used
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| (u < max).then_some(u + 1))
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                    (u < max).then_some(u + 1)
+                })
                 .map(|_| ())
                 .map_err(|_| Exhausted::MaxItems),
         }

@@ -32,7 +32,11 @@ impl RequestCounter {
         self.reads() + self.writes()
     }
     fn record(&self, method: &Method) {
-        let c = if method == Method::GET || method == Method::HEAD { &self.reads } else { &self.writes };
+        let c = if method == Method::GET || method == Method::HEAD {
+            &self.reads
+        } else {
+            &self.writes
+        };
         c.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -48,8 +52,14 @@ pub fn counted_client(config: Config, counter: Arc<RequestCounter>) -> Result<Cl
 
 /// The job's own cluster: `--kubeconfig`/`--context` when given, else in-cluster, else the
 /// default kubeconfig.
-pub async fn own_client(args: &CommonArgs, counter: Arc<RequestCounter>) -> Result<Client, PassError> {
-    let options = KubeConfigOptions { context: args.context.clone(), ..Default::default() };
+pub async fn own_client(
+    args: &CommonArgs,
+    counter: Arc<RequestCounter>,
+) -> Result<Client, PassError> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
     let config = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|e| {
@@ -62,9 +72,10 @@ pub async fn own_client(args: &CommonArgs, counter: Arc<RequestCounter>) -> Resu
         None if args.context.is_some() => Config::from_kubeconfig(&options)
             .await
             .map_err(|e| PassError::Config(format!("kubeconfig context: {e}")))?,
-        None => Config::infer()
-            .await
-            .map_err(|e| PassError::Config(format!("no in-cluster config and no kubeconfig: {e}")))?,
+        None => Config::infer().await.map_err(|e| {
+            PassError::Config(format!("no in-cluster config and no kubeconfig: {e}"))
+        })?,
     };
-    counted_client(config, counter).map_err(|e| PassError::kube("building the Kubernetes client", &e))
+    counted_client(config, counter)
+        .map_err(|e| PassError::kube("building the Kubernetes client", &e))
 }

@@ -22,6 +22,9 @@ impl PassError {
 
     /// Wrap a kube error on the job's own cluster; the text is scrubbed before it goes anywhere.
     pub fn kube(what: impl Into<String>, err: &kube::Error) -> Self {
-        Self::Unreachable { what: what.into(), message: scrub(&err.to_string()) }
+        Self::Unreachable {
+            what: what.into(),
+            message: scrub(&err.to_string()),
+        }
     }
 }

@@ -38,16 +38,29 @@ impl Recorder {
 
     /// Publish an Event about `regarding`. Returns whether one was written. Failures are logged,
     /// never fatal: an Event is a courtesy, the status is the record.
-    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: &str, note: &str) -> bool {
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) -> bool {
         if self.dry_run {
             return false;
         }
         let note = scrub(note);
-        let ns = regarding.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = event_name(regarding, reason, &note);
         let now = Timestamp::now();
         let event = Event {
-            metadata: ObjectMeta { name: Some(name), namespace: Some(ns.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
             event_time: Some(MicroTime(now)),
             action: Some(reason.to_string()),
             reason: Some(reason.to_string()),
@@ -79,6 +92,12 @@ fn event_name(regarding: &ObjectReference, reason: &str, note: &str) -> String {
         h.update(part.unwrap_or("").as_bytes());
         h.update([0]);
     }
-    let base: String = regarding.name.as_deref().unwrap_or("object").chars().take(200).collect();
+    let base: String = regarding
+        .name
+        .as_deref()
+        .unwrap_or("object")
+        .chars()
+        .take(200)
+        .collect();
     format!("{base}.kbind-{}", &hex::encode(h.finalize())[..12])
 }

@@ -12,7 +12,7 @@ use kube::{Api, Client};
 #[derive(Debug)]
 pub enum Acquired {
     /// We hold it; release it when done.
-    Held(LeaseGuard),
+    Held(Box<LeaseGuard>),
     /// A live holder has it.
     HeldBy(String),
 }
@@ -29,15 +29,23 @@ pub fn holder_identity() -> String {
     let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "kbind".into());
-    format!("{host}-{}-{}", std::process::id(), Timestamp::now().as_millisecond() % 1_000_000)
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        Timestamp::now().as_millisecond() % 1_000_000
+    )
 }
 
 fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
-    let Some(holder) = spec.holder_identity.as_deref() else { return false };
+    let Some(holder) = spec.holder_identity.as_deref() else {
+        return false;
+    };
     if holder.is_empty() {
         return false;
     }
-    let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else { return false };
+    let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
+        return false;
+    };
     let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
     renewed.0 + SignedDuration::from_secs(secs) > now
 }
@@ -59,15 +67,25 @@ pub async fn acquire(
         renew_time: Some(MicroTime(now)),
         ..Default::default()
     };
-    let guard = || LeaseGuard { api: api.clone(), name: name.to_string(), holder: holder.to_string() };
+    let guard = || LeaseGuard {
+        api: api.clone(),
+        name: name.to_string(),
+        holder: holder.to_string(),
+    };
     match api.get_opt(name).await? {
         None => {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
-                spec: Some(LeaseSpec { lease_transitions: Some(0), ..spec }),
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    lease_transitions: Some(0),
+                    ..spec
+                }),
             };
             match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Acquired::Held(guard())),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard()))),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
                 }
@@ -81,10 +99,13 @@ pub async fn acquire(
             }
             let transitions = old.lease_transitions.unwrap_or(0) + 1;
             let mut taken = existing;
-            taken.spec = Some(LeaseSpec { lease_transitions: Some(transitions), ..spec });
+            taken.spec = Some(LeaseSpec {
+                lease_transitions: Some(transitions),
+                ..spec
+            });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(_) => Ok(Acquired::Held(guard())),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard()))),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
                 }
@@ -107,14 +128,22 @@ impl LeaseGuard {
     /// Give the Lease up so the next run need not wait for it to expire. Best effort: an
     /// unreleased Lease simply expires.
     pub async fn release(self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
-        let Some(spec) = lease.spec.as_mut() else { return };
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
         if spec.holder_identity.as_deref() != Some(self.holder.as_str()) {
             return;
         }
         spec.holder_identity = None;
         spec.renew_time = None;
-        if let Err(e) = self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        if let Err(e) = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
             tracing::debug!(lease = %self.name, error = %crate::scrub::scrub(&e.to_string()), "lease release failed; it will expire");
         }
     }

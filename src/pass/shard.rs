@@ -14,8 +14,14 @@ impl Shard {
         let (i, n) = s
             .split_once('/')
             .ok_or_else(|| format!("invalid shard {s:?}: expected i/n, e.g. 0/4"))?;
-        let index: u32 = i.trim().parse().map_err(|_| format!("invalid shard index {i:?}"))?;
-        let count: u32 = n.trim().parse().map_err(|_| format!("invalid shard count {n:?}"))?;
+        let index: u32 = i
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid shard index {i:?}"))?;
+        let count: u32 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid shard count {n:?}"))?;
         if count == 0 || index >= count {
             return Err(format!("invalid shard {s:?}: need 0 <= i < n"));
         }

@@ -31,7 +31,12 @@ where
         "metadata": metadata,
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&body)).await
+    api.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
 }
 
 /// Run `attempt` again while it fails with 409 Conflict (it must re-read what it depends on),

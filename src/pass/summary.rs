@@ -41,7 +41,11 @@ pub struct Summary {
 
 impl Summary {
     pub fn new(pass: &str, dry_run: bool) -> Self {
-        Self { pass: pass.into(), dry_run, ..Default::default() }
+        Self {
+            pass: pass.into(),
+            dry_run,
+            ..Default::default()
+        }
     }
 
     pub fn count(&mut self, key: &str, n: i64) {
@@ -69,17 +73,29 @@ impl Summary {
             }
             out.push('\n');
         }
-        let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let counts: Vec<String> = self
+            .counts
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         out.push_str(&format!(
             "kbind {}: {}{} (data writes {}, bookkeeping writes {}, requests {}, {:.1}s){}",
             self.pass,
             self.outcome,
-            if self.message.is_empty() { String::new() } else { format!(": {}", self.message) },
+            if self.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", self.message)
+            },
             self.data_writes,
             self.bookkeeping_writes,
             self.requests,
             self.duration_seconds,
-            if counts.is_empty() { String::new() } else { format!(" {}", counts.join(" ")) },
+            if counts.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", counts.join(" "))
+            },
         ));
         out
     }
@@ -107,8 +123,15 @@ mod tests {
     fn dry_run_lists_planned_writes() {
         let mut s = Summary::new("resync", true);
         s.outcome = "dry-run".into();
-        s.planned.push(PlannedWrite { verb: "create".into(), target: "Widget a/b".into(), detail: "spec".into() });
-        assert!(s.render(OutputFormat::Text, false).starts_with("would create Widget a/b: spec\n"));
+        s.planned.push(PlannedWrite {
+            verb: "create".into(),
+            target: "Widget a/b".into(),
+            detail: "spec".into(),
+        });
+        assert!(
+            s.render(OutputFormat::Text, false)
+                .starts_with("would create Widget a/b: spec\n")
+        );
         let y = s.render(OutputFormat::Yaml, false);
         assert!(y.contains("verb: create"), "{y}");
     }

@@ -59,7 +59,9 @@ pub fn env() -> Option<Env> {
 
 pub async fn client(kubeconfig: &PathBuf) -> Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
     Client::try_from(config).expect("client")
 }
 
@@ -76,15 +78,31 @@ impl Env {
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{prefix}-{:x}{:x}-{n}", std::process::id() % 4096, t % 65536)
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{:x}{:x}-{n}",
+        std::process::id() % 4096,
+        t % 65536
+    )
 }
 
 /// Create a namespace (its name unique) and return the name.
 pub async fn namespace(client: &Client, prefix: &str) -> String {
     let name = unique(prefix);
-    let ns = Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create namespace");
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
     name
 }
 
@@ -93,9 +111,13 @@ pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in crds {
         let name = crd.metadata.name.clone().expect("crd name");
-        api.patch(&name, &PatchParams::apply("kbind-tests").force(), &Patch::Apply(crd))
-            .await
-            .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
+        api.patch(
+            &name,
+            &PatchParams::apply("kbind-tests").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
     }
     for crd in crds {
         let name = crd.metadata.name.clone().expect("crd name");

@@ -1,0 +1,135 @@
+//! Runs one pass: build the client, take the pass Lease (unless dry-run), run, release, print the
+//! summary, and turn the outcome into the exit code.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::sync::Arc;
+
+use kube::Client;
+
+use super::args::CommonArgs;
+use super::budget::Budget;
+use super::client::{RequestCounter, own_client};
+use super::error::PassError;
+use super::events::Recorder;
+use super::lease::{self, Acquired};
+use super::summary::Summary;
+
+/// What a pass gets to work with.
+pub struct PassContext {
+    pub pass: &'static str,
+    pub args: CommonArgs,
+    pub client: Client,
+    pub counter: Arc<RequestCounter>,
+    pub budget: Arc<Budget>,
+    pub recorder: Recorder,
+}
+
+impl PassContext {
+    pub fn field_manager(&self) -> String {
+        crate::api::keys::field_manager(self.pass)
+    }
+}
+
+/// The Lease name for a pass and optional shard.
+pub fn lease_name(pass: &str, args: &CommonArgs) -> String {
+    format!(
+        "kbind-{pass}{}",
+        args.shard.map(|s| s.lease_suffix()).unwrap_or_default()
+    )
+}
+
+/// Run `body` as pass `pass`; returns the process exit code. `body` fills the summary's counts,
+/// writes and outcome; requests and duration are filled in here.
+pub async fn run<F, Fut>(pass: &'static str, args: CommonArgs, body: F) -> i32
+where
+    F: FnOnce(PassContext) -> Fut,
+    Fut: Future<Output = Result<Summary, PassError>>,
+{
+    crate::install_crypto_provider();
+    let counter = Arc::new(RequestCounter::default());
+    let budget = Arc::new(Budget::new(args.max_items, args.deadline));
+    let output = args.output;
+    let dry_run = args.dry_run;
+    let finish = |mut summary: Summary, code: i32, counter: &RequestCounter, budget: &Budget| {
+        summary.requests = counter.total();
+        summary.duration_seconds = budget.elapsed().as_secs_f64();
+        println!(
+            "{}",
+            summary.render(output, std::io::stdout().is_terminal())
+        );
+        code
+    };
+    let client = match own_client(&args, counter.clone()).await {
+        Ok(c) => c,
+        Err(e) => return fail(pass, dry_run, e, finish, &counter, &budget),
+    };
+
+    let mut guard = None;
+    let mut lease_writes = 0;
+    if !dry_run {
+        let ns = args.lease_namespace();
+        let name = lease_name(pass, &args);
+        // The Lease outlives the deadline a little so a crashed run's Lease expires soon after.
+        let secs = i32::try_from(args.deadline.as_secs() + 60).unwrap_or(i32::MAX);
+        match lease::acquire(client.clone(), &ns, &name, &lease::holder_identity(), secs).await {
+            Ok(Acquired::Held(g)) => {
+                lease_writes += 1;
+                guard = Some(g);
+            }
+            Ok(Acquired::HeldBy(holder)) => {
+                let mut s = Summary::new(pass, dry_run);
+                s.outcome = "skipped".into();
+                s.message = format!("Lease {ns}/{name} held by {holder}");
+                tracing::info!(lease = %name, %holder, "another run holds the pass Lease; skipping");
+                return finish(s, 0, &counter, &budget);
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                let e = PassError::Config(format!(
+                    "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
+                ));
+                return fail(pass, dry_run, e, finish, &counter, &budget);
+            }
+            Err(e) => {
+                let e = PassError::kube(format!("taking Lease {ns}/{name}"), &e);
+                return fail(pass, dry_run, e, finish, &counter, &budget);
+            }
+        }
+    }
+
+    let ctx = PassContext {
+        pass,
+        recorder: Recorder::new(client.clone(), pass, dry_run),
+        args,
+        client,
+        counter: counter.clone(),
+        budget: budget.clone(),
+    };
+    let result = body(ctx).await;
+    if let Some(g) = guard {
+        g.release().await;
+        lease_writes += 1;
+    }
+    match result {
+        Ok(mut s) => {
+            s.bookkeeping_writes += lease_writes;
+            finish(s, 0, &counter, &budget)
+        }
+        Err(e) => fail(pass, dry_run, e, finish, &counter, &budget),
+    }
+}
+
+fn fail(
+    pass: &str,
+    dry_run: bool,
+    e: PassError,
+    finish: impl Fn(Summary, i32, &RequestCounter, &Budget) -> i32,
+    counter: &RequestCounter,
+    budget: &Budget,
+) -> i32 {
+    tracing::error!(error = %e, "pass failed");
+    let mut s = Summary::new(pass, dry_run);
+    s.outcome = "failed".into();
+    s.message = e.to_string();
+    finish(s, e.exit_code(), counter, budget)
+}

@@ -1,0 +1,167 @@
+//! The pass framework against a real apiserver: Leases, status writes racing another writer.
+
+mod support;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kbind::api::core::{Connection, ConnectionSpec, SecretKeyRef};
+use kbind::pass::lease::{self, Acquired};
+use kbind::pass::status::{apply_status, retry_on_conflict};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+#[tokio::test]
+async fn one_run_holds_the_lease_and_a_concurrent_run_skips() {
+    let Some(env) = support::env() else { return };
+    let client = env.consumer().await;
+    let ns = support::namespace(&client, "lease").await;
+    let (a, b) = tokio::join!(
+        lease::acquire(client.clone(), &ns, "kbind-schema", "run-a", 600),
+        lease::acquire(client.clone(), &ns, "kbind-schema", "run-b", 600),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let (winner, loser) = match (&a, &b) {
+        (Acquired::Held(_), Acquired::HeldBy(h)) => ("run-a", h.clone()),
+        (Acquired::HeldBy(h), Acquired::Held(_)) => ("run-b", h.clone()),
+        other => panic!("exactly one run must hold the Lease: {other:?}"),
+    };
+    assert_eq!(loser, winner, "the skipping run names the holder");
+    // Released, the next run takes it at once.
+    for r in [a, b] {
+        if let Acquired::Held(g) = r {
+            g.release().await;
+        }
+    }
+    assert!(matches!(
+        lease::acquire(client.clone(), &ns, "kbind-schema", "run-c", 600)
+            .await
+            .unwrap(),
+        Acquired::Held(_)
+    ));
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over() {
+    let Some(env) = support::env() else { return };
+    let client = env.consumer().await;
+    let ns = support::namespace(&client, "lease").await;
+    // A crashed run: holds for 1 s and never releases.
+    let Acquired::Held(_crashed) =
+        lease::acquire(client.clone(), &ns, "kbind-resync", "crashed", 1)
+            .await
+            .unwrap()
+    else {
+        panic!("first run must get the Lease")
+    };
+    assert!(matches!(
+        lease::acquire(client.clone(), &ns, "kbind-resync", "early", 600).await.unwrap(),
+        Acquired::HeldBy(h) if h == "crashed"
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(matches!(
+        lease::acquire(client.clone(), &ns, "kbind-resync", "next", 600)
+            .await
+            .unwrap(),
+        Acquired::Held(_)
+    ));
+    let l = Api::<Lease>::namespaced(client, &ns)
+        .get("kbind-resync")
+        .await
+        .unwrap();
+    let spec = l.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("next"));
+    assert_eq!(spec.lease_transitions, Some(1));
+}
+
+#[tokio::test]
+async fn a_status_write_racing_another_writer_is_retried_not_lost() {
+    let Some(env) = support::env() else { return };
+    let client = env.consumer().await;
+    support::kbind_crds(&client).await;
+    let api: Api<Connection> = Api::all(client.clone());
+    let name = support::unique("race");
+    let spec = ConnectionSpec {
+        kubeconfig_secret_ref: SecretKeyRef {
+            namespace: "ns".into(),
+            name: "s".into(),
+            key: "kubeconfig".into(),
+        },
+        schema: Default::default(),
+        auto_bind: false,
+    };
+    api.create(&PostParams::default(), &Connection::new(&name, spec))
+        .await
+        .unwrap();
+    let stale_rv = api
+        .get(&name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+
+    // Another writer (a different field manager) changes the status in between.
+    api.patch_status(
+        &name,
+        &PatchParams::apply("someone-else").force(),
+        &Patch::Apply(
+            json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+            "status": {"activeSchemaSource": "CRD"}}),
+        ),
+    )
+    .await
+    .unwrap();
+
+    // Our write with the stale resourceVersion is refused…
+    let err = apply_status(
+        &api,
+        &name,
+        "kbind-schema",
+        json!({"emptyDiscoveries": 1}),
+        Some(&stale_rv),
+    )
+    .await
+    .expect_err("a stale precondition must fail");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_conflict()),
+        "{err}"
+    );
+
+    // …and retried after a re-read, keeping both writers' fields.
+    let mut attempts = 0;
+    retry_on_conflict(5, || {
+        attempts += 1;
+        let (api, name, first, stale) =
+            (api.clone(), name.clone(), attempts == 1, stale_rv.clone());
+        async move {
+            // The first attempt still carries the stale version; a retry re-reads.
+            let rv = if first {
+                stale
+            } else {
+                api.get(&name)
+                    .await?
+                    .metadata
+                    .resource_version
+                    .unwrap_or_default()
+            };
+            apply_status(
+                &api,
+                &name,
+                "kbind-schema",
+                json!({"emptyDiscoveries": 1}),
+                Some(&rv),
+            )
+            .await
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(attempts, 2, "one conflict, one success");
+    let status = api.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(status.empty_discoveries, Some(1));
+    assert_eq!(
+        status.active_schema_source.as_deref(),
+        Some("CRD"),
+        "the other writer's field survived"
+    );
+}
