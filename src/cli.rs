@@ -23,6 +23,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// One pass over every Connection: credentials, cluster identity, exported-API discovery,
+    /// consumer CRD install per pullPolicy/updatePolicy, the setup side of bindings, autoBind
+    /// and teardown. --max-items bounds the Connections handled in one run.
+    Schema(SchemaArgs),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -32,4 +36,12 @@ pub enum Command {
     },
     /// Print the version.
     Version,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SchemaArgs {
+    /// Only Connections matching this label selector (e.g. `team=a`), for one-off runs in a
+    /// maintenance window. Bindings of missing Connections are then left for a full run.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
 }

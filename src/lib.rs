@@ -7,6 +7,7 @@ pub mod crds;
 #[cfg(feature = "fakes")]
 pub mod fakes;
 pub mod pass;
+pub mod schema;
 pub mod scrub;
 
 /// Install ring as the process-wide rustls provider (reqwest is built without one so only ring

@@ -23,10 +23,28 @@ fn init_logging(format: Option<LogFormat>) {
     }
 }
 
+fn block_on<F: std::future::Future<Output = i32>>(f: F) -> i32 {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(f),
+        Err(e) => {
+            eprintln!("kbind: cannot start the async runtime: {e}");
+            1
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.common.log_format);
     let code = match cli.command {
+        Command::Schema(args) => {
+            block_on(kbind::pass::run(kbind::schema::PASS, cli.common, |ctx| {
+                kbind::schema::run(ctx, args)
+            }))
+        }
         Command::Crds { kcp } => {
             let crds = if kcp {
                 kbind::crds::kcp_crds()

@@ -22,7 +22,12 @@ pub struct LeaseGuard {
     api: Api<Lease>,
     name: String,
     holder: String,
+    /// Where the previous budget-limited run stopped (the Lease's cursor annotation).
+    pub cursor: Option<String>,
 }
+
+/// Lease annotation holding a pass-level resume point between runs.
+pub const CURSOR_ANNOTATION: &str = "kbind.io/resume-after";
 
 /// A holder identity that is unique per process: the pod name (or host) plus pid and time.
 pub fn holder_identity() -> String {
@@ -67,10 +72,11 @@ pub async fn acquire(
         renew_time: Some(MicroTime(now)),
         ..Default::default()
     };
-    let guard = || LeaseGuard {
+    let guard = |cursor: Option<String>| LeaseGuard {
         api: api.clone(),
         name: name.to_string(),
         holder: holder.to_string(),
+        cursor,
     };
     match api.get_opt(name).await? {
         None => {
@@ -85,7 +91,7 @@ pub async fn acquire(
                 }),
             };
             match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard()))),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard(None)))),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
                 }
@@ -98,6 +104,12 @@ pub async fn acquire(
                 return Ok(Acquired::HeldBy(old.holder_identity.unwrap_or_default()));
             }
             let transitions = old.lease_transitions.unwrap_or(0) + 1;
+            let cursor = existing
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CURSOR_ANNOTATION))
+                .cloned();
             let mut taken = existing;
             taken.spec = Some(LeaseSpec {
                 lease_transitions: Some(transitions),
@@ -105,7 +117,7 @@ pub async fn acquire(
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard()))),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor)))),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
                 }
@@ -125,9 +137,10 @@ async fn current_holder(api: &Api<Lease>, name: &str) -> String {
 }
 
 impl LeaseGuard {
-    /// Give the Lease up so the next run need not wait for it to expire. Best effort: an
-    /// unreleased Lease simply expires.
-    pub async fn release(self) {
+    /// Give the Lease up so the next run need not wait for it to expire, recording where a
+    /// budget-limited run stopped (`None`: the pass covered everything). Best effort: an
+    /// unreleased Lease simply expires, and the next run starts from the beginning.
+    pub async fn release(self, cursor: Option<String>) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
             return;
         };
@@ -139,6 +152,14 @@ impl LeaseGuard {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        match cursor {
+            Some(c) => annotations.insert(CURSOR_ANNOTATION.to_string(), c),
+            None => annotations.remove(CURSOR_ANNOTATION),
+        };
         if let Err(e) = self
             .api
             .replace(&self.name, &PostParams::default(), &lease)

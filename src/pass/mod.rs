@@ -8,10 +8,12 @@ pub mod crash;
 pub mod error;
 pub mod events;
 pub mod lease;
+pub mod list;
 pub mod runner;
 pub mod shard;
 pub mod status;
 pub mod summary;
+pub mod writes;
 
 pub use args::{CommonArgs, OutputFormat};
 pub use budget::Budget;

@@ -23,6 +23,8 @@ pub struct PassContext {
     pub counter: Arc<RequestCounter>,
     pub budget: Arc<Budget>,
     pub recorder: Recorder,
+    /// Where the previous budget-limited run stopped (from the pass Lease); `None` in a dry run.
+    pub resume_after: Option<String>,
 }
 
 impl PassContext {
@@ -97,8 +99,10 @@ where
         }
     }
 
+    let resume_after = guard.as_ref().and_then(|g| g.cursor.clone());
     let ctx = PassContext {
         pass,
+        resume_after,
         recorder: Recorder::new(client.clone(), pass, dry_run),
         args,
         client,
@@ -107,7 +111,12 @@ where
     };
     let result = body(ctx).await;
     if let Some(g) = guard {
-        g.release().await;
+        // A failed run keeps the previous cursor so no work is skipped.
+        let cursor = match &result {
+            Ok(s) => s.resume_after.clone(),
+            Err(_) => g.cursor.clone(),
+        };
+        g.release(cursor).await;
         lease_writes += 1;
     }
     match result {

@@ -37,6 +37,9 @@ pub struct Summary {
     pub counts: BTreeMap<String, i64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub planned: Vec<PlannedWrite>,
+    /// Where the next run resumes, when this one stopped early (kept in the pass Lease).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_after: Option<String>,
 }
 
 impl Summary {

@@ -147,3 +147,36 @@ pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
 pub async fn kbind_crds(client: &Client) {
     apply_crds(client, &kbind::crds::kbind_crds()).await;
 }
+
+/// Run the real `kbind` binary; returns (exit code, the summary line parsed as JSON, stderr).
+pub fn kbind(args: &[&str]) -> (i32, serde_json::Value, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kbind");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let summary = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| serde_json::json!({"unparsed": stdout}));
+    (out.status.code().unwrap_or(-1), summary, stderr)
+}
+
+/// Poll `f` until it returns Some, for up to ~10 s.
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..100 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

@@ -1,0 +1,46 @@
+//! Paginated LISTs: a pass never asks for a whole collection in one response.
+
+use std::fmt::Debug;
+
+use kube::api::{ListParams, PartialObjectMeta};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+pub const PAGE: u32 = 500;
+
+/// Every object matching `lp`, fetched in pages.
+pub async fn all<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut lp = lp.clone().limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Metadata of every object matching `lp`, fetched in pages.
+pub async fn metadata<K>(
+    api: &Api<K>,
+    lp: &ListParams,
+) -> Result<Vec<PartialObjectMeta<K>>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut lp = lp.clone().limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list_metadata(&lp).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(out),
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Exported-API discovery on the provider, by source: labelled CRDs, or discovery plus
+//! `/openapi/v3` for CRD-less providers. `Auto` falls through to OpenAPI only after a
+//! *successful* empty CRD list: a failed list (Forbidden included) is an error, not a fallback.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use super::crdpull::{export_of, from_provider_crd};
+use super::openapi::{DiscoveredVersion, is_builtin_group, synthesize};
+use super::plan::{Discovered, DiscoveryError};
+use crate::api::core::SchemaSource;
+use crate::api::keys;
+use crate::scrub::scrub;
+
+fn error(what: &str, e: &kube::Error) -> DiscoveryError {
+    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
+    DiscoveryError {
+        forbidden,
+        message: format!("{what}: {}", scrub(&e.to_string())),
+    }
+}
+
+/// Discover the provider's exports for `source`.
+pub async fn discover(
+    provider: &Client,
+    source: SchemaSource,
+) -> Result<Discovered, DiscoveryError> {
+    match source {
+        SchemaSource::Crd => crd_source(provider).await,
+        SchemaSource::OpenApi => openapi_source(provider).await,
+        SchemaSource::Auto => {
+            let d = crd_source(provider).await?;
+            if d.exports.is_empty() {
+                openapi_source(provider).await
+            } else {
+                Ok(d)
+            }
+        }
+    }
+}
+
+/// Provider CRDs labelled `core.kbind.io/exported=true` (exact value) with a served version.
+async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
+    let api: Api<CustomResourceDefinition> = Api::all(provider.clone());
+    let mut lp = ListParams::default()
+        .labels(&format!("{}=true", keys::EXPORTED))
+        .limit(500);
+    let mut d = Discovered {
+        source: SchemaSource::Crd,
+        ..Default::default()
+    };
+    loop {
+        let page = api
+            .list(&lp)
+            .await
+            .map_err(|e| error("listing exported provider CRDs", &e))?;
+        for crd in &page.items {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            match from_provider_crd(crd) {
+                Some(e) => d.exports.push(e),
+                None => d.skipped.push((name, "no served version".into())),
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
+    d.exports.sort_by(|a, b| a.api.name.cmp(&b.api.name));
+    Ok(d)
+}
+
+/// Non-built-in discovery groups, each synthesized into a CRD from `/openapi/v3`.
+async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
+    let groups = provider
+        .list_api_groups()
+        .await
+        .map_err(|e| error("listing API groups", &e))?;
+    let mut versions: BTreeMap<(String, String), Vec<DiscoveredVersion>> = BTreeMap::new();
+    let mut gv_paths = Vec::new();
+    for g in groups.groups.iter().filter(|g| !is_builtin_group(&g.name)) {
+        let preferred = g.preferred_version.as_ref().map(|p| p.version.clone());
+        for v in &g.versions {
+            let list = match provider.list_api_group_resources(&v.group_version).await {
+                Ok(l) => l,
+                // The group went away between the two reads: nothing to export from it.
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => {
+                    return Err(error(
+                        &format!("listing resources of {}", v.group_version),
+                        &e,
+                    ));
+                }
+            };
+            let with_status: Vec<&str> = list
+                .resources
+                .iter()
+                .filter_map(|r| r.name.strip_suffix("/status"))
+                .collect();
+            let mut any = false;
+            for r in list.resources.iter().filter(|r| !r.name.contains('/')) {
+                any = true;
+                versions
+                    .entry((g.name.clone(), r.name.clone()))
+                    .or_default()
+                    .push(DiscoveredVersion {
+                        group: g.name.clone(),
+                        version: v.version.clone(),
+                        kind: r.kind.clone(),
+                        plural: r.name.clone(),
+                        singular: r.singular_name.clone(),
+                        namespaced: r.namespaced,
+                        has_status: with_status.contains(&r.name.as_str()),
+                        preferred: preferred.as_deref() == Some(v.version.as_str()),
+                    });
+            }
+            if any {
+                gv_paths.push(format!("apis/{}", v.group_version));
+            }
+        }
+    }
+    let docs = openapi_docs(provider, &gv_paths).await?;
+    let mut d = Discovered {
+        source: SchemaSource::OpenApi,
+        ..Default::default()
+    };
+    for ((group, plural), vs) in versions {
+        match synthesize(&vs, &docs) {
+            Ok(crd) => d.exports.push(export_of(crd, false)),
+            Err(e) => d
+                .skipped
+                .push((format!("{plural}.{group}"), scrub(&e.to_string()))),
+        }
+    }
+    d.exports.sort_by(|a, b| a.api.name.cmp(&b.api.name));
+    Ok(d)
+}
+
+/// Fetch the OpenAPI v3 document of each discovered group-version.
+async fn openapi_docs(
+    provider: &Client,
+    paths: &[String],
+) -> Result<BTreeMap<String, serde_json::Value>, DiscoveryError> {
+    let get = |uri: String| async move {
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(|e| DiscoveryError {
+                forbidden: false,
+                message: format!("invalid OpenAPI path: {e}"),
+            })?;
+        match provider.request::<serde_json::Value>(req).await {
+            Ok(doc) => Ok(Some(doc)),
+            // Published in discovery but not (or no longer) in OpenAPI: its APIs are skipped
+            // as having no schema; the rest of discovery stands.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(error("reading /openapi/v3", &e)),
+        }
+    };
+    let mut docs = BTreeMap::new();
+    for p in paths {
+        // The plain path, not the index's hashed serverRelativeURL: a hash goes stale when the
+        // provider's APIs change mid-pass, and the server then answers with a redirect.
+        if let Some(doc) = get(format!("/openapi/v3/{p}")).await? {
+            docs.insert(p.clone(), doc);
+        }
+    }
+    Ok(docs)
+}

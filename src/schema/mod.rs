@@ -1,0 +1,780 @@
+//! `kbind schema`: one bounded pass over every Connection (of this shard): credentials, cluster
+//! identity, exported-API discovery, consumer CRD install per pull/update policy, the setup side
+//! of bindings, autoBind, and teardown. Each Connection is observed, planned (pure, `plan`),
+//! applied and recorded in turn.
+
+pub mod crdpull;
+pub mod credentials;
+pub mod discovery;
+pub mod identity;
+pub mod openapi;
+pub mod plan;
+mod teardown;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::api::core::{Binding, ClusterBinding, Connection, ConnectionStatus};
+use crate::api::keys;
+use crate::pass::status::{apply_status, retry_on_conflict};
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::scrub::scrub;
+use plan::{AutoBind, BindingKey, BindingView, CrdAction, CrdMeta, CrdOutcome, Observed};
+
+pub const PASS: &str = "schema";
+
+/// A binding as observed, with the metadata teardown needs.
+#[derive(Clone, Debug)]
+pub struct BindingObj {
+    pub view: BindingView,
+    pub uid: String,
+    pub finalizers: Vec<String>,
+    pub owner_uids: Vec<String>,
+}
+
+struct World {
+    client: Client,
+    manager: String,
+    local_uid: String,
+    connections: Vec<Connection>,
+    bindings: Vec<BindingObj>,
+    crds: BTreeMap<String, CrdMeta>,
+}
+
+pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summary, PassError> {
+    let mut summary = Summary::new(PASS, ctx.args.dry_run);
+    let mut writes = Writes::new(ctx.args.dry_run);
+    let mut world = observe(&ctx, args.selector.as_deref()).await?;
+    let names: Vec<String> = world
+        .connections
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    let mut done: i64 = 0;
+    let mut stopped = None;
+    let mut last = None;
+    for name in &order {
+        if let Err(why) = ctx.budget.take() {
+            stopped = Some(why);
+            break;
+        }
+        last = Some(name.clone());
+        let Some(conn) = world
+            .connections
+            .iter()
+            .find(|c| &c.name_any() == name)
+            .cloned()
+        else {
+            continue;
+        };
+        match reconcile(&ctx, &mut world, &conn, &mut writes).await {
+            Ok(ready) => summary.count(if ready { "ready" } else { "notReady" }, 1),
+            Err(e) => {
+                tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
+                summary.count("errors", 1);
+            }
+        }
+        done += 1;
+    }
+    // Bindings whose Connection does not exist (the shard owning that name reports them).
+    let orphans: Vec<BindingObj> = world
+        .bindings
+        .iter()
+        .filter(|b| {
+            args.selector.is_none()
+                && !names.contains(&b.view.connection)
+                && shard::owns(ctx.args.shard, &b.view.connection)
+        })
+        .cloned()
+        .collect();
+    for b in &orphans {
+        if let Err(e) = teardown::orphan_binding(
+            &world.client,
+            &world.manager,
+            b,
+            &world.bindings,
+            &world.crds,
+            &mut writes,
+        )
+        .await
+        {
+            tracing::warn!(binding = %b.view.key, error = %e, "binding not reconciled");
+            summary.count("errors", 1);
+        }
+    }
+    summary.count("connections", done);
+    summary.outcome = if writes.dry_run() {
+        "dry-run".into()
+    } else {
+        "completed".into()
+    };
+    if let Some(why) = stopped {
+        summary.outcome = "partial".into();
+        summary.message = format!(
+            "stopped early ({why:?}); {} Connections left for the next run",
+            order.len() as i64 - done
+        );
+        summary.resume_after = last;
+    }
+    summary.data_writes = writes.data;
+    summary.bookkeeping_writes = writes.bookkeeping;
+    summary.planned = std::mem::take(&mut writes.planned);
+    Ok(summary)
+}
+
+/// This shard's Connections in name order, starting after `resume_after` and wrapping around,
+/// so a budget-limited schedule reaches every Connection in turn.
+fn resume_order(
+    names: &[String],
+    resume_after: Option<&str>,
+    shard: Option<crate::pass::Shard>,
+) -> Vec<String> {
+    let mut mine: Vec<String> = names
+        .iter()
+        .filter(|n| shard::owns(shard, n))
+        .cloned()
+        .collect();
+    mine.sort();
+    if let Some(after) = resume_after {
+        let split = mine.partition_point(|n| n.as_str() <= after);
+        mine.rotate_left(split);
+    }
+    mine
+}
+
+async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, PassError> {
+    let client = ctx.client.clone();
+    let lp = ListParams::default();
+    let conn_lp = match selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    };
+    let connections = list::all(&Api::<Connection>::all(client.clone()), &conn_lp)
+        .await
+        .map_err(|e| match &e {
+            kube::Error::Api(s) if s.code == 400 => {
+                PassError::Config(format!("--selector: {}", s.message))
+            }
+            _ => PassError::kube("listing Connections", &e),
+        })?;
+    let cbs = list::all(&Api::<ClusterBinding>::all(client.clone()), &lp)
+        .await
+        .map_err(|e| PassError::kube("listing ClusterBindings", &e))?;
+    let bs = list::all(&Api::<Binding>::all(client.clone()), &lp)
+        .await
+        .map_err(|e| PassError::kube("listing Bindings", &e))?;
+    let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
+        .await
+        .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
+    let local_uid = identity::cluster_uid(&client)
+        .await
+        .map_err(|e| PassError::Unreachable {
+            what: "reading the consumer cluster identity".into(),
+            message: e.to_string(),
+        })?;
+    let mut bindings: Vec<BindingObj> = cbs
+        .iter()
+        .map(|b| {
+            binding_obj(
+                b,
+                None,
+                &b.spec.connection_ref.name,
+                &b.spec.apis,
+                &b.status,
+            )
+        })
+        .collect();
+    bindings.extend(bs.iter().map(|b| {
+        binding_obj(
+            b,
+            b.namespace(),
+            &b.spec.connection_ref.name,
+            &b.spec.apis,
+            &b.status,
+        )
+    }));
+    let crds = crd_meta
+        .into_iter()
+        .map(|m| {
+            let labels = m.metadata.labels.clone().unwrap_or_default();
+            let ann = m.metadata.annotations.clone().unwrap_or_default();
+            let meta = CrdMeta {
+                managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
+                connection: ann.get(keys::CONNECTION).cloned(),
+                schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
+                deleting: m.metadata.deletion_timestamp.is_some(),
+            };
+            (m.metadata.name.unwrap_or_default(), meta)
+        })
+        .collect();
+    Ok(World {
+        client,
+        manager: ctx.field_manager(),
+        local_uid,
+        connections,
+        bindings,
+        crds,
+    })
+}
+
+fn binding_obj<K: Resource>(
+    b: &K,
+    namespace: Option<String>,
+    connection: &str,
+    apis: &[crate::api::core::ApiRef],
+    status: &Option<crate::api::core::BindingStatus>,
+) -> BindingObj {
+    let meta = b.meta();
+    BindingObj {
+        view: BindingView {
+            key: BindingKey {
+                namespace,
+                name: meta.name.clone().unwrap_or_default(),
+            },
+            connection: connection.to_string(),
+            apis: apis.iter().map(|a| a.name.clone()).collect(),
+            generation: meta.generation,
+            status: status.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+        },
+        uid: meta.uid.clone().unwrap_or_default(),
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
+        owner_uids: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.clone())
+            .collect(),
+    }
+}
+
+/// Reconcile one Connection; returns whether it ended Ready.
+async fn reconcile(
+    ctx: &PassContext,
+    world: &mut World,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    let name = conn.name_any();
+    let client = world.client.clone();
+    let conns: Api<Connection> = Api::all(client.clone());
+    if conn.meta().deletion_timestamp.is_some() {
+        // Its deleting bindings finish first; the Connection waits for them.
+        for b in world
+            .bindings
+            .iter()
+            .filter(|b| b.view.deleting && b.view.connection == name)
+        {
+            teardown::binding(
+                &client,
+                &world.manager,
+                b,
+                &world.bindings,
+                &world.crds,
+                writes,
+            )
+            .await?;
+        }
+        teardown::connection(world_view(world), conn, writes).await?;
+        return Ok(false);
+    }
+    if !has_finalizer(conn.meta().finalizers.as_ref())
+        && writes.will(
+            "add finalizer",
+            format!("Connection {name}"),
+            keys::CLEANUP_FINALIZER,
+        )
+    {
+        set_finalizer(&conns, &name, None, &world.manager, true).await?;
+        writes.bookkeeping_done();
+    }
+
+    // Credentials: read the Secret now, every run (rotation needs no restart).
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
+    let secret = match secrets.get_opt(&r.name).await {
+        Ok(s) => Ok(s),
+        Err(e) => Err(credentials::CredentialError::SecretUnreadable {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            message: scrub(&e.to_string()),
+        }),
+    };
+    if let Ok(Some(s)) = &secret
+        && s.meta().deletion_timestamp.is_none()
+        && !has_finalizer(s.meta().finalizers.as_ref())
+        && writes.will(
+            "add finalizer",
+            format!("Secret {}/{}", r.namespace, r.name),
+            keys::CLEANUP_FINALIZER,
+        )
+    {
+        set_finalizer(&secrets, &r.name, Some(&r.namespace), &world.manager, true).await?;
+        writes.bookkeeping_done();
+    }
+    let pk = secret.and_then(|s| {
+        credentials::kubeconfig_from_secret(s.as_ref(), &r.namespace, &r.name, &r.key)
+    });
+    let provider = match &pk {
+        Ok(pk) => credentials::provider_client(pk, ctx.counter.clone())
+            .await
+            .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                key: r.key.clone(),
+                message,
+            }),
+        Err(e) => Err(e.clone()),
+    };
+    let remote_uid = match &provider {
+        Ok(p) => Some(identity::cluster_uid(p).await),
+        Err(_) => None,
+    };
+    let status = conn.status.clone().unwrap_or_default();
+    let mut observed = Observed {
+        name: &name,
+        generation: conn.meta().generation,
+        policy: &conn.spec.schema,
+        status: &status,
+        credentials: provider.as_ref().map(|_| ()).map_err(Clone::clone),
+        remote_uid,
+        local_uid: &world.local_uid,
+        discovery: None,
+        bindings: &[],
+        consumer_crds: &world.crds,
+    };
+    if let (Ok(p), Some(Ok(_))) = (&provider, &observed.remote_uid)
+        && !observed.identity_changed()
+    {
+        observed.discovery = Some(discovery::discover(p, conn.spec.schema.source).await);
+    }
+    let views: Vec<BindingView> = world.bindings.iter().map(|b| b.view.clone()).collect();
+    observed.bindings = &views;
+
+    // Plan and apply the consumer CRD writes.
+    let actions = plan::plan_crds(&observed);
+    let outcomes = apply_crds(&client, &world.manager, &actions, writes).await;
+    for (a, o) in actions.iter().zip(&outcomes) {
+        if let CrdOutcome::Failed(m) | CrdOutcome::Forbidden(m) = o {
+            tracing::warn!(connection = %name, crd = %a.name(), error = %m, "consumer CRD write failed");
+        }
+    }
+    let autobind_cb = world
+        .bindings
+        .iter()
+        .find(|b| b.view.key.namespace.is_none() && b.view.key.name == name);
+    let autobind_ours =
+        autobind_cb.is_some_and(|b| b.owner_uids.contains(&conn.uid().unwrap_or_default()));
+    if autobind_cb.is_some() && !autobind_ours && conn.spec.auto_bind {
+        tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not owned by it; autoBind leaves it alone");
+    }
+    let plan = plan::plan_status(
+        &observed,
+        &actions,
+        &outcomes,
+        autobind_cb.filter(|_| autobind_ours).map(|b| &b.view),
+        conn.spec.auto_bind && (autobind_cb.is_none() || autobind_ours),
+        Timestamp::now(),
+    );
+    let crds_after: Vec<(String, CrdMeta)> = actions
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| **o == CrdOutcome::Done)
+        .map(|(a, _)| {
+            (
+                a.name(),
+                CrdMeta {
+                    managed: true,
+                    connection: Some(name.clone()),
+                    schema_hash: action_hash(a),
+                    deleting: false,
+                },
+            )
+        })
+        .collect();
+    drop(observed);
+    world.crds.extend(crds_after);
+
+    // Record: bindings (finalizers, setup status), autoBind, then the Connection.
+    for b in world
+        .bindings
+        .iter()
+        .filter(|b| b.view.connection == name && !b.view.deleting)
+    {
+        if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
+            && writes.will(
+                "add finalizer",
+                b.view.key.to_string(),
+                keys::CLEANUP_FINALIZER,
+            )
+        {
+            binding_finalizer(&client, &world.manager, &b.view.key, true).await?;
+            writes.bookkeeping_done();
+        }
+    }
+    for (key, st) in &plan.bindings {
+        if writes.will(
+            "apply-status",
+            key.to_string(),
+            "boundAPIs, Ready, Synced, PermissionDenied",
+        ) {
+            write_binding_status(&client, &world.manager, key, st).await?;
+            writes.bookkeeping_done();
+        }
+    }
+    apply_autobind(&client, &world.manager, conn, &plan.autobind, writes).await?;
+    for b in world
+        .bindings
+        .iter()
+        .filter(|b| b.view.deleting && b.view.connection == name)
+    {
+        teardown::binding(
+            &client,
+            &world.manager,
+            b,
+            &world.bindings,
+            &world.crds,
+            writes,
+        )
+        .await?;
+    }
+    let ready = plan
+        .connection
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if plan.connection != status
+        && writes.will(
+            "apply-status",
+            format!("Connection {name}"),
+            "identities, exports, conditions",
+        )
+    {
+        write_connection_status(
+            &conns,
+            &name,
+            &world.manager,
+            &plan.connection,
+            conn.resource_version(),
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    Ok(ready)
+}
+
+fn action_hash(a: &CrdAction) -> Option<String> {
+    match a {
+        CrdAction::Create(c) | CrdAction::Update(c) => c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|m| m.get(keys::SCHEMA_HASH))
+            .cloned(),
+        CrdAction::Stamp { .. } => None,
+    }
+}
+
+fn world_view(w: &World) -> teardown::View<'_> {
+    teardown::View {
+        client: &w.client,
+        manager: &w.manager,
+        connections: &w.connections,
+        bindings: &w.bindings,
+    }
+}
+
+pub(crate) fn has_finalizer(f: Option<&Vec<String>>) -> bool {
+    f.is_some_and(|f| f.iter().any(|x| x == keys::CLEANUP_FINALIZER))
+}
+
+/// Add (or release) kbind's cleanup finalizer with server-side apply: finalizers are a set, so
+/// other owners' finalizers are untouched.
+pub(crate) async fn set_finalizer<K>(
+    api: &Api<K>,
+    name: &str,
+    namespace: Option<&str>,
+    manager: &str,
+    present: bool,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let finalizers: Vec<&str> = if present {
+        vec![keys::CLEANUP_FINALIZER]
+    } else {
+        vec![]
+    };
+    let mut metadata = json!({"name": name, "finalizers": finalizers});
+    if let Some(ns) = namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    let body =
+        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
+    match api
+        .patch(
+            name,
+            &PatchParams::apply(&format!("{manager}-finalizer")),
+            &Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Already gone: nothing to hold or release.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub(crate) async fn binding_finalizer(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    present: bool,
+) -> Result<(), kube::Error> {
+    match &key.namespace {
+        Some(ns) => {
+            set_finalizer(
+                &Api::<Binding>::namespaced(client.clone(), ns),
+                &key.name,
+                Some(ns),
+                manager,
+                present,
+            )
+            .await
+        }
+        None => {
+            set_finalizer(
+                &Api::<ClusterBinding>::all(client.clone()),
+                &key.name,
+                None,
+                manager,
+                present,
+            )
+            .await
+        }
+    }
+}
+
+async fn write_binding_status(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    st: &crate::api::core::BindingStatus,
+) -> Result<(), kube::Error> {
+    // Only the fields this pass owns: resync's counts and conditions stay resync's.
+    let owned = plan::schema_owned(st);
+    let (apis, conds, generation) = (owned.apis, owned.conditions, owned.observed_generation);
+    let status = json!({"boundAPIs": apis, "conditions": conds, "observedGeneration": generation});
+    match &key.namespace {
+        Some(ns) => apply_status(
+            &Api::<Binding>::namespaced(client.clone(), ns),
+            &key.name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+        None => apply_status(
+            &Api::<ClusterBinding>::all(client.clone()),
+            &key.name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+    }
+}
+
+/// The Connection's status moves only from the version that was read; on a conflict it is
+/// re-read and re-applied when the pinned identities still agree.
+async fn write_connection_status(
+    api: &Api<Connection>,
+    name: &str,
+    manager: &str,
+    desired: &ConnectionStatus,
+    rv: Option<String>,
+) -> Result<(), kube::Error> {
+    let value = serde_json::to_value(desired).unwrap_or(Value::Null);
+    let mut first = true;
+    retry_on_conflict(3, || {
+        let (api, value, rv0, first_try) = (api.clone(), value.clone(), rv.clone(), first);
+        first = false;
+        let pinned = (
+            desired.remote_cluster_uid.clone(),
+            desired.local_cluster_uid.clone(),
+        );
+        async move {
+            let rv = if first_try {
+                rv0
+            } else {
+                let now = api.get(name).await?;
+                let st = now.status.unwrap_or_default();
+                let conflicting = |a: &Option<String>, b: &Option<String>| a.is_some() && a != b;
+                if conflicting(&st.remote_cluster_uid, &pinned.0)
+                    || conflicting(&st.local_cluster_uid, &pinned.1)
+                {
+                    return Ok(());
+                }
+                now.metadata.resource_version
+            };
+            apply_status(&api, name, manager, value, rv.as_deref())
+                .await
+                .map(|_| ())
+        }
+    })
+    .await
+}
+
+async fn apply_crds(
+    client: &Client,
+    manager: &str,
+    actions: &[CrdAction],
+    writes: &mut Writes,
+) -> Vec<CrdOutcome> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut out = Vec::with_capacity(actions.len());
+    for a in actions {
+        let (verb, detail) = match a {
+            CrdAction::Create(_) => ("create", "consumer CRD"),
+            CrdAction::Update(_) => ("update", "consumer CRD schema (provider changed)"),
+            CrdAction::Stamp { .. } => ("patch", "add kbind markers (pullPolicy None)"),
+        };
+        if !writes.will(
+            verb,
+            format!("CustomResourceDefinition {}", a.name()),
+            detail,
+        ) {
+            out.push(CrdOutcome::Done);
+            continue;
+        }
+        let r = match a {
+            CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
+            CrdAction::Update(crd) => api
+                .patch(
+                    &a.name(),
+                    &PatchParams::apply(manager).force(),
+                    &Patch::Apply(crd.as_ref()),
+                )
+                .await
+                .map(|_| ()),
+            CrdAction::Stamp { name, connection } => {
+                // Markers only: the schema stays the external manager's.
+                let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                    "metadata": {"name": name, "labels": {keys::MANAGED: "true"}, "annotations": {keys::CONNECTION: connection}}});
+                api.patch(
+                    name,
+                    &PatchParams::apply(&format!("{manager}-stamp")),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .map(|_| ())
+            }
+        };
+        out.push(match r {
+            Ok(()) => {
+                writes.data_done();
+                CrdOutcome::Done
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => CrdOutcome::Forbidden(scrub(&s.message)),
+            Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
+        });
+    }
+    out
+}
+
+async fn apply_autobind(
+    client: &Client,
+    manager: &str,
+    conn: &Connection,
+    plan: &AutoBind,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = conn.name_any();
+    let api: Api<ClusterBinding> = Api::all(client.clone());
+    match plan {
+        AutoBind::Leave => Ok(()),
+        AutoBind::Apply(apis) => {
+            if !writes.will(
+                "apply",
+                format!("ClusterBinding {name}"),
+                format!("autoBind: {} APIs", apis.len()),
+            ) {
+                return Ok(());
+            }
+            let body = json!({
+                "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+                "metadata": {"name": name, "ownerReferences": [{
+                    "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "name": name,
+                    "uid": conn.uid(), "controller": true, "blockOwnerDeletion": true}]},
+                "spec": {"connectionRef": {"name": name}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()},
+            });
+            api.patch(
+                &name,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+            writes.data_done();
+            Ok(())
+        }
+        AutoBind::Delete => {
+            if !writes.will(
+                "delete",
+                format!("ClusterBinding {name}"),
+                "autoBind: two consecutive runs found no exports",
+            ) {
+                return Ok(());
+            }
+            delete_owned_autobind(&api, &name).await?;
+            writes.data_done();
+            Ok(())
+        }
+    }
+}
+
+pub(crate) async fn delete_owned_autobind(
+    api: &Api<ClusterBinding>,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let Some(cb) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: cb.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_order;
+
+    #[test]
+    fn resumes_after_the_cursor_and_wraps() {
+        let names: Vec<String> = ["c", "a", "b", "d"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(resume_order(&names, None, None), ["a", "b", "c", "d"]);
+        assert_eq!(resume_order(&names, Some("b"), None), ["c", "d", "a", "b"]);
+        // A cursor naming a deleted Connection still resumes at the next name.
+        assert_eq!(resume_order(&names, Some("bb"), None), ["c", "d", "a", "b"]);
+        assert_eq!(resume_order(&names, Some("z"), None), ["a", "b", "c", "d"]);
+    }
+}

@@ -1,0 +1,270 @@
+//! Teardown, in the contract's order. A deleting binding keeps its finalizer until `kbind
+//! resync` has released its instances (`InstancesReleased=True`); then a ClusterBinding's managed
+//! consumer CRDs are removed (a Binding keeps them) and the finalizer goes. A deleting Connection
+//! waits while bindings reference it, removes its autoBind ClusterBinding, then releases the
+//! Secret's finalizer (when no other Connection uses it) and its own. Provider data is never
+//! deleted because of an unbind.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::plan::CrdMeta;
+use super::{BindingObj, binding_finalizer, delete_owned_autobind, has_finalizer, set_finalizer};
+use crate::api::conditions::{ConditionStatus as S, Conditions};
+use crate::api::core::condition::{INSTANCES_RELEASED, PERMISSION_DENIED, READY, SYNCED};
+use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::keys;
+use crate::pass::status::apply_status;
+use crate::pass::writes::Writes;
+
+pub struct View<'a> {
+    pub client: &'a Client,
+    pub manager: &'a str,
+    pub connections: &'a [Connection],
+    pub bindings: &'a [BindingObj],
+}
+
+/// A deleting Connection.
+pub async fn connection(
+    v: View<'_>,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = conn.name_any();
+    if !has_finalizer(conn.meta().finalizers.as_ref()) {
+        return Ok(());
+    }
+    let uid = conn.uid().unwrap_or_default();
+    let autobind = v.bindings.iter().find(|b| {
+        b.view.key.namespace.is_none() && b.view.key.name == name && b.owner_uids.contains(&uid)
+    });
+    if let Some(ab) = autobind
+        && !ab.view.deleting
+        && writes.will(
+            "delete",
+            format!("ClusterBinding {name}"),
+            "autoBind binding of a deleted Connection",
+        )
+    {
+        delete_owned_autobind(&Api::<ClusterBinding>::all(v.client.clone()), &name).await?;
+        writes.data_done();
+    }
+    let remaining: Vec<String> = v
+        .bindings
+        .iter()
+        .filter(|b| b.view.connection == name)
+        .map(|b| b.view.key.to_string())
+        .collect();
+    let conns: Api<Connection> = Api::all(v.client.clone());
+    if !remaining.is_empty() {
+        let mut st = conn.status.clone().unwrap_or_default();
+        let msg = format!(
+            "deletion waits for bindings that reference this Connection: {}",
+            remaining.join(", ")
+        );
+        if st.conditions.set_condition(
+            READY,
+            S::False,
+            "BindingsRemain",
+            &msg,
+            conn.meta().generation,
+            Timestamp::now(),
+        ) && writes.will(
+            "apply-status",
+            format!("Connection {name}"),
+            "Ready=False BindingsRemain",
+        ) {
+            // The whole owned status: a server-side apply drops owned fields it omits.
+            let value = serde_json::to_value(&st).unwrap_or_default();
+            apply_status(
+                &conns,
+                &name,
+                v.manager,
+                value,
+                conn.resource_version().as_deref(),
+            )
+            .await?;
+            writes.bookkeeping_done();
+        }
+        return Ok(());
+    }
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let secret_shared = v.connections.iter().any(|c| {
+        c.name_any() != name
+            && c.spec.kubeconfig_secret_ref.namespace == r.namespace
+            && c.spec.kubeconfig_secret_ref.name == r.name
+    });
+    if !secret_shared
+        && writes.will(
+            "release finalizer",
+            format!("Secret {}/{}", r.namespace, r.name),
+            keys::CLEANUP_FINALIZER,
+        )
+    {
+        set_finalizer(
+            &Api::<Secret>::namespaced(v.client.clone(), &r.namespace),
+            &r.name,
+            Some(&r.namespace),
+            v.manager,
+            false,
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    if writes.will(
+        "release finalizer",
+        format!("Connection {name}"),
+        keys::CLEANUP_FINALIZER,
+    ) {
+        set_finalizer(&conns, &name, None, v.manager, false).await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+/// A deleting binding: finish once resync released its instances.
+pub async fn binding(
+    client: &Client,
+    manager: &str,
+    b: &BindingObj,
+    all: &[BindingObj],
+    crds: &BTreeMap<String, CrdMeta>,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER) {
+        return Ok(());
+    }
+    if !b.view.status.conditions.is_true(INSTANCES_RELEASED) {
+        tracing::info!(binding = %b.view.key, "waiting for kbind resync to release the binding's instances");
+        return Ok(());
+    }
+    if b.view.key.namespace.is_none() {
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in &b.view.apis {
+            let ours = crds.get(name).is_some_and(|m| {
+                m.managed && m.connection.as_deref() == Some(b.view.connection.as_str())
+            });
+            let still_bound = all
+                .iter()
+                .any(|o| !o.view.deleting && o.view.apis.contains(name));
+            if ours
+                && !still_bound
+                && writes.will(
+                    "delete",
+                    format!("CustomResourceDefinition {name}"),
+                    "ClusterBinding removed",
+                )
+            {
+                delete_crd(&api, name).await?;
+                writes.data_done();
+            }
+        }
+    }
+    if writes.will(
+        "release finalizer",
+        b.view.key.to_string(),
+        keys::CLEANUP_FINALIZER,
+    ) {
+        binding_finalizer(client, manager, &b.view.key, false).await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+async fn delete_crd(api: &Api<CustomResourceDefinition>, name: &str) -> Result<(), kube::Error> {
+    let Some(crd) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    // Only the CRD observed as ours: a precondition on its UID.
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: crd.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A binding whose Connection does not exist: report it, or finish its teardown.
+pub async fn orphan_binding(
+    client: &Client,
+    manager: &str,
+    b: &BindingObj,
+    all: &[BindingObj],
+    crds: &BTreeMap<String, CrdMeta>,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    if b.view.deleting {
+        return binding(client, manager, b, all, crds, writes).await;
+    }
+    let mut conds = b.view.status.conditions.clone();
+    let msg = format!(
+        "Connection {} not found; retried every run",
+        b.view.connection
+    );
+    if !conds.set_condition(
+        READY,
+        S::False,
+        "ConnectionNotFound",
+        &msg,
+        b.view.generation,
+        Timestamp::now(),
+    ) {
+        return Ok(());
+    }
+    if !writes.will(
+        "apply-status",
+        b.view.key.to_string(),
+        "Ready=False ConnectionNotFound",
+    ) {
+        return Ok(());
+    }
+    conds.set_condition(
+        SYNCED,
+        S::False,
+        "ConnectionNotFound",
+        &msg,
+        b.view.generation,
+        Timestamp::now(),
+    );
+    // Every condition this pass owns, so none is dropped by the apply.
+    let owned: Vec<_> = conds
+        .into_iter()
+        .filter(|c| [READY, SYNCED, PERMISSION_DENIED].contains(&c.type_.as_str()))
+        .collect();
+    let status = json!({"conditions": owned, "observedGeneration": b.view.generation});
+    let name = &b.view.key.name;
+    match &b.view.key.namespace {
+        Some(ns) => apply_status(
+            &Api::<Binding>::namespaced(client.clone(), ns),
+            name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ())?,
+        None => apply_status(
+            &Api::<ClusterBinding>::all(client.clone()),
+            name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ())?,
+    }
+    writes.bookkeeping_done();
+    Ok(())
+}

@@ -1,0 +1,963 @@
+//! `kbind schema` against the consumer and provider apiservers, run as the real binary.
+//! Each test uses its own API group, Connection label (passed as --selector) and Lease namespace,
+//! so tests run in parallel on the shared servers without seeing each other's objects.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind::api::core::{Binding, ClusterBinding, Connection};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+struct Fx {
+    env: support::Env,
+    consumer: Client,
+    provider: Client,
+    group: String,
+    label: String,
+    ns: String,
+}
+
+impl Fx {
+    async fn new(prefix: &str) -> Option<Self> {
+        let env = support::env()?;
+        let consumer = env.consumer().await;
+        let provider = env.provider().await;
+        support::kbind_crds(&consumer).await;
+        let ns = support::namespace(&consumer, prefix).await;
+        let id = support::unique(prefix);
+        Some(Self {
+            group: format!("{id}.kbind.test"),
+            label: id,
+            ns,
+            env,
+            consumer,
+            provider,
+        })
+    }
+
+    /// A provider CRD `<plural>.<group>`, labelled `exported=<label>` when given.
+    async fn provider_crd(
+        &self,
+        plural: &str,
+        scope: &str,
+        exported: Option<&str>,
+        extra_prop: Option<&str>,
+    ) -> String {
+        let kind = format!(
+            "{}{}",
+            plural[..1].to_uppercase(),
+            &plural[1..plural.len() - 1]
+        );
+        let mut props = json!({"size": {"type": "integer"}});
+        if let Some(p) = extra_prop {
+            props[p] = json!({"type": "string"});
+        }
+        let mut crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{}", self.group)},
+            "spec": {"group": self.group, "scope": scope,
+                "names": {"plural": plural, "kind": kind, "singular": &plural[..plural.len() - 1]},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": props},
+                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}});
+        if let Some(v) = exported {
+            crd["metadata"]["labels"] = json!({"core.kbind.io/exported": v});
+        }
+        let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+        support::apply_crds(&self.provider, &[crd]).await;
+        format!("{plural}.{}", self.group)
+    }
+
+    async fn secret(&self, name: &str, key: &str, data: &str) {
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([(key.to_string(), data.to_string())])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(self.consumer.clone(), &self.ns)
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+
+    fn provider_kubeconfig(&self) -> String {
+        std::fs::read_to_string(&self.env.provider).unwrap()
+    }
+
+    async fn connection(&self, name: &str, secret: &str, schema: Value, auto_bind: bool) -> String {
+        let name = format!("{}-{name}", self.label);
+        let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+            "metadata": {"name": name, "labels": {"kbind-test": self.label}},
+            "spec": {"kubeconfigSecretRef": {"namespace": self.ns, "name": secret}, "schema": schema, "autoBind": auto_bind}});
+        let c: Connection = serde_json::from_value(c).unwrap();
+        Api::<Connection>::all(self.consumer.clone())
+            .create(&PostParams::default(), &c)
+            .await
+            .unwrap();
+        name
+    }
+
+    async fn cluster_binding(&self, name: &str, connection: &str, apis: &[&str]) -> String {
+        let name = format!("{}-{name}", self.label);
+        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": name},
+            "spec": {"connectionRef": {"name": connection}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()}});
+        Api::<ClusterBinding>::all(self.consumer.clone())
+            .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+            .await
+            .unwrap();
+        name
+    }
+
+    async fn binding(&self, name: &str, connection: &str, apis: &[&str]) -> String {
+        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding", "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"connectionRef": {"name": connection}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()}});
+        Api::<Binding>::namespaced(self.consumer.clone(), &self.ns)
+            .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+            .await
+            .unwrap();
+        name.to_string()
+    }
+
+    fn run(&self, extra: &[&str]) -> Value {
+        let selector = format!("kbind-test={}", self.label);
+        let kc = self.env.consumer.to_string_lossy().to_string();
+        let mut args = vec![
+            "schema",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &self.ns,
+            "--selector",
+            &selector,
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, summary, stderr) = support::kbind(&args);
+        assert_eq!(code, 0, "kbind schema failed: {summary}\n{stderr}");
+        summary
+    }
+
+    async fn conn(&self, name: &str) -> Connection {
+        Api::<Connection>::all(self.consumer.clone())
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    async fn consumer_crd(&self, name: &str) -> Option<CustomResourceDefinition> {
+        Api::<CustomResourceDefinition>::all(self.consumer.clone())
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+}
+
+fn cond<'a>(
+    conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> (&'a str, &'a str, &'a str) {
+    let c = conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no {t} condition in {conds:?}"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+async fn kube_system_uid(c: &Client) -> String {
+    Api::<Namespace>::all(c.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn connection_pins_identities_discovers_exact_exports_and_holds_finalizers() {
+    let Some(fx) = Fx::new("ident").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.provider_crd("gadgets", "Namespaced", Some("True"), None)
+        .await; // not the exact value
+    fx.provider_crd("gizmos", "Namespaced", None, None).await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let name = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+
+    let s = fx.run(&[]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let c = fx.conn(&name).await;
+    let st = c.status.clone().unwrap();
+    assert_eq!(
+        cond(&st.conditions, "Ready").0,
+        "True",
+        "{:?}",
+        st.conditions
+    );
+    assert_eq!(cond(&st.conditions, "SecretValid").0, "True");
+    assert_eq!(cond(&st.conditions, "Connected").0, "True");
+    assert_eq!(cond(&st.conditions, "PermissionDenied").0, "False");
+    assert_eq!(
+        st.remote_cluster_uid.as_deref(),
+        Some(kube_system_uid(&fx.provider).await.as_str())
+    );
+    assert_eq!(
+        st.local_cluster_uid.as_deref(),
+        Some(kube_system_uid(&fx.consumer).await.as_str())
+    );
+    let exported: Vec<&str> = st
+        .exported_apis
+        .iter()
+        .filter(|e| e.name.ends_with(&fx.group))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        exported,
+        [widgets.as_str()],
+        "only the exact label value exports"
+    );
+    assert_eq!(st.active_schema_source.as_deref(), Some("CRD"));
+    assert!(c.finalizers().iter().any(|f| f == "core.kbind.io/cleanup"));
+    let secret = Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .get("provider")
+        .await
+        .unwrap();
+    assert!(
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == "core.kbind.io/cleanup"),
+        "the Secret is held for teardown"
+    );
+    // pullPolicy Bound and no binding: nothing installed.
+    assert!(fx.consumer_crd(&widgets).await.is_none());
+
+    // Nothing changed: the next run writes nothing at all (only its Lease).
+    let s = fx.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(
+        s["bookkeeping_writes"], 2,
+        "Lease take and release only: {s}"
+    );
+}
+
+#[tokio::test]
+async fn bound_pull_installs_bound_apis_and_bindings_report_setup() {
+    let Some(fx) = Fx::new("bound").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let clusters = fx
+        .provider_crd("clusters", "Cluster", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection(
+            "p",
+            "provider",
+            json!({"source": "CRD", "pullPolicy": "Bound"}),
+            false,
+        )
+        .await;
+    let cb = fx
+        .cluster_binding("cb", &conn, &[&widgets, &clusters])
+        .await;
+    let b = fx.binding("ns-binding", &conn, &[&clusters]).await;
+    let missing = fx
+        .binding("missing", &conn, &["nothings.example.org"])
+        .await;
+
+    fx.run(&[]);
+    // Bound APIs are installed with kbind's markers; the unbound export is not.
+    for api in [&widgets, &clusters] {
+        let crd = fx
+            .consumer_crd(api)
+            .await
+            .unwrap_or_else(|| panic!("{api} installed"));
+        assert_eq!(crd.labels()["core.kbind.io/managed"], "true");
+        assert_eq!(crd.annotations()["core.kbind.io/connection"], conn);
+        assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
+    }
+    assert!(
+        fx.consumer_crd(&gadgets).await.is_none(),
+        "unbound export not installed"
+    );
+
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap();
+    let st = cbs.status.unwrap();
+    assert_eq!(
+        cond(&st.conditions, "Ready").0,
+        "True",
+        "{:?}",
+        st.conditions
+    );
+    assert_eq!(cond(&st.conditions, "Synced").0, "True");
+    let names: Vec<&str> = st.bound_apis.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, [clusters.as_str(), widgets.as_str()]);
+    assert!(
+        st.bound_apis
+            .iter()
+            .all(|a| a.schema_hash.as_deref().is_some_and(|h| h.len() == 16))
+    );
+    assert!(
+        cbs.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"core.kbind.io/cleanup".to_string())
+    );
+
+    let bs = Api::<Binding>::namespaced(fx.consumer.clone(), &fx.ns);
+    let st = bs.get(&b).await.unwrap().status.unwrap();
+    let (status, reason, msg) = cond(&st.conditions, "Ready");
+    assert_eq!((status, reason), ("False", "ClusterScopedAPI"), "{msg}");
+    let st = bs.get(&missing).await.unwrap().status.unwrap();
+    assert_eq!(cond(&st.conditions, "Ready").1, "APINotExported");
+
+    let s = fx.run(&[]);
+    assert_eq!(
+        (s["data_writes"].as_i64(), s["bookkeeping_writes"].as_i64()),
+        (Some(0), Some(2)),
+        "unchanged pass: {s}"
+    );
+}
+
+#[tokio::test]
+async fn bad_credentials_are_reported_and_retried() {
+    let Some(fx) = Fx::new("creds").await else {
+        return;
+    };
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let reason = |c: Connection| {
+        cond(&c.status.unwrap().conditions, "SecretValid")
+            .1
+            .to_string()
+    };
+
+    fx.run(&[]);
+    assert_eq!(
+        reason(fx.conn(&conn).await),
+        "SecretNotFound",
+        "a Connection may exist before its Secret"
+    );
+    fx.secret("provider", "config", "x").await;
+    fx.run(&[]);
+    assert_eq!(reason(fx.conn(&conn).await), "KeyNotFound");
+    let exec = fx.provider_kubeconfig().replace("    token:", "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: gke-gcloud-auth-plugin\n    x-token:");
+    fx.secret("provider", "kubeconfig", &exec).await;
+    fx.run(&[]);
+    let c = fx.conn(&conn).await;
+    let st = c.status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "SecretValid");
+    assert_eq!((s, r), ("False", "NotSelfContained"));
+    assert!(m.contains("user.exec"), "the message names the field: {m}");
+    assert_eq!(cond(&st.conditions, "Ready").0, "False");
+    // Fixed in place: the next run uses the Secret's new data, no restart.
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    fx.run(&[]);
+    assert_eq!(
+        cond(&fx.conn(&conn).await.status.unwrap().conditions, "Ready").0,
+        "True"
+    );
+}
+
+#[tokio::test]
+async fn a_secret_pointing_at_another_cluster_is_cluster_identity_changed() {
+    let Some(fx) = Fx::new("idchg").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.run(&[]);
+    let pinned = fx
+        .conn(&conn)
+        .await
+        .status
+        .unwrap()
+        .remote_cluster_uid
+        .unwrap();
+    // Rotate the Secret to the consumer cluster's credentials: a different cluster.
+    fx.secret(
+        "provider",
+        "kubeconfig",
+        &std::fs::read_to_string(&fx.env.consumer).unwrap(),
+    )
+    .await;
+    let b = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    fx.run(&[]);
+    let st = fx.conn(&conn).await.status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "Connected");
+    assert_eq!((s, r), ("False", "ClusterIdentityChanged"), "{m}");
+    assert_eq!(
+        st.remote_cluster_uid.as_deref(),
+        Some(pinned.as_str()),
+        "the pinned UID never moves"
+    );
+    assert!(
+        fx.consumer_crd(&widgets).await.is_none(),
+        "nothing is installed from the other cluster"
+    );
+    let bst = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&b)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&bst.conditions, "Ready").0, "False");
+}
+
+#[tokio::test]
+async fn update_policy_always_follows_the_provider_and_once_pins() {
+    let Some(fx) = Fx::new("update").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let always = fx
+        .connection(
+            "always",
+            "provider",
+            json!({"source": "CRD", "updatePolicy": "Always"}),
+            false,
+        )
+        .await;
+    let once = fx
+        .connection(
+            "once",
+            "provider",
+            json!({"source": "CRD", "updatePolicy": "Once"}),
+            false,
+        )
+        .await;
+    fx.cluster_binding("a", &always, &[&widgets]).await;
+    fx.cluster_binding("o", &once, &[&gadgets]).await;
+    fx.run(&[]);
+    let hash = |c: CustomResourceDefinition| c.annotations()["core.kbind.io/schema-hash"].clone();
+    let (w0, g0) = (
+        hash(fx.consumer_crd(&widgets).await.unwrap()),
+        hash(fx.consumer_crd(&gadgets).await.unwrap()),
+    );
+
+    // The provider adds a field to both.
+    fx.provider_crd("widgets", "Namespaced", Some("true"), Some("color"))
+        .await;
+    fx.provider_crd("gadgets", "Namespaced", Some("true"), Some("color"))
+        .await;
+    fx.run(&[]);
+    let w = fx.consumer_crd(&widgets).await.unwrap();
+    assert_ne!(hash(w.clone()), w0, "Always follows");
+    let schema = serde_json::to_value(&w.spec.versions[0].schema).unwrap();
+    assert!(schema.to_string().contains("color"));
+    assert_eq!(
+        hash(fx.consumer_crd(&gadgets).await.unwrap()),
+        g0,
+        "Once pins"
+    );
+    let st = fx.conn(&once).await.status.unwrap();
+    assert_eq!(cond(&st.conditions, "SchemaInSync").1, "Pinned");
+    assert_eq!(
+        cond(
+            &fx.conn(&always).await.status.unwrap().conditions,
+            "SchemaInSync"
+        )
+        .0,
+        "True"
+    );
+}
+
+/// A CRD someone else installed on the consumer, with another schema.
+fn foreign_crd(group: &str, plural: &str, kind: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": plural, "kind": kind},
+            "versions": [{"name": "v9", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_foreign_crd_is_never_overwritten() {
+    let Some(fx) = Fx::new("foreign").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    support::apply_crds(&fx.consumer, &[foreign_crd(&fx.group, "widgets", "Widget")]).await;
+    let rv = fx.consumer_crd(&widgets).await.unwrap().resource_version();
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let first = fx
+        .connection("first", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let second = fx
+        .connection("second", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx
+        .cluster_binding("cb", &first, &[&widgets, &gadgets])
+        .await;
+    // Two Connections claiming one CRD: the second never takes over the first's.
+    let cb2 = fx.cluster_binding("cb2", &second, &[&gadgets]).await;
+    fx.run(&[]);
+    fx.run(&[]);
+
+    assert_eq!(
+        fx.consumer_crd(&widgets).await.unwrap().resource_version(),
+        rv,
+        "foreign CRD untouched"
+    );
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    let st = cbs.get(&cb).await.unwrap().status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("False", "ForeignCRD"), "{m}");
+    assert!(
+        m.contains(&widgets) && m.contains("not managed by kbind"),
+        "{m}"
+    );
+    let g = fx.consumer_crd(&gadgets).await.unwrap();
+    assert_eq!(g.annotations()["core.kbind.io/connection"], first);
+    let st = cbs.get(&cb2).await.unwrap().status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("False", "ForeignCRD"), "{m}");
+    assert!(m.contains(&format!("managed by Connection {first}")), "{m}");
+}
+
+#[tokio::test]
+async fn pull_none_creates_nothing_and_stamps_existing_crds_with_markers_only() {
+    let Some(fx) = Fx::new("none").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    support::apply_crds(&fx.consumer, &[foreign_crd(&fx.group, "widgets", "Widget")]).await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let none = fx
+        .connection(
+            "none",
+            "provider",
+            json!({"source": "CRD", "pullPolicy": "None"}),
+            false,
+        )
+        .await;
+    let cb = fx.cluster_binding("cb", &none, &[&widgets, &gadgets]).await;
+    fx.run(&[]);
+
+    let w = fx.consumer_crd(&widgets).await.unwrap();
+    assert_eq!(
+        w.labels().get("core.kbind.io/managed").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(w.annotations().get("core.kbind.io/connection"), Some(&none));
+    assert_eq!(
+        w.spec.versions[0].name, "v9",
+        "the schema stays the external manager's"
+    );
+    assert!(
+        fx.consumer_crd(&gadgets).await.is_none(),
+        "None never creates"
+    );
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("False", "CRDMissing"), "{m}");
+    assert!(m.contains(&gadgets) && !m.contains(&widgets), "{m}");
+}
+
+#[tokio::test]
+async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
+    let Some(fx) = Fx::new("auto").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    // A restricted provider identity that can only see this test's CRDs would be ideal; the
+    // admin sees every test's exports, so assert on this group's APIs only.
+    let conn = fx
+        .connection(
+            "p",
+            "provider",
+            json!({"source": "CRD", "pullPolicy": "All"}),
+            true,
+        )
+        .await;
+    fx.run(&[]);
+    assert!(fx.consumer_crd(&widgets).await.is_some() && fx.consumer_crd(&gadgets).await.is_some());
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    let ab = cbs
+        .get(&conn)
+        .await
+        .expect("autoBind ClusterBinding named after the Connection");
+    let apis: Vec<String> = ab.spec.apis.iter().map(|a| a.name.clone()).collect();
+    assert!(apis.contains(&widgets) && apis.contains(&gadgets));
+    assert_eq!(ab.owner_references()[0].name, conn);
+
+    // autoBind off: the binding is left alone.
+    Api::<Connection>::all(fx.consumer.clone())
+        .patch(
+            &conn,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"autoBind": false}})),
+        )
+        .await
+        .unwrap();
+    fx.provider_crd("gizmos", "Namespaced", Some("true"), None)
+        .await;
+    fx.run(&[]);
+    let ab2 = cbs.get(&conn).await.unwrap();
+    assert_eq!(
+        ab2.spec.apis, ab.spec.apis,
+        "not maintained any more, not deleted"
+    );
+}
+
+#[tokio::test]
+async fn dry_run_plans_and_writes_nothing() {
+    let Some(fx) = Fx::new("dry").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    let rv = fx.conn(&conn).await.resource_version();
+    let s = fx.run(&["--dry-run"]);
+    assert_eq!(s["outcome"], "dry-run");
+    assert_eq!(s["data_writes"], 0);
+    let planned = s["planned"].as_array().expect("planned writes listed");
+    assert!(
+        planned
+            .iter()
+            .any(|w| w["verb"] == "create" && w["target"].as_str().unwrap().contains(&widgets)),
+        "{s}"
+    );
+    assert_eq!(
+        fx.conn(&conn).await.resource_version(),
+        rv,
+        "the Connection was not written"
+    );
+    assert!(fx.consumer_crd(&widgets).await.is_none());
+    assert!(
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(fx.consumer.clone(), &fx.ns)
+            .get_opt("kbind-schema")
+            .await
+            .unwrap()
+            .is_none(),
+        "a dry run takes no Lease"
+    );
+}
+
+#[tokio::test]
+async fn max_items_bounds_a_run_and_the_next_run_resumes() {
+    let Some(fx) = Fx::new("budget").await else {
+        return;
+    };
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let names = [
+        fx.connection("a", "provider", json!({"source": "CRD"}), false)
+            .await,
+        fx.connection("b", "provider", json!({"source": "CRD"}), false)
+            .await,
+        fx.connection("c", "provider", json!({"source": "CRD"}), false)
+            .await,
+    ];
+    let handled = || async {
+        let mut n = Vec::new();
+        for c in &names {
+            if fx.conn(c).await.status.is_some() {
+                n.push(c.clone());
+            }
+        }
+        n
+    };
+    let s = fx.run(&["--max-items", "2"]);
+    assert_eq!(s["outcome"], "partial", "{s}");
+    assert_eq!(handled().await, names[..2]);
+    let s = fx.run(&["--max-items", "2"]);
+    assert_eq!(
+        handled().await,
+        names,
+        "the second run starts where the first stopped: {s}"
+    );
+}
+
+#[tokio::test]
+async fn openapi_source_synthesizes_the_consumer_crd_from_discovery() {
+    let Some(fx) = Fx::new("openapi").await else {
+        return;
+    };
+    // Not labelled: the OpenAPI source has no label gate.
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", None, Some("color"))
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "OpenAPI"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    // A new API reaches the provider's OpenAPI document shortly after discovery: poll runs.
+    let st = support::eventually("the export to be discovered", || async {
+        fx.run(&[]);
+        let st = fx.conn(&conn).await.status?;
+        st.exported_apis
+            .iter()
+            .any(|e| e.name == widgets)
+            .then_some(st)
+    })
+    .await;
+    assert_eq!(st.active_schema_source.as_deref(), Some("OpenAPI"));
+    fx.run(&[]); // the binding's CRD is installed once the export is known
+    assert!(
+        !st.exported_apis
+            .iter()
+            .any(|e| e.name.ends_with(".k8s.io") || e.name.starts_with("deployments.")),
+        "built-in groups excluded"
+    );
+    let crd = fx
+        .consumer_crd(&widgets)
+        .await
+        .expect("synthesized CRD installed");
+    let v = &crd.spec.versions[0];
+    assert!(
+        v.subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some(),
+        "discovered status subresource kept"
+    );
+    let schema = serde_json::to_value(&v.schema).unwrap();
+    assert_eq!(
+        schema.pointer("/openAPIV3Schema/properties/spec/properties/size/type"),
+        Some(&json!("integer")),
+        "{schema}"
+    );
+    assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
+    let b = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&b.conditions, "Ready").0, "True", "{:?}", b.conditions);
+    // Synthesis is deterministic: the next run sees no drift and writes nothing.
+    let s = fx.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+}
+
+#[tokio::test]
+async fn auto_falls_through_only_after_a_successful_empty_list() {
+    let Some(fx) = Fx::new("autosrc").await else {
+        return;
+    };
+    // The consumer cluster as a "provider": it labels nothing exported, so Auto's CRD list is
+    // empty and OpenAPI discovery takes over.
+    fx.secret(
+        "self",
+        "kubeconfig",
+        &std::fs::read_to_string(&fx.env.consumer).unwrap(),
+    )
+    .await;
+    let conn = fx
+        .connection("self", "self", json!({"source": "Auto"}), false)
+        .await;
+    fx.run(&[]);
+    let st = fx.conn(&conn).await.status.unwrap();
+    assert_eq!(
+        st.active_schema_source.as_deref(),
+        Some("OpenAPI"),
+        "{:?}",
+        st.conditions
+    );
+    assert!(
+        st.exported_apis
+            .iter()
+            .any(|e| e.name == "connections.core.kbind.io")
+    );
+
+    // A provider identity that may read its identity but not list CRDs: Auto reports the
+    // error and does not fall back to OpenAPI.
+    let provider = fx.provider.clone();
+    let user = "kbind-restricted";
+    let role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-identity", fx.label)},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}]})).unwrap();
+    let rb: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-identity", fx.label)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{}-identity", fx.label)},
+        "subjects": [{"kind": "User", "name": user}]})).unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(provider.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(provider.clone())
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+    fx.secret(
+        "restricted",
+        "kubeconfig",
+        &std::fs::read_to_string(&fx.env.provider_restricted).unwrap(),
+    )
+    .await;
+    let denied = fx
+        .connection("denied", "restricted", json!({"source": "Auto"}), false)
+        .await;
+    let st = support::eventually("RBAC to apply", || async {
+        fx.run(&[]);
+        let st = fx.conn(&denied).await.status?;
+        (cond(&st.conditions, "Connected").0 == "True").then_some(st)
+    })
+    .await;
+    let (s, r, m) = cond(&st.conditions, "PermissionDenied");
+    assert_eq!((s, r), ("True", "DiscoveryForbidden"), "{m}");
+    assert!(
+        m.contains("403") || m.to_lowercase().contains("forbidden"),
+        "{m}"
+    );
+    assert_eq!(
+        st.active_schema_source, None,
+        "no fallback to OpenAPI after a failed list"
+    );
+    assert_eq!(cond(&st.conditions, "Ready").0, "False");
+}
+
+#[tokio::test]
+async fn teardown_waits_for_instance_release_then_removes_crd_and_finalizers() {
+    let Some(fx) = Fx::new("teardown").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    fx.run(&[]);
+    assert!(fx.consumer_crd(&widgets).await.is_some());
+
+    // Deleting the Connection first: it waits for its bindings.
+    let conns = Api::<Connection>::all(fx.consumer.clone());
+    conns.delete(&conn, &Default::default()).await.unwrap();
+    fx.run(&[]);
+    let c = fx.conn(&conn).await;
+    let (s, r, m) = cond(&c.status.as_ref().unwrap().conditions, "Ready");
+    assert_eq!((s, r), ("False", "BindingsRemain"), "{m}");
+    assert!(m.contains(&cb));
+
+    // Deleting the binding: it waits until resync has released the instances.
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    cbs.delete(&cb, &Default::default()).await.unwrap();
+    fx.run(&[]);
+    assert!(
+        cbs.get_opt(&cb).await.unwrap().is_some(),
+        "held until InstancesReleased"
+    );
+    assert!(fx.consumer_crd(&widgets).await.is_some());
+    // What `kbind resync` records when it has released the binding's instances.
+    cbs.patch_status(&cb, &PatchParams::apply("kbind-resync").force(), &Patch::Apply(json!({
+        "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+        "status": {"conditions": [{"type": "InstancesReleased", "status": "True", "reason": "Released", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})))
+        .await
+        .unwrap();
+    fx.run(&[]);
+    support::eventually("binding gone", || async {
+        cbs.get_opt(&cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    support::eventually("consumer CRD removed", || async {
+        fx.consumer_crd(&widgets).await.is_none().then_some(())
+    })
+    .await;
+
+    // Now the Connection finishes: Secret finalizer released (the Secret itself stays), then its own.
+    fx.run(&[]);
+    support::eventually("connection gone", || async {
+        conns.get_opt(&conn).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let secret = Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .get("provider")
+        .await
+        .expect("never deleted");
+    assert!(
+        !secret
+            .finalizers()
+            .iter()
+            .any(|f| f == "core.kbind.io/cleanup")
+    );
+    // Provider data is never deleted because of an unbind.
+    assert!(
+        Api::<CustomResourceDefinition>::all(fx.provider.clone())
+            .get_opt(&widgets)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
