@@ -7,9 +7,8 @@ use clap::{Args, ValueEnum};
 use super::shard::Shard;
 
 /// How the summary and dry-run plans are printed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
-    #[default]
     Text,
     Json,
     Yaml,
@@ -33,9 +32,9 @@ pub struct CommonArgs {
     /// Observe and plan only: print the writes the pass would make, and make none.
     #[arg(long, global = true)]
     pub dry_run: bool,
-    /// Format of the summary and of dry-run plans.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text, global = true)]
-    pub output: OutputFormat,
+    /// Format of the summary and of dry-run plans. Default: text on a terminal, JSON otherwise.
+    #[arg(short = 'o', long = "output", value_enum, global = true)]
+    pub output: Option<OutputFormat>,
     /// Stop taking new work after this many items (what counts is per pass; see --help of each).
     #[arg(long, global = true)]
     pub max_items: Option<u64>,

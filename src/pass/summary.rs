@@ -55,14 +55,16 @@ impl Summary {
         *self.counts.entry(key.to_string()).or_default() += n;
     }
 
-    /// Render for stdout. Text on a terminal unless `-o` asks otherwise.
-    pub fn render(&self, format: OutputFormat, is_tty: bool) -> String {
+    /// Render for stdout: the asked format, else text on a terminal and one JSON line otherwise.
+    pub fn render(&self, format: Option<OutputFormat>, is_tty: bool) -> String {
+        let format = format.unwrap_or(if is_tty {
+            OutputFormat::Text
+        } else {
+            OutputFormat::Json
+        });
         match format {
             OutputFormat::Json => serde_json::to_string(self).unwrap_or_default(),
             OutputFormat::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
-            OutputFormat::Text if !is_tty && self.planned.is_empty() => {
-                serde_json::to_string(self).unwrap_or_default()
-            }
             OutputFormat::Text => self.render_text(),
         }
     }
@@ -113,11 +115,16 @@ mod tests {
         let mut s = Summary::new("schema", false);
         s.outcome = "completed".into();
         s.count("connections", 2);
-        let line = s.render(OutputFormat::Text, false);
+        let line = s.render(None, false);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["counts"]["connections"], 2);
         assert!(!line.contains('\n'));
-        let text = s.render(OutputFormat::Text, true);
+        let text = s.render(None, true);
+        assert_eq!(
+            s.render(Some(OutputFormat::Text), false),
+            text,
+            "an explicit format wins"
+        );
         assert!(text.starts_with("kbind schema: completed"), "{text}");
         assert!(text.contains("connections=2"));
     }
@@ -132,10 +139,10 @@ mod tests {
             detail: "spec".into(),
         });
         assert!(
-            s.render(OutputFormat::Text, false)
+            s.render(Some(OutputFormat::Text), false)
                 .starts_with("would create Widget a/b: spec\n")
         );
-        let y = s.render(OutputFormat::Yaml, false);
+        let y = s.render(Some(OutputFormat::Yaml), false);
         assert!(y.contains("verb: create"), "{y}");
     }
 }
