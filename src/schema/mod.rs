@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -207,6 +207,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
             let labels = m.metadata.labels.clone().unwrap_or_default();
             let ann = m.metadata.annotations.clone().unwrap_or_default();
             let meta = CrdMeta {
+                uid: m.metadata.uid.clone().unwrap_or_default(),
                 managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
                 connection: ann.get(keys::CONNECTION).cloned(),
                 schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
@@ -268,21 +269,7 @@ async fn reconcile(
     let conns: Api<Connection> = Api::all(client.clone());
     if conn.meta().deletion_timestamp.is_some() {
         // Its deleting bindings finish first; the Connection waits for them.
-        for b in world
-            .bindings
-            .iter()
-            .filter(|b| b.view.deleting && b.view.connection == name)
-        {
-            teardown::binding(
-                &client,
-                &world.manager,
-                b,
-                &world.bindings,
-                &world.crds,
-                writes,
-            )
-            .await?;
-        }
+        finish_deleting_bindings(world, &name, writes).await?;
         teardown::connection(world_view(world), conn, writes).await?;
         return Ok(false);
     }
@@ -384,24 +371,9 @@ async fn reconcile(
         conn.spec.auto_bind && (autobind_cb.is_none() || autobind_ours),
         Timestamp::now(),
     );
-    let crds_after: Vec<(String, CrdMeta)> = actions
-        .iter()
-        .zip(&outcomes)
-        .filter(|(_, o)| **o == CrdOutcome::Done)
-        .map(|(a, _)| {
-            (
-                a.name(),
-                CrdMeta {
-                    managed: true,
-                    connection: Some(name.clone()),
-                    schema_hash: action_hash(a),
-                    deleting: false,
-                },
-            )
-        })
-        .collect();
+    let after = plan::crds_after(&observed, &actions, &outcomes);
     drop(observed);
-    world.crds.extend(crds_after);
+    world.crds = after;
 
     // Record: bindings (finalizers, setup status), autoBind, then the Connection.
     for b in world
@@ -430,22 +402,17 @@ async fn reconcile(
             writes.bookkeeping_done();
         }
     }
-    apply_autobind(&client, &world.manager, conn, &plan.autobind, writes).await?;
-    for b in world
-        .bindings
-        .iter()
-        .filter(|b| b.view.deleting && b.view.connection == name)
-    {
-        teardown::binding(
-            &client,
-            &world.manager,
-            b,
-            &world.bindings,
-            &world.crds,
-            writes,
-        )
-        .await?;
-    }
+    let autobind_uid = autobind_cb.filter(|_| autobind_ours).map(|b| b.uid.clone());
+    apply_autobind(
+        &client,
+        &world.manager,
+        conn,
+        &plan.autobind,
+        autobind_uid,
+        writes,
+    )
+    .await?;
+    finish_deleting_bindings(world, &name, writes).await?;
     let ready = plan
         .connection
         .conditions
@@ -471,16 +438,27 @@ async fn reconcile(
     Ok(ready)
 }
 
-fn action_hash(a: &CrdAction) -> Option<String> {
-    match a {
-        CrdAction::Create(c) | CrdAction::Update(c) => c
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|m| m.get(keys::SCHEMA_HASH))
-            .cloned(),
-        CrdAction::Stamp { .. } => None,
+async fn finish_deleting_bindings(
+    world: &World,
+    connection: &str,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    for b in world
+        .bindings
+        .iter()
+        .filter(|b| b.view.deleting && b.view.connection == connection)
+    {
+        teardown::binding(
+            &world.client,
+            &world.manager,
+            b,
+            &world.bindings,
+            &world.crds,
+            writes,
+        )
+        .await?;
     }
+    Ok(())
 }
 
 fn world_view(w: &World) -> teardown::View<'_> {
@@ -698,6 +676,7 @@ async fn apply_autobind(
     manager: &str,
     conn: &Connection,
     plan: &AutoBind,
+    existing_uid: Option<String>,
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
     let name = conn.name_any();
@@ -736,31 +715,13 @@ async fn apply_autobind(
             ) {
                 return Ok(());
             }
-            delete_owned_autobind(&api, &name).await?;
-            writes.data_done();
+            if let Some(uid) = existing_uid
+                && teardown::delete_observed(&api, &name, &uid).await?
+            {
+                writes.data_done();
+            }
             Ok(())
         }
-    }
-}
-
-pub(crate) async fn delete_owned_autobind(
-    api: &Api<ClusterBinding>,
-    name: &str,
-) -> Result<(), kube::Error> {
-    let Some(cb) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: cb.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -20,6 +20,8 @@ use crate::api::core::{
 /// What the consumer cluster holds under a CRD name (metadata only).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CrdMeta {
+    /// The observed object's UID: deletes are preconditioned on it.
+    pub uid: String,
     pub managed: bool,
     pub connection: Option<String>,
     pub schema_hash: Option<String>,
@@ -218,8 +220,8 @@ fn cluster_scoped_in_binding(d: &Discovered, b: &BindingView, api: &str) -> bool
             .any(|e| e.api.name == api && e.api.scope == "Cluster")
 }
 
-/// The consumer CRDs after the writes that succeeded.
-fn crds_after(
+/// The consumer CRDs after the writes that succeeded (a created CRD's UID is not known yet).
+pub fn crds_after(
     o: &Observed,
     actions: &[CrdAction],
     outcomes: &[CrdOutcome],
@@ -241,6 +243,11 @@ fn crds_after(
         crds.insert(
             a.name(),
             CrdMeta {
+                uid: o
+                    .consumer_crds
+                    .get(&a.name())
+                    .map(|m| m.uid.clone())
+                    .unwrap_or_default(),
                 managed: true,
                 connection: Some(o.name.to_string()),
                 schema_hash: hash,
@@ -796,6 +803,7 @@ mod tests {
 
     fn meta(managed: bool, conn: Option<&str>, hash: Option<&str>) -> CrdMeta {
         CrdMeta {
+            uid: "uid".into(),
             managed,
             connection: conn.map(String::from),
             schema_hash: hash.map(String::from),

@@ -15,7 +15,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::plan::CrdMeta;
-use super::{BindingObj, binding_finalizer, delete_owned_autobind, has_finalizer, set_finalizer};
+use super::{BindingObj, binding_finalizer, has_finalizer, set_finalizer};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{INSTANCES_RELEASED, PERMISSION_DENIED, READY, SYNCED};
 use crate::api::core::{Binding, ClusterBinding, Connection};
@@ -51,8 +51,13 @@ pub async fn connection(
             format!("ClusterBinding {name}"),
             "autoBind binding of a deleted Connection",
         )
+        && delete_observed(
+            &Api::<ClusterBinding>::all(v.client.clone()),
+            &name,
+            &ab.uid,
+        )
+        .await?
     {
-        delete_owned_autobind(&Api::<ClusterBinding>::all(v.client.clone()), &name).await?;
         writes.data_done();
     }
     let remaining: Vec<String> = v
@@ -161,8 +166,10 @@ pub async fn binding(
                     "ClusterBinding removed",
                 )
             {
-                delete_crd(&api, name).await?;
-                writes.data_done();
+                let uid = crds.get(name).map(|m| m.uid.as_str()).unwrap_or_default();
+                if delete_observed(&api, name, uid).await? {
+                    writes.data_done();
+                }
             }
         }
     }
@@ -177,21 +184,30 @@ pub async fn binding(
     Ok(())
 }
 
-async fn delete_crd(api: &Api<CustomResourceDefinition>, name: &str) -> Result<(), kube::Error> {
-    let Some(crd) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    // Only the CRD observed as ours: a precondition on its UID.
+/// Delete the object observed with `uid` (a precondition: a same-named replacement is never
+/// touched). Returns whether a delete was issued; gone or replaced counts as done.
+pub(crate) async fn delete_observed<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: &str,
+) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if uid.is_empty() {
+        // Created in this run: its UID is not known yet; the next run deletes it.
+        return Ok(false);
+    }
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: crd.uid(),
+            uid: Some(uid.to_string()),
             resource_version: None,
         }),
         ..Default::default()
     };
     match api.delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
         Err(e) => Err(e),
     }
 }
