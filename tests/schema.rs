@@ -978,3 +978,157 @@ async fn teardown_waits_for_instance_release_then_removes_crd_and_finalizers() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
+    let Some(fx) = Fx::new("hostile").await else {
+        return;
+    };
+    let good = fx.provider_kubeconfig();
+    // A closed port on loopback, a TLS name the serving certificate does not carry, a token the
+    // provider rejects.
+    let unreachable = regex_replace_server(&good, "https://127.0.0.1:1");
+    let tls = good.replace(
+        "    server:",
+        "    tls-server-name: not-the-provider.example\n    server:",
+    );
+    let expired = good
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                "    token: expired-or-revoked"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cases = [
+        ("unreachable", unreachable, "Unreachable"),
+        ("tls", tls, "Unreachable"),
+        ("token", expired, "Unauthorized"),
+    ];
+    let mut conns = Vec::new();
+    for (name, kubeconfig, _) in &cases {
+        fx.secret(name, "kubeconfig", kubeconfig).await;
+        conns.push(
+            fx.connection(name, name, json!({"source": "CRD"}), false)
+                .await,
+        );
+    }
+    let (code, summary, stderr) = support::kbind(&[
+        "schema",
+        "--kubeconfig",
+        &fx.env.consumer.to_string_lossy(),
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &format!("kbind-test={}", fx.label),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(
+        code, 0,
+        "a broken provider is a condition, not a failed pass: {summary} {stderr}"
+    );
+    for ((what, _, reason), conn) in cases.iter().zip(&conns) {
+        let st = fx.conn(conn).await.status.unwrap();
+        let (s, r, m) = cond(&st.conditions, "Connected");
+        assert_eq!((s, r), ("False", *reason), "{what}: {m}");
+        assert!(
+            !m.contains("expired-or-revoked"),
+            "{what}: the token leaked into status: {m}"
+        );
+        assert_eq!(cond(&st.conditions, "Ready").0, "False");
+        assert!(st.remote_cluster_uid.is_none(), "{what}: nothing pinned");
+    }
+    assert!(
+        !stderr.contains("expired-or-revoked"),
+        "the token leaked into logs"
+    );
+
+    // An exported CRD without a served version cannot be pulled, and the binding says so.
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("ghosts.{}", fx.group), "labels": {"core.kbind.io/exported": "true"}},
+        "spec": {"group": fx.group, "scope": "Namespaced", "names": {"plural": "ghosts", "kind": "Ghost"},
+            "versions": [{"name": "v1", "served": false, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}))
+    .unwrap();
+    support::apply_crds(&fx.provider, &[crd]).await;
+    fx.secret("good", "kubeconfig", &good).await;
+    let conn = fx
+        .connection("good", "good", json!({"source": "CRD"}), false)
+        .await;
+    let ghosts = format!("ghosts.{}", fx.group);
+    let cb = fx.cluster_binding("cb", &conn, &[&ghosts]).await;
+    fx.run(&[]);
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("False", "ExportUnusable"), "{m}");
+    assert!(m.contains("no served version"), "{m}");
+    assert!(fx.consumer_crd(&ghosts).await.is_none());
+}
+
+fn regex_replace_server(kubeconfig: &str, server: &str) -> String {
+    kubeconfig
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {server}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn a_run_finding_the_lease_held_skips_and_a_short_deadline_stops_taking_work() {
+    let Some(fx) = Fx::new("lease").await else {
+        return;
+    };
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    // Another run holds the Lease.
+    let held = kbind::pass::lease::acquire(
+        fx.consumer.clone(),
+        &fx.ns,
+        "kbind-schema",
+        "other-run",
+        600,
+    )
+    .await
+    .unwrap();
+    let s = fx.run(&[]);
+    assert_eq!(s["outcome"], "skipped", "{s}");
+    assert!(
+        s["message"].as_str().unwrap().contains("other-run"),
+        "names the holder: {s}"
+    );
+    assert!(
+        fx.conn(&conn).await.status.is_none(),
+        "a skipped run writes nothing"
+    );
+    if let kbind::pass::lease::Acquired::Held(g) = held {
+        g.release(None).await;
+    }
+    // A deadline too short for any work: the run stops cleanly, exit 0, and says why.
+    let s = fx.run(&["--deadline", "1s"]);
+    assert_eq!(s["outcome"], "partial", "{s}");
+    assert!(s["message"].as_str().unwrap().contains("Deadline"), "{s}");
+    assert!(fx.conn(&conn).await.status.is_none());
+    // Bad flags are a usage error (exit 2) that names the problem.
+    let (code, _, stderr) = support::kbind(&["schema", "--shard", "4/4"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("invalid shard"), "{stderr}");
+}

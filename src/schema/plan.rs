@@ -557,6 +557,12 @@ fn api_state(
         );
     };
     let Some(e) = d.exports.iter().find(|e| e.api.name == api) else {
+        if let Some((_, why)) = d.skipped.iter().find(|(n, _)| n == api) {
+            return problem(
+                "ExportUnusable",
+                format!("{api} is exported but cannot be pulled: {why}"),
+            );
+        }
         return problem(
             "APINotExported",
             format!("{api} is not exported by Connection {}", o.name),
