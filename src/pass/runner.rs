@@ -56,6 +56,7 @@ where
     let finish = |mut summary: Summary, code: i32, counter: &RequestCounter, budget: &Budget| {
         summary.requests = counter.total();
         summary.duration_seconds = budget.elapsed().as_secs_f64();
+        summary.peak_rss_bytes = super::summary::peak_rss_bytes();
         println!(
             "{}",
             summary.render(output, std::io::stdout().is_terminal())

@@ -33,6 +33,9 @@ pub struct Summary {
     pub bookkeeping_writes: u64,
     pub requests: u64,
     pub duration_seconds: f64,
+    /// Peak resident memory of this process (Linux `VmHWM`), for capacity planning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     /// Pass-specific counters (objects seen, conflicts, scopes, …).
     pub counts: BTreeMap<String, i64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -104,6 +107,14 @@ impl Summary {
         ));
         out
     }
+}
+
+/// This process's peak resident set size, where the OS tells it (Linux).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use sha2::Digest;
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -61,6 +63,9 @@ impl CredentialError {
 #[derive(Clone, Debug)]
 pub struct ProviderKubeconfig {
     pub kubeconfig: Kubeconfig,
+    /// SHA-256 of the kubeconfig bytes: Connections sharing credentials share one provider
+    /// client, identity read and discovery per pass. Never logged.
+    pub fingerprint: String,
     /// The context's namespace (heartbeat location), `default` if none.
     pub default_namespace: String,
 }
@@ -109,6 +114,7 @@ pub fn kubeconfig_from_secret(
             bytes.len()
         )));
     }
+    let fingerprint = hex::encode(sha2::Sha256::digest(&bytes));
     let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text".into()))?;
     // The parser's message can quote the document: never let it carry credentials out.
     let kubeconfig =
@@ -121,6 +127,7 @@ pub fn kubeconfig_from_secret(
         })?;
     Ok(ProviderKubeconfig {
         kubeconfig,
+        fingerprint,
         default_namespace,
     })
 }

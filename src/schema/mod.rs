@@ -11,7 +11,7 @@ pub mod openapi;
 pub mod plan;
 mod teardown;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -20,7 +20,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::api::core::{Binding, ClusterBinding, Connection, ConnectionStatus};
+use crate::api::core::{Binding, ClusterBinding, Connection, ConnectionStatus, SchemaSource};
 use crate::api::keys;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
@@ -45,7 +45,18 @@ struct World {
     local_uid: String,
     connections: Vec<Connection>,
     bindings: Vec<BindingObj>,
+    views: Vec<BindingView>,
     crds: BTreeMap<String, CrdMeta>,
+    /// Per provider credential (kubeconfig fingerprint), within this pass only.
+    providers: HashMap<String, ProviderMemo>,
+}
+
+/// What one pass learned about a provider, shared by the Connections using the same credential.
+#[derive(Default)]
+struct ProviderMemo {
+    client: Option<Client>,
+    identity: Option<Result<String, identity::IdentityError>>,
+    discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
 pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summary, PassError> {
@@ -216,13 +227,16 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
             (m.metadata.name.unwrap_or_default(), meta)
         })
         .collect();
+    let views = bindings.iter().map(|b| b.view.clone()).collect();
     Ok(World {
         client,
         manager: ctx.field_manager(),
         local_uid,
         connections,
         bindings,
+        views,
         crds,
+        providers: HashMap::new(),
     })
 }
 
@@ -310,8 +324,14 @@ async fn reconcile(
     let pk = secret.and_then(|s| {
         credentials::kubeconfig_from_secret(s.as_ref(), &r.namespace, &r.name, &r.key)
     });
-    let provider = match &pk {
-        Ok(pk) => credentials::provider_client(pk, ctx.counter.clone())
+    let fingerprint = pk
+        .as_ref()
+        .map(|p| p.fingerprint.clone())
+        .unwrap_or_default();
+    let memo = world.providers.entry(fingerprint).or_default();
+    let provider = match (&pk, &memo.client) {
+        (Ok(_), Some(c)) => Ok(c.clone()),
+        (Ok(pk), None) => credentials::provider_client(pk, ctx.counter.clone())
             .await
             .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
                 namespace: r.namespace.clone(),
@@ -319,10 +339,16 @@ async fn reconcile(
                 key: r.key.clone(),
                 message,
             }),
-        Err(e) => Err(e.clone()),
+        (Err(e), _) => Err(e.clone()),
     };
     let remote_uid = match &provider {
-        Ok(p) => Some(identity::cluster_uid(p).await),
+        Ok(p) => {
+            memo.client = Some(p.clone());
+            if memo.identity.is_none() {
+                memo.identity = Some(identity::cluster_uid(p).await);
+            }
+            memo.identity.clone()
+        }
         Err(_) => None,
     };
     let status = conn.status.clone().unwrap_or_default();
@@ -341,10 +367,18 @@ async fn reconcile(
     if let (Ok(p), Some(Ok(_))) = (&provider, &observed.remote_uid)
         && !observed.identity_changed()
     {
-        observed.discovery = Some(discovery::discover(p, conn.spec.schema.source).await);
+        let source = conn.spec.schema.source;
+        let found = match memo.discovery.get(&source) {
+            Some(d) => d.clone(),
+            None => {
+                let d = discovery::discover(p, source).await;
+                memo.discovery.insert(source, d.clone());
+                d
+            }
+        };
+        observed.discovery = Some(found);
     }
-    let views: Vec<BindingView> = world.bindings.iter().map(|b| b.view.clone()).collect();
-    observed.bindings = &views;
+    observed.bindings = &world.views;
 
     // Plan and apply the consumer CRD writes.
     let actions = plan::plan_crds(&observed);
