@@ -165,3 +165,73 @@ async fn a_status_write_racing_another_writer_is_retried_not_lost() {
         "the other writer's field survived"
     );
 }
+
+#[tokio::test]
+async fn events_are_written_once_per_object_reason_and_message_and_scrubbed() {
+    let Some(env) = support::env() else { return };
+    let client = env.consumer().await;
+    let ns = support::namespace(&client, "events").await;
+    let cm = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("target".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let regarding = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        name: cm.metadata.name.clone(),
+        namespace: Some(ns.clone()),
+        uid: cm.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let rec = kbind::pass::events::Recorder::new(client.clone(), "resync", false);
+    let note = "provider rejected the write: POST https://provider/apis/x?token=s3cr3t failed";
+    assert!(
+        rec.publish(
+            &regarding,
+            kbind::pass::events::EventType::Warning,
+            "Rejected",
+            note
+        )
+        .await
+    );
+    // The next run reports the same thing: no second Event.
+    assert!(
+        !rec.publish(
+            &regarding,
+            kbind::pass::events::EventType::Warning,
+            "Rejected",
+            note
+        )
+        .await
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(events.items.len(), 1);
+    let e = &events.items[0];
+    let text = e.note.clone().unwrap_or_default();
+    assert!(
+        !text.contains("s3cr3t") && !text.contains('?'),
+        "scrubbed: {text}"
+    );
+    assert_eq!(e.reporting_controller.as_deref(), Some("kbind.io/resync"));
+    // A dry run records nothing.
+    let dry = kbind::pass::events::Recorder::new(client, "resync", true);
+    assert!(
+        !dry.publish(
+            &regarding,
+            kbind::pass::events::EventType::Warning,
+            "Other",
+            "x"
+        )
+        .await
+    );
+}

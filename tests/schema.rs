@@ -856,29 +856,16 @@ async fn auto_falls_through_only_after_a_successful_empty_list() {
 
     // A provider identity that may read its identity but not list CRDs: Auto reports the
     // error and does not fall back to OpenAPI.
-    let provider = fx.provider.clone();
-    let user = "kbind-restricted";
-    let role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": format!("{}-identity", fx.label)},
-        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}]})).unwrap();
-    let rb: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{}-identity", fx.label)},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{}-identity", fx.label)},
-        "subjects": [{"kind": "User", "name": user}]})).unwrap();
-    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(provider.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(provider.clone())
-        .create(&PostParams::default(), &rb)
-        .await
-        .unwrap();
-    fx.secret(
-        "restricted",
-        "kubeconfig",
-        &std::fs::read_to_string(&fx.env.provider_restricted).unwrap(),
+    let pns = support::namespace(&fx.provider, "autosrc").await;
+    let restricted =
+        support::service_account_kubeconfig(&fx.env.provider, &pns, "schema-reader").await;
+    grant_identity_read(
+        &fx.provider,
+        &fx.label,
+        &format!("system:serviceaccount:{pns}:schema-reader"),
     )
     .await;
+    fx.secret("restricted", "kubeconfig", &restricted).await;
     let denied = fx
         .connection("denied", "restricted", json!({"source": "Auto"}), false)
         .await;
@@ -1131,4 +1118,128 @@ async fn a_run_finding_the_lease_held_skips_and_a_short_deadline_stops_taking_wo
     let (code, _, stderr) = support::kbind(&["schema", "--shard", "4/4"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("invalid shard"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_run_killed_after_its_first_data_write_converges_on_the_next_run() {
+    let Some(fx) = Fx::new("crash").await else {
+        return;
+    };
+    let apis = [
+        fx.provider_crd("ones", "Namespaced", Some("true"), None)
+            .await,
+        fx.provider_crd("twos", "Namespaced", Some("true"), None)
+            .await,
+        fx.provider_crd("threes", "Namespaced", Some("true"), None)
+            .await,
+    ];
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let refs: Vec<&str> = apis.iter().map(String::as_str).collect();
+    let cb = fx.cluster_binding("cb", &conn, &refs).await;
+    let selector = format!("kbind-test={}", fx.label);
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args([
+            "schema",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &fx.ns,
+            "--selector",
+            &selector,
+        ])
+        .env(kbind::pass::crash::ENV, "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the crash knob aborts the run");
+    let fx = &fx;
+    let installed = |apis: [String; 3]| async move {
+        let mut n = 0;
+        for a in &apis {
+            n += usize::from(fx.consumer_crd(a).await.is_some());
+        }
+        n
+    };
+    assert_eq!(
+        installed(apis.clone()).await,
+        1,
+        "stopped right after the first CRD"
+    );
+    // The crashed run's Lease is still held until it expires; a maintenance run in another
+    // Lease namespace (as an operator would) finishes the work.
+    let other = support::namespace(&fx.consumer, "crash-rerun").await;
+    let (code, s, _) = support::kbind(&[
+        "schema",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &other,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{s}");
+    assert_eq!(installed(apis.clone()).await, 3);
+    assert_eq!(s["data_writes"], 2, "nothing written twice: {s}");
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&st.conditions, "Ready").0, "True");
+}
+
+/// Let `user` read the cluster identity (the kube-system Namespace) and nothing else.
+async fn grant_identity_read(provider: &Client, label: &str, user: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let name = format!("{label}-identity");
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}]})).unwrap();
+    let rb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "User", "name": user}]}))
+    .unwrap();
+    Api::<ClusterRole>::all(provider.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(provider.clone())
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_forbidden_identity_read_is_reported_never_skipped() {
+    let Some(fx) = Fx::new("idforbid").await else {
+        return;
+    };
+    let pns = support::namespace(&fx.provider, "idforbid").await;
+    let nobody = support::service_account_kubeconfig(&fx.env.provider, &pns, "nobody").await;
+    fx.secret("nobody", "kubeconfig", &nobody).await;
+    let conn = fx
+        .connection("p", "nobody", json!({"source": "CRD"}), false)
+        .await;
+    fx.run(&[]);
+    let st = fx.conn(&conn).await.status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "Connected");
+    assert_eq!((s, r), ("False", "IdentityForbidden"), "{m}");
+    assert_eq!(
+        cond(&st.conditions, "PermissionDenied").1,
+        "IdentityForbidden"
+    );
+    assert!(
+        st.remote_cluster_uid.is_none(),
+        "nothing pinned without an identity"
+    );
+    assert!(
+        st.exported_apis.is_empty(),
+        "no discovery without an identity check"
+    );
 }

@@ -266,6 +266,8 @@ enum ApiState {
         version: String,
         hash: String,
         in_sync: bool,
+        /// Something the user should know although the API is bound.
+        warning: Option<String>,
     },
     Problem {
         reason: &'static str,
@@ -599,11 +601,27 @@ fn api_state(
             // Under pullPolicy None the schema is the external manager's: no drift to report.
             let in_sync = o.policy.pull_policy == PullPolicy::None
                 || m.schema_hash.as_deref() == Some(e.api.schema_hash.as_str());
+            let mut warnings = Vec::new();
+            if e.webhook_conversion {
+                warnings.push(format!(
+                    "{api}: the provider converts versions with a webhook; the consumer CRD serves only {} and provider-side conversion is not reproduced",
+                    e.api.version
+                ));
+            }
+            // The resolver checks ClusterBindings first, even when not Ready.
+            if b.key.namespace.is_some()
+                && let Some(cb) = o.bindings.iter().find(|x| {
+                    x.key.namespace.is_none() && !x.deleting && x.apis.iter().any(|a| a == api)
+                })
+            {
+                warnings.push(format!("{api} is also listed by ClusterBinding {}, which takes precedence: this Binding does not sync it", cb.key.name));
+            }
             ApiState::Bound {
                 scope: e.api.scope.clone(),
                 version: e.api.version.clone(),
                 hash: m.schema_hash.clone().unwrap_or_default(),
                 in_sync,
+                warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
             }
         }
         Some(m) => {
@@ -632,6 +650,7 @@ fn binding_status(
     let mut bound: Vec<BoundApi> = Vec::new();
     let mut problems: Vec<(&str, String)> = Vec::new();
     let mut pending: Vec<&str> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
     for (api, s) in states {
         match s {
             ApiState::Bound {
@@ -639,7 +658,9 @@ fn binding_status(
                 version,
                 hash,
                 in_sync,
+                warning,
             } => {
+                warnings.extend(warning.iter().cloned());
                 let prev = b
                     .status
                     .bound_apis
@@ -703,7 +724,7 @@ fn binding_status(
                 .join("; ");
             c.set_condition(READY, S::False, reason, &msg, g, now)
         }
-        (true, None) => c.set_condition(READY, S::True, "Bound", "", g, now),
+        (true, None) => c.set_condition(READY, S::True, "Bound", &warnings.join("; "), g, now),
     };
     if pending.is_empty() && problems.is_empty() && connection_ready {
         c.set_condition(SYNCED, S::True, "SchemasInstalled", "", g, now);
@@ -1197,6 +1218,50 @@ mod tests {
             plan_status(&case.observed(), &[], &[], None, false, now())
                 .bindings
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn bound_apis_carry_warnings_for_webhook_conversion_and_shadowing() {
+        let mut webhook = export("a.x.io", "Namespaced", "h1");
+        webhook.webhook_conversion = true;
+        let case = Case {
+            exports: vec![webhook],
+            bindings: vec![
+                binding(None, "cb", "c", &["a.x.io"]),
+                binding(Some("ns"), "b", "c", &["a.x.io"]),
+            ],
+            crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
+            ..Default::default()
+        };
+        let plan = plan_status(&case.observed(), &[], &[], None, false, now());
+        let ready = |name: &str| {
+            let st = &plan
+                .bindings
+                .iter()
+                .find(|(k, _)| k.name == name)
+                .unwrap()
+                .1;
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == READY)
+                .cloned()
+                .unwrap()
+        };
+        let cb = ready("cb");
+        assert_eq!(cb.status, "True");
+        assert!(
+            cb.message
+                .contains("provider-side conversion is not reproduced"),
+            "{}",
+            cb.message
+        );
+        let b = ready("b");
+        assert!(
+            b.message
+                .contains("ClusterBinding cb, which takes precedence"),
+            "{}",
+            b.message
         );
     }
 

@@ -180,3 +180,46 @@ where
     }
     panic!("timed out waiting for {what}");
 }
+
+/// A kubeconfig for a fresh ServiceAccount `name` in `namespace` of the cluster behind
+/// `admin_kubeconfig`: an identity of its own, with no RBAC until the test grants some.
+pub async fn service_account_kubeconfig(
+    admin_kubeconfig: &PathBuf,
+    namespace: &str,
+    name: &str,
+) -> String {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let c = client(admin_kubeconfig).await;
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(c.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("service account");
+    let body = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+    let req = http::Request::post(format!(
+        "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&body).unwrap())
+    .unwrap();
+    let tr: serde_json::Value = c.request(req).await.expect("token request");
+    let token = tr["status"]["token"].as_str().expect("token").to_string();
+    std::fs::read_to_string(admin_kubeconfig)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                format!("    token: {token}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,228 @@
+//! Benchmark of `kbind schema` (run through `hack/bench.sh schema`, which starts the servers).
+//!
+//! N Connections (default 50), each binding its own M exported APIs (default 20) on one
+//! provider: a cold pass, then an unchanged pass. Baseline, in the same run: the pass's
+//! unavoidable data writes (creating N×M consumer CRDs) issued directly, sequentially, with a
+//! plain client — once before kbind's pass and once after, since a CRD create gets slower as
+//! the apiserver holds more CRDs.
+//! Prints figures; asserts nothing about time.
+
+use std::time::Instant;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
+}
+
+async fn client(path: &str) -> Client {
+    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn crd(group: &str, plural: &str, exported: bool) -> CustomResourceDefinition {
+    let kind = format!("K{plural}");
+    let mut v = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": plural, "kind": kind},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}, "name": {"type": "string"}}},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}});
+    if exported {
+        v["metadata"]["labels"] = json!({"core.kbind.io/exported": "true"});
+    }
+    serde_json::from_value(v).expect("crd")
+}
+
+fn kbind(consumer: &str) -> Value {
+    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
+    let out = std::process::Command::new(bin)
+        .args([
+            "schema",
+            "--kubeconfig",
+            consumer,
+            "--lease-namespace",
+            "bench",
+            "-o",
+            "json",
+            "--deadline",
+            "60m",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kbind");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+#[tokio::main]
+async fn main() {
+    kbind::install_crypto_provider();
+    let n: usize = std::env::var("BENCH_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let m: usize = std::env::var("BENCH_APIS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
+    let provider_path = env("KBIND_TEST_PROVIDER_KUBECONFIG");
+    let consumer = client(&consumer_path).await;
+    let provider = client(&provider_path).await;
+    println!("bench schema: {n} Connections x {m} APIs = {} CRDs", n * m);
+
+    // Setup (not measured): provider exports, kbind CRDs, Secret, Connections, ClusterBindings.
+    let t = Instant::now();
+    let pcrds: Api<CustomResourceDefinition> = Api::all(provider.clone());
+    let names: Vec<(usize, usize)> = (0..n).flat_map(|i| (0..m).map(move |j| (i, j))).collect();
+    stream::iter(names.iter().copied())
+        .for_each_concurrent(8, |(i, j)| {
+            let api = pcrds.clone();
+            async move {
+                let c = crd(&format!("c{i}.bench.kbind.io"), &format!("r{j}s"), true);
+                api.create(&PostParams::default(), &c)
+                    .await
+                    .expect("provider CRD");
+            }
+        })
+        .await;
+    let ccrds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    for c in kbind::crds::kbind_crds() {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        ccrds
+            .patch(
+                &name,
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(&c),
+            )
+            .await
+            .expect("kbind CRD");
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let ns: Value = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}});
+    let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(consumer.clone());
+    nsapi
+        .create(&PostParams::default(), &serde_json::from_value(ns).unwrap())
+        .await
+        .expect("ns");
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "provider"},
+        "stringData": {"kubeconfig": std::fs::read_to_string(&provider_path).unwrap()}}))
+        .unwrap();
+    Api::namespaced(consumer.clone(), "bench")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let conns: Api<kbind::api::core::Connection> = Api::all(consumer.clone());
+    let cbs: Api<kbind::api::core::ClusterBinding> = Api::all(consumer.clone());
+    for i in 0..n {
+        let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "metadata": {"name": format!("c{i}")},
+            "spec": {"kubeconfigSecretRef": {"namespace": "bench", "name": "provider"}, "schema": {"source": "CRD"}}});
+        conns
+            .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+            .await
+            .expect("connection");
+        let apis: Vec<Value> = (0..m)
+            .map(|j| json!({"name": format!("r{j}s.c{i}.bench.kbind.io")}))
+            .collect();
+        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": format!("c{i}")},
+            "spec": {"connectionRef": {"name": format!("c{i}")}, "apis": apis}});
+        cbs.create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+            .await
+            .expect("binding");
+    }
+    println!("setup: {:.1}s", t.elapsed().as_secs_f64());
+
+    // Baseline: the same number of consumer CRD creates, directly and sequentially.
+    let t = Instant::now();
+    for &(i, j) in &names {
+        ccrds
+            .create(
+                &PostParams::default(),
+                &crd(&format!("b{i}.base.kbind.io"), &format!("r{j}s"), false),
+            )
+            .await
+            .expect("baseline CRD");
+    }
+    let baseline = t.elapsed().as_secs_f64();
+
+    let cold = kbind(&consumer_path);
+    let warm = kbind(&consumer_path);
+    // A CRD create costs more the more CRDs the apiserver holds: a second baseline, after
+    // kbind's, brackets the cold pass from the other side.
+    let t = Instant::now();
+    for &(i, j) in &names {
+        ccrds
+            .create(
+                &PostParams::default(),
+                &crd(&format!("a{i}.after.kbind.io"), &format!("r{j}s"), false),
+            )
+            .await
+            .expect("baseline CRD");
+    }
+    let after = t.elapsed().as_secs_f64();
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let mb = |v: &Value| f(v, "peak_rss_bytes") / 1_048_576.0;
+    println!();
+    println!(
+        "{:<28} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10}",
+        "run", "wall s", "requests", "req/Conn", "data writes", "bookkeep", "peak MiB"
+    );
+    println!(
+        "{:<28} {:>10.2} {:>10} {:>12} {:>12} {:>10} {:>10}",
+        "baseline (direct creates)",
+        baseline,
+        n * m,
+        "-",
+        n * m,
+        "-",
+        "-"
+    );
+    for (name, v) in [
+        ("kbind schema, cold", &cold),
+        ("kbind schema, unchanged", &warm),
+    ] {
+        println!(
+            "{:<28} {:>10.2} {:>10} {:>12.1} {:>12} {:>10} {:>10.1}",
+            name,
+            f(v, "duration_seconds"),
+            f(v, "requests"),
+            f(v, "requests") / n as f64,
+            f(v, "data_writes"),
+            f(v, "bookkeeping_writes"),
+            mb(v)
+        );
+    }
+    println!();
+    println!(
+        "ratio cold pass / baseline: {:.2}",
+        f(&cold, "duration_seconds") / baseline
+    );
+    println!(
+        "unchanged pass data writes: {} (target 0)",
+        f(&warm, "data_writes")
+    );
+    println!(
+        "cold outcome: {}; counts {}",
+        cold["outcome"], cold["counts"]
+    );
+}

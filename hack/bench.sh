@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Benchmarks (not part of the test suite): starts fresh servers, runs one benchmark, stops them.
+#   hack/bench.sh schema        (BENCH_CONNECTIONS=50 BENCH_APIS=20 by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-schema}
+hack/build-servers.sh
+cargo build --release --quiet --bin kbind --example "bench_$what"
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-bench.XXXXXX")
+cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+hack/testenv.sh up "$dir"
+# shellcheck disable=SC1091
+source "$dir/env"
+KBIND_BIN=$PWD/target/release/kbind "target/release/examples/bench_$what"
