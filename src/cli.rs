@@ -27,6 +27,10 @@ pub enum Command {
     /// consumer CRD install per pullPolicy/updatePolicy, the setup side of bindings, autoBind
     /// and teardown. --max-items bounds the Connections handled in one run.
     Schema(SchemaArgs),
+    /// One pass over every bound API: consumer spec up to the provider, provider status down,
+    /// conflicts, deletion and the heartbeat; per-API counts recorded on the bindings.
+    /// --max-items bounds instance writes in one run.
+    Resync(ResyncArgs),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -42,6 +46,14 @@ pub enum Command {
 pub struct SchemaArgs {
     /// Only Connections matching this label selector (e.g. `team=a`), for one-off runs in a
     /// maintenance window. Bindings of missing Connections are then left for a full run.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResyncArgs {
+    /// Only objects covered by bindings matching this label selector (coverage is still resolved
+    /// over all bindings, ClusterBindings first).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
 }

@@ -40,6 +40,11 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.common.log_format);
     let code = match cli.command {
+        Command::Resync(args) => {
+            block_on(kbind::pass::run(kbind::resync::PASS, cli.common, |ctx| {
+                kbind::resync::run(ctx, args)
+            }))
+        }
         Command::Schema(args) => {
             block_on(kbind::pass::run(kbind::schema::PASS, cli.common, |ctx| {
                 kbind::schema::run(ctx, args)

@@ -2,6 +2,8 @@
 //! variables), clients for them, and unique names so tests run in parallel without colliding.
 #![allow(dead_code)]
 
+pub mod fx;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

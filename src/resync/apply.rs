@@ -1,0 +1,375 @@
+//! The writes `kbind resync` plans, with what each failure means: 403 is denied, 400/422 is the
+//! provider rejecting the object (an Event carries its message), 409 on create means an object
+//! kbind did not list (so not marked as ours) already holds the name.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::plan::{Action, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, Ownership, ownership};
+use super::{BoundApi, Provider};
+use crate::api::core::ConflictPolicy;
+use crate::api::keys;
+use crate::pass::PassContext;
+use crate::pass::events::EventType;
+use crate::pass::writes::Writes;
+use crate::scrub::scrub;
+
+const MANAGER: &str = "kbind-resync";
+const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    Denied,
+    Rejected,
+    Conflict,
+    Failed,
+}
+
+/// Every planned action writes an instance (or its metadata): all count against --max-items.
+pub fn is_data(_: &Action) -> bool {
+    true
+}
+
+fn ns_api(client: &Client, api: &BoundApi, ns: Option<&str>) -> Api<DynamicObject> {
+    match (api.namespaced, ns) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &api.resource),
+        _ => Api::all_with(client.clone(), &api.resource),
+    }
+}
+
+fn reference(api: &BoundApi, o: &DynamicObject) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api.resource.api_version.clone()),
+        kind: Some(api.resource.kind.clone()),
+        name: Some(o.name_any()),
+        namespace: o.namespace(),
+        uid: o.uid(),
+        ..Default::default()
+    }
+}
+
+/// The provider copy kbind applies: spec plus ownership markers, nothing else.
+fn provider_body(api: &BoundApi, o: &DynamicObject, local_uid: &str) -> Value {
+    let mut metadata = json!({
+        "name": o.name_any(),
+        "labels": {keys::CONSUMER_CLUSTER: local_uid},
+        "annotations": {keys::CONSUMER_OBJECT_UID: o.uid().unwrap_or_default()},
+    });
+    if let Some(ns) = o.namespace() {
+        metadata["namespace"] = json!(ns);
+    }
+    json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind, "metadata": metadata,
+           "spec": o.data.get("spec").cloned().unwrap_or(Value::Null)})
+}
+
+fn classify(e: &kube::Error) -> Outcome {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => Outcome::Denied,
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => Outcome::Rejected,
+        _ => Outcome::Failed,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn object(
+    ctx: &PassContext,
+    client: &Client,
+    provider: &Provider,
+    api: &BoundApi,
+    obj: &DynamicObject,
+    c: &super::plan::ConsumerObj,
+    p: Option<&DynamicObject>,
+    actions: &[Action],
+    policy: ConflictPolicy,
+    writes: &mut Writes,
+) -> Outcome {
+    let ns = obj.namespace();
+    let consumer = ns_api(client, api, ns.as_deref());
+    let prov = ns_api(&provider.client, api, ns.as_deref());
+    let name = obj.name_any();
+    let target = format!(
+        "{} {}{name}",
+        api.resource.kind,
+        ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default()
+    );
+    let mut outcome = Outcome::Done;
+    for a in actions {
+        let (verb, on) = match a {
+            Action::AddFinalizer => ("add finalizer", "consumer"),
+            Action::Create => ("create", "provider"),
+            Action::UpdateSpec => ("apply spec", "provider"),
+            Action::StatusDown(_) => ("apply status", "consumer"),
+            Action::MarkConflict(_) => ("annotate conflict", "consumer"),
+            Action::ClearConflict => ("clear conflict", "consumer"),
+            Action::DeleteProvider => ("delete", "provider"),
+            Action::OrphanProvider => ("strip markers", "provider"),
+            Action::ReleaseFinalizer => ("release finalizer", "consumer"),
+        };
+        if !writes.will(verb, format!("{target} ({on})"), "") {
+            continue;
+        }
+        let r: Result<(), kube::Error> = match a {
+            Action::AddFinalizer | Action::ReleaseFinalizer => {
+                let f: Vec<&str> = if matches!(a, Action::AddFinalizer) { vec![keys::SYNCER_FINALIZER] } else { vec![] };
+                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                    "metadata": {"name": name, "namespace": ns, "finalizers": f}});
+                consumer.patch(&name, &PatchParams::apply(FINALIZER_MANAGER), &Patch::Apply(&body)).await.map(|_| ())
+            }
+            Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
+                Ok(()) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    // A name we did not list as ours: classify it with one GET.
+                    let existing = prov.get_opt(&name).await.ok().flatten();
+                    let own = existing.as_ref().map(|e| ownership(&super::provider_obj(e), &provider.local_uid, &c.uid, &Default::default()));
+                    match own {
+                        Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
+                        Some(Ownership::Unmarked) => {
+                            mark_conflict(ctx, &consumer, api, obj, FOREIGN_OBJECT_EXISTS).await;
+                            outcome = Outcome::Conflict;
+                            Ok(())
+                        }
+                        Some(_) => {
+                            mark_conflict(ctx, &consumer, api, obj, OWNED_BY_ANOTHER).await;
+                            outcome = Outcome::Conflict;
+                            Ok(())
+                        }
+                        None => Err(kube::Error::Api(s)),
+                    }
+                }
+                Err(e) => Err(e),
+            },
+            Action::UpdateSpec => apply_spec(&prov, api, obj, &provider.local_uid).await,
+            Action::StatusDown(status) => {
+                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                    "metadata": {"name": name, "namespace": ns}, "status": status});
+                consumer.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map(|_| ())
+            }
+            Action::MarkConflict(reason) => {
+                mark_conflict(ctx, &consumer, api, obj, reason).await;
+                Ok(())
+            }
+            Action::ClearConflict => consumer
+                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::CONFLICT: null}}})))
+                .await
+                .map(|_| ()),
+            Action::DeleteProvider => {
+                let uid = p.and_then(|p| p.uid());
+                let dp = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
+                match prov.delete(&name, &dp).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
+            Action::OrphanProvider => prov
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {keys::CONSUMER_CLUSTER: null}, "annotations": {keys::CONSUMER_OBJECT_UID: null}}})),
+                )
+                .await
+                .map(|_| ()),
+        };
+        match r {
+            Ok(()) => writes.data_done(),
+            Err(e) => {
+                let o = classify(&e);
+                let msg = scrub(&match &e {
+                    kube::Error::Api(s) => s.message.clone(),
+                    e => e.to_string(),
+                });
+                let (reason, note) = match o {
+                    Outcome::Denied => (
+                        "PermissionDenied",
+                        format!("{verb} on the {on} was forbidden: {msg}"),
+                    ),
+                    Outcome::Rejected => {
+                        ("Rejected", format!("the {on} rejected the object: {msg}"))
+                    }
+                    _ => (
+                        "SyncFailed",
+                        format!("{verb} on the {on} failed (retried next run): {msg}"),
+                    ),
+                };
+                ctx.recorder
+                    .publish(&reference(api, obj), EventType::Warning, reason, &note)
+                    .await;
+                tracing::warn!(object = %target, reason, error = %msg, "instance write failed");
+                return o;
+            }
+        }
+    }
+    outcome
+}
+
+async fn create(
+    client: &Client,
+    prov: &Api<DynamicObject>,
+    api: &BoundApi,
+    obj: &DynamicObject,
+    local_uid: &str,
+) -> Result<(), kube::Error> {
+    let body: DynamicObject = serde_json::from_value(provider_body(api, obj, local_uid))
+        .map_err(kube::Error::SerdeError)?;
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match prov.create(&pp, &body).await {
+        Err(kube::Error::Api(s)) if s.code == 404 && obj.namespace().is_some() => {
+            // The provider namespace does not exist yet: create it, then the object.
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: obj.namespace(),
+                    labels: Some(
+                        [(keys::CONSUMER_CLUSTER.to_string(), local_uid.to_string())].into(),
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &ns)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+            prov.create(&pp, &body).await.map(|_| ())
+        }
+        r => r.map(|_| ()),
+    }
+}
+
+async fn apply_spec(
+    prov: &Api<DynamicObject>,
+    api: &BoundApi,
+    obj: &DynamicObject,
+    local_uid: &str,
+) -> Result<(), kube::Error> {
+    let body = provider_body(api, obj, local_uid);
+    prov.patch(
+        &obj.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map(|_| ())
+}
+
+async fn mark_conflict(
+    ctx: &PassContext,
+    consumer: &Api<DynamicObject>,
+    api: &BoundApi,
+    obj: &DynamicObject,
+    reason: &str,
+) {
+    let patch = json!({"metadata": {"annotations": {keys::CONFLICT: reason}}});
+    if let Err(e) = consumer
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        tracing::warn!(error = %scrub(&e.to_string()), "could not annotate the conflict");
+    }
+    let note = match reason {
+        FOREIGN_OBJECT_EXISTS => {
+            "the provider already has an object of this name without kbind's markers (conflictPolicy Fail); it is left untouched"
+        }
+        _ => {
+            "the provider's object of this name belongs to another consumer object or cluster; it is left untouched"
+        }
+    };
+    ctx.recorder
+        .publish(&reference(api, obj), EventType::Warning, reason, note)
+        .await;
+}
+
+/// Delete a provider copy of ours whose consumer object is gone (UID precondition).
+pub async fn delete_garbage(
+    provider: &Client,
+    api: &BoundApi,
+    o: &DynamicObject,
+    writes: &mut Writes,
+) {
+    let name = o.name_any();
+    let target = format!(
+        "{} {}{name} (provider; consumer object gone)",
+        api.resource.kind,
+        o.namespace().map(|n| format!("{n}/")).unwrap_or_default()
+    );
+    if !writes.will("delete", target, "") {
+        return;
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: o.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match ns_api(provider, api, o.namespace().as_deref())
+        .delete(&name, &dp)
+        .await
+    {
+        Ok(_) => writes.data_done(),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => {
+            tracing::warn!(object = %name, error = %scrub(&e.to_string()), "provider garbage not deleted; next run retries")
+        }
+    }
+}
+
+/// Renew the heartbeat Lease `consumer-<localClusterUID>` in the provider kubeconfig's default
+/// namespace.
+pub async fn heartbeat(
+    provider: &Client,
+    namespace: &str,
+    local_uid: &str,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = format!("{}{local_uid}", keys::HEARTBEAT_LEASE_PREFIX);
+    if !writes.will(
+        "renew",
+        format!("Lease {namespace}/{name} (provider)"),
+        "heartbeat",
+    ) {
+        return Ok(());
+    }
+    let now = Timestamp::now();
+    let body = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(format!("kbind-resync/{local_uid}")),
+            renew_time: Some(MicroTime(now)),
+            ..Default::default()
+        }),
+    };
+    let mut v = serde_json::to_value(&body).map_err(kube::Error::SerdeError)?;
+    v["apiVersion"] = json!("coordination.k8s.io/v1");
+    v["kind"] = json!("Lease");
+    Api::<Lease>::namespaced(provider.clone(), namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&v),
+        )
+        .await?;
+    writes.bookkeeping_done();
+    Ok(())
+}

@@ -1,0 +1,577 @@
+//! `kbind resync`: one bounded pass that makes the provider hold every bound consumer object's
+//! spec and the consumer hold the provider's status. Per bound API: one paginated LIST of each
+//! side (the provider side narrowed by kbind's cluster marker), a pure plan per object, the
+//! writes, and the counts recorded on the covering binding.
+
+mod apply;
+pub mod plan;
+mod record;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::api::core::{Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection};
+use crate::api::keys;
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::schema::plan::BindingKey;
+use crate::schema::{credentials, identity};
+use plan::{ConsumerObj, ProviderObj, Standing};
+
+pub const PASS: &str = "resync";
+
+/// A binding as resync sees it.
+#[derive(Clone, Debug)]
+pub struct BindingRef {
+    pub key: BindingKey,
+    pub connection: String,
+    pub apis: Vec<String>,
+    pub policy: ConflictPolicy,
+    pub deleting: bool,
+    pub has_cleanup: bool,
+    pub generation: Option<i64>,
+    pub status: BindingStatus,
+}
+
+/// Per binding and API: how its objects stand after this pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub in_sync: i64,
+    pub pending: i64,
+    pub conflicts: i64,
+    pub denied: i64,
+    pub rejected: i64,
+}
+
+/// A managed consumer CRD and the Connection it pins.
+struct BoundApi {
+    name: String,
+    connection: String,
+    resource: ApiResource,
+    namespaced: bool,
+}
+
+/// A provider reached through a Connection, after its identity was checked.
+struct Provider {
+    client: Client,
+    local_uid: String,
+}
+
+pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summary, PassError> {
+    let mut summary = Summary::new(PASS, ctx.args.dry_run);
+    let mut writes = Writes::new(ctx.args.dry_run);
+    let client = ctx.client.clone();
+    let lp = ListParams::default();
+    let err = |what: &'static str| move |e: kube::Error| PassError::kube(what, &e);
+    let connections = list::all(&Api::<Connection>::all(client.clone()), &lp)
+        .await
+        .map_err(err("listing Connections"))?;
+    let cbs = list::all(&Api::<ClusterBinding>::all(client.clone()), &lp)
+        .await
+        .map_err(err("listing ClusterBindings"))?;
+    let bs = list::all(&Api::<Binding>::all(client.clone()), &lp)
+        .await
+        .map_err(err("listing Bindings"))?;
+    let crds = list::all(
+        &Api::<CustomResourceDefinition>::all(client.clone()),
+        &ListParams::default().labels(&format!("{}=true", keys::MANAGED)),
+    )
+    .await
+    .map_err(err("listing managed CustomResourceDefinitions"))?;
+
+    let mut bindings: Vec<BindingRef> = cbs
+        .iter()
+        .map(|b| {
+            binding_ref(
+                b,
+                None,
+                &b.spec.connection_ref.name,
+                &b.spec.apis,
+                b.spec.conflict_policy,
+                &b.status,
+            )
+        })
+        .collect();
+    bindings.extend(bs.iter().map(|b| {
+        binding_ref(
+            b,
+            b.namespace(),
+            &b.spec.connection_ref.name,
+            &b.spec.apis,
+            b.spec.conflict_policy,
+            &b.status,
+        )
+    }));
+    bindings.sort_by(|a, b| a.key.cmp(&b.key));
+    // Root objects of this run: this shard's bindings, narrowed by --selector.
+    let mut selected: BTreeSet<BindingKey> = bindings
+        .iter()
+        .filter(|b| shard::owns(ctx.args.shard, &b.key.to_string()))
+        .map(|b| b.key.clone())
+        .collect();
+    if let Some(sel) = &args.selector {
+        let lp = ListParams::default().labels(sel);
+        let bad_selector = |e: kube::Error| match &e {
+            kube::Error::Api(s) if s.code == 400 => {
+                PassError::Config(format!("--selector: {}", s.message))
+            }
+            _ => PassError::kube("listing bindings by --selector", &e),
+        };
+        let mut keep: BTreeSet<BindingKey> =
+            list::metadata(&Api::<ClusterBinding>::all(client.clone()), &lp)
+                .await
+                .map_err(bad_selector)?
+                .into_iter()
+                .map(|m| BindingKey {
+                    namespace: None,
+                    name: m.metadata.name.unwrap_or_default(),
+                })
+                .collect();
+        keep.extend(
+            list::metadata(&Api::<Binding>::all(client.clone()), &lp)
+                .await
+                .map_err(bad_selector)?
+                .into_iter()
+                .map(|m| BindingKey {
+                    namespace: m.metadata.namespace,
+                    name: m.metadata.name.unwrap_or_default(),
+                }),
+        );
+        selected.retain(|k| keep.contains(k));
+    }
+    let apis = bound_apis(&crds);
+
+    let mut providers: HashMap<String, Option<Provider>> = HashMap::new();
+    let mut counts: BTreeMap<(BindingKey, String), Counts> = BTreeMap::new();
+    let mut stopped = None;
+    for api in &apis {
+        if stopped.is_some() {
+            break;
+        }
+        let Some(conn) = connections.iter().find(|c| c.name_any() == api.connection) else {
+            continue;
+        };
+        if !bindings
+            .iter()
+            .any(|b| b.apis.contains(&api.name) && selected.contains(&b.key))
+        {
+            continue;
+        }
+        if !providers.contains_key(&api.connection) {
+            let p = connect(&ctx, &client, conn, &mut writes).await;
+            providers.insert(api.connection.clone(), p);
+        }
+        let Some(Some(provider)) = providers.get(&api.connection) else {
+            summary.count("apisSkippedConnectionNotReady", 1);
+            continue;
+        };
+        let r = sync_api(
+            &ctx,
+            &client,
+            provider,
+            api,
+            &bindings,
+            &selected,
+            &mut counts,
+            &mut writes,
+            &mut summary,
+        )
+        .await;
+        if let Err(why) = r {
+            stopped = Some(why);
+        }
+    }
+    let released =
+        record::release_deleting_bindings(&ctx, &client, &bindings, &selected, &apis, &mut writes)
+            .await;
+    summary.count("bindingsReleased", released);
+    record::binding_statuses(&client, &bindings, &counts, stopped.is_none(), &mut writes)
+        .await
+        .map_err(err("recording binding status"))?;
+    summary.outcome = if writes.dry_run() {
+        "dry-run".into()
+    } else {
+        "completed".into()
+    };
+    if let Some(why) = stopped {
+        summary.outcome = "partial".into();
+        summary.message = format!("stopped early ({why:?}); the next run continues");
+    }
+    for c in counts.values() {
+        summary.count("inSync", c.in_sync);
+        summary.count("pending", c.pending);
+        summary.count("conflicts", c.conflicts);
+        summary.count("denied", c.denied);
+        summary.count("rejected", c.rejected);
+    }
+    summary.data_writes = writes.data;
+    summary.bookkeeping_writes = writes.bookkeeping;
+    summary.planned = std::mem::take(&mut writes.planned);
+    Ok(summary)
+}
+
+fn binding_ref<K: Resource>(
+    b: &K,
+    namespace: Option<String>,
+    connection: &str,
+    apis: &[crate::api::core::ApiRef],
+    policy: ConflictPolicy,
+    status: &Option<BindingStatus>,
+) -> BindingRef {
+    let m = b.meta();
+    BindingRef {
+        key: BindingKey {
+            namespace,
+            name: m.name.clone().unwrap_or_default(),
+        },
+        connection: connection.to_string(),
+        apis: apis.iter().map(|a| a.name.clone()).collect(),
+        policy,
+        deleting: m.deletion_timestamp.is_some(),
+        has_cleanup: m
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == keys::CLEANUP_FINALIZER),
+        generation: m.generation,
+        status: status.clone().unwrap_or_default(),
+    }
+}
+
+/// Managed consumer CRDs with their pinned Connection and served version, sorted by name.
+fn bound_apis(crds: &[CustomResourceDefinition]) -> Vec<BoundApi> {
+    let mut out: Vec<BoundApi> = crds
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| {
+            let connection = c.annotations().get(keys::CONNECTION)?.clone();
+            let v = c.spec.versions.iter().find(|v| v.storage && v.served).or(c
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.served))?;
+            let gvk = GroupVersionKind::gvk(&c.spec.group, &v.name, &c.spec.names.kind);
+            Some(BoundApi {
+                name: format!("{}.{}", c.spec.names.plural, c.spec.group),
+                connection,
+                resource: ApiResource::from_gvk_with_plural(&gvk, &c.spec.names.plural),
+                namespaced: c.spec.scope == "Namespaced",
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The binding that covers an object: a ClusterBinding listing the API first (even when not
+/// Ready), else the first Binding in the object's namespace. It must use the CRD's Connection.
+pub fn covering<'a>(
+    bindings: &'a [BindingRef],
+    api: &str,
+    connection: &str,
+    namespace: Option<&str>,
+) -> Option<&'a BindingRef> {
+    let live = |b: &&BindingRef| !b.deleting && b.apis.iter().any(|a| a == api);
+    let found = bindings
+        .iter()
+        .filter(live)
+        .find(|b| b.key.namespace.is_none())
+        .or_else(|| {
+            namespace.and_then(|ns| {
+                bindings
+                    .iter()
+                    .filter(live)
+                    .find(|b| b.key.namespace.as_deref() == Some(ns))
+            })
+        })?;
+    (found.connection == connection).then_some(found)
+}
+
+/// Build the provider client for a Connection that `kbind schema` made Ready, check the
+/// provider's identity against the pinned UID (never trusting an earlier Ready), and renew the
+/// heartbeat Lease. `None`: not usable this run.
+async fn connect(
+    ctx: &PassContext,
+    client: &Client,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Option<Provider> {
+    let name = conn.name_any();
+    let st = conn.status.clone().unwrap_or_default();
+    let (Some(remote), Some(local)) = (st.remote_cluster_uid.clone(), st.local_cluster_uid.clone())
+    else {
+        tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
+        return None;
+    };
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let secret = Api::<Secret>::namespaced(client.clone(), &r.namespace)
+        .get_opt(&r.name)
+        .await
+        .ok()
+        .flatten();
+    let pk =
+        match credentials::kubeconfig_from_secret(secret.as_ref(), &r.namespace, &r.name, &r.key) {
+            Ok(pk) => pk,
+            Err(e) => {
+                tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
+                return None;
+            }
+        };
+    let provider = credentials::provider_client(&pk, ctx.counter.clone())
+        .await
+        .ok()?;
+    match identity::cluster_uid(&provider).await {
+        Ok(uid) if uid == remote => {}
+        Ok(uid) => {
+            tracing::warn!(connection = %name, found = %uid, pinned = %remote, "ClusterIdentityChanged: the provider is another cluster; nothing is synced");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "provider identity unreadable; not syncing");
+            return None;
+        }
+    }
+    if let Err(e) = apply::heartbeat(&provider, &pk.default_namespace, &local, writes).await {
+        tracing::warn!(connection = %name, error = %crate::scrub::scrub(&e.to_string()), "heartbeat Lease not renewed");
+    }
+    Some(Provider {
+        client: provider,
+        local_uid: local,
+    })
+}
+
+fn obj_key(ns: Option<&str>, name: &str) -> String {
+    format!("{}/{name}", ns.unwrap_or(""))
+}
+
+/// Sync one bound API. `Err` when the budget ran out.
+#[allow(clippy::too_many_arguments)]
+async fn sync_api(
+    ctx: &PassContext,
+    client: &Client,
+    provider: &Provider,
+    api: &BoundApi,
+    bindings: &[BindingRef],
+    selected: &BTreeSet<BindingKey>,
+    counts: &mut BTreeMap<(BindingKey, String), Counts>,
+    writes: &mut Writes,
+    summary: &mut Summary,
+) -> Result<(), crate::pass::budget::Exhausted> {
+    let consumer_api: Api<DynamicObject> = Api::all_with(client.clone(), &api.resource);
+    let provider_api: Api<DynamicObject> = Api::all_with(provider.client.clone(), &api.resource);
+    let consumer_objs = match list::all(&consumer_api, &ListParams::default()).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing consumer objects failed");
+            summary.count("errors", 1);
+            return Ok(());
+        }
+    };
+    let marker = ListParams::default().labels(&format!(
+        "{}={}",
+        keys::CONSUMER_CLUSTER,
+        provider.local_uid
+    ));
+    let provider_objs = match list::all(&provider_api, &marker).await {
+        Ok(o) => o,
+        Err(e) => {
+            // A forbidden or failed provider read: every covered object stays pending.
+            tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects failed");
+            summary.count("errors", 1);
+            for o in &consumer_objs {
+                if let Some(b) = covering(
+                    bindings,
+                    &api.name,
+                    &api.connection,
+                    o.namespace().as_deref(),
+                ) {
+                    counts
+                        .entry((b.key.clone(), api.name.clone()))
+                        .or_default()
+                        .denied += 1;
+                }
+            }
+            return Ok(());
+        }
+    };
+    let provider_by_key: BTreeMap<String, (ProviderObj, DynamicObject)> = provider_objs
+        .into_iter()
+        .map(|o| {
+            (
+                obj_key(o.namespace().as_deref(), &o.name_any()),
+                (provider_obj(&o), o),
+            )
+        })
+        .collect();
+    let live_uids: BTreeSet<String> = consumer_objs.iter().filter_map(|o| o.uid()).collect();
+    let mut consumer_sorted = consumer_objs;
+    consumer_sorted.sort_by_key(|o| obj_key(o.namespace().as_deref(), &o.name_any()));
+
+    let mut result = Ok(());
+    for obj in &consumer_sorted {
+        let key = obj_key(obj.namespace().as_deref(), &obj.name_any());
+        let c = consumer_obj(obj);
+        let binding = covering(
+            bindings,
+            &api.name,
+            &api.connection,
+            obj.namespace().as_deref(),
+        );
+        // Uncovered objects are not touched, except deleting ones still holding our finalizer.
+        let Some(binding) = binding.or(if c.deleting && c.has_finalizer {
+            Some(&FALLBACK)
+        } else {
+            None
+        }) else {
+            continue;
+        };
+        if !binding.key.name.is_empty() && !selected.contains(&binding.key) {
+            continue;
+        }
+        let p = provider_by_key.get(&key);
+        let (actions, standing) = plan::plan_object(
+            &c,
+            p.map(|(p, _)| p),
+            &provider.local_uid,
+            &live_uids,
+            binding.policy,
+        );
+        let entry = counts
+            .entry((binding.key.clone(), api.name.clone()))
+            .or_default();
+        if actions.iter().any(apply::is_data)
+            && let Err(why) = ctx.budget.check()
+        {
+            entry.pending += 1;
+            result = Err(why);
+            continue;
+        }
+        let outcome = apply::object(
+            ctx,
+            client,
+            provider,
+            api,
+            obj,
+            &c,
+            p.map(|(_, o)| o),
+            &actions,
+            binding.policy,
+            writes,
+        )
+        .await;
+        match (outcome, standing) {
+            (apply::Outcome::Denied, _) => entry.denied += 1,
+            (apply::Outcome::Rejected, _) => entry.rejected += 1,
+            (apply::Outcome::Conflict, _) | (apply::Outcome::Done, Standing::Conflict) => {
+                entry.conflicts += 1
+            }
+            (apply::Outcome::Failed, _) => entry.pending += 1,
+            (apply::Outcome::Done, Standing::InSync | Standing::Pending) => entry.in_sync += 1,
+            (apply::Outcome::Done, Standing::Deleting) => {}
+        }
+        for a in &actions {
+            if apply::is_data(a) {
+                let _ = ctx.budget.take();
+            }
+        }
+    }
+    // Copies of ours whose consumer object is gone, in namespaces a live binding covers.
+    let consumer_keys: BTreeSet<String> = consumer_sorted
+        .iter()
+        .map(|o| obj_key(o.namespace().as_deref(), &o.name_any()))
+        .collect();
+    let provider_only: BTreeMap<String, ProviderObj> = provider_by_key
+        .iter()
+        .map(|(k, (p, _))| (k.clone(), p.clone()))
+        .collect();
+    for key in plan::garbage(
+        &provider_only,
+        &consumer_keys,
+        &provider.local_uid,
+        &live_uids,
+    ) {
+        let Some((_, o)) = provider_by_key.get(key) else {
+            continue;
+        };
+        if covering(
+            bindings,
+            &api.name,
+            &api.connection,
+            o.namespace().as_deref(),
+        )
+        .is_none()
+        {
+            continue;
+        }
+        if ctx.budget.check().is_err() {
+            break;
+        }
+        apply::delete_garbage(&provider.client, api, o, writes).await;
+    }
+    result
+}
+
+/// Stand-in binding for deleting objects no binding covers any more: Fail policy, no counts owner.
+static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| BindingRef {
+    key: BindingKey {
+        namespace: None,
+        name: String::new(),
+    },
+    connection: String::new(),
+    apis: vec![],
+    policy: ConflictPolicy::Fail,
+    deleting: false,
+    has_cleanup: false,
+    generation: None,
+    status: BindingStatus::default(),
+});
+
+fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
+    let ann = o.annotations();
+    ConsumerObj {
+        namespace: o.namespace(),
+        name: o.name_any(),
+        uid: o.uid().unwrap_or_default(),
+        spec: o
+            .data
+            .get("spec")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+        status: o
+            .data
+            .get("status")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+        deleting: o.metadata.deletion_timestamp.is_some(),
+        has_finalizer: o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER),
+        conflict: ann.get(keys::CONFLICT).cloned(),
+        orphan_on_delete: ann
+            .get(keys::DELETION_POLICY)
+            .is_some_and(|v| v == keys::DELETION_POLICY_ORPHAN),
+    }
+}
+
+fn provider_obj(o: &DynamicObject) -> ProviderObj {
+    let (cluster_marker, object_marker) =
+        plan::markers(o.metadata.labels.as_ref(), o.metadata.annotations.as_ref());
+    ProviderObj {
+        cluster_marker,
+        object_marker,
+        spec: o
+            .data
+            .get("spec")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+        status: o
+            .data
+            .get("status")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+        deleting: o.metadata.deletion_timestamp.is_some(),
+    }
+}

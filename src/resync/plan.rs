@@ -1,0 +1,461 @@
+//! The pure part of `kbind resync`: for one consumer object and what the provider holds under
+//! the same namespace/name, decide the writes (contract "Resync ownership", spec "Bidirectional
+//! sync"). No I/O here.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::api::core::ConflictPolicy;
+use crate::api::keys;
+
+/// What the pass needs of a consumer object.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConsumerObj {
+    pub namespace: Option<String>,
+    pub name: String,
+    pub uid: String,
+    pub spec: Value,
+    pub status: Value,
+    pub deleting: bool,
+    pub has_finalizer: bool,
+    pub conflict: Option<String>,
+    pub orphan_on_delete: bool,
+}
+
+/// What the pass needs of a provider object.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProviderObj {
+    pub cluster_marker: Option<String>,
+    pub object_marker: Option<String>,
+    pub spec: Value,
+    pub status: Value,
+    pub deleting: bool,
+}
+
+/// Who a provider object belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    Ours,
+    /// Our cluster's earlier copy of an object that no longer exists: take it back.
+    OurEarlierCopy,
+    /// No markers at all.
+    Unmarked,
+    OwnedByAnother,
+}
+
+pub fn ownership(
+    p: &ProviderObj,
+    local_uid: &str,
+    consumer_uid: &str,
+    live_uids: &BTreeSet<String>,
+) -> Ownership {
+    match (p.cluster_marker.as_deref(), p.object_marker.as_deref()) {
+        (None, None) => Ownership::Unmarked,
+        (Some(c), Some(o)) if c == local_uid && o == consumer_uid => Ownership::Ours,
+        (Some(c), Some(o)) if c == local_uid && !live_uids.contains(o) => Ownership::OurEarlierCopy,
+        (Some(c), None) if c == local_uid => Ownership::OurEarlierCopy,
+        _ => Ownership::OwnedByAnother,
+    }
+}
+
+/// Conflict reasons written to the consumer object's `core.kbind.io/conflict` annotation.
+pub const FOREIGN_OBJECT_EXISTS: &str = "ForeignObjectExists";
+pub const OWNED_BY_ANOTHER: &str = "OwnedByAnother";
+
+/// One write, in the order it must happen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    AddFinalizer,
+    /// Create the provider copy (spec + markers); the namespace is created if missing.
+    Create,
+    /// Bring the provider copy's spec and markers to the consumer's.
+    UpdateSpec,
+    StatusDown(Value),
+    MarkConflict(&'static str),
+    ClearConflict,
+    DeleteProvider,
+    /// Hand the provider copy over: strip kbind's markers (deletion-policy Orphan).
+    OrphanProvider,
+    ReleaseFinalizer,
+}
+
+/// How the object stands after the planned writes succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    InSync,
+    Pending,
+    Conflict,
+    /// Being deleted and released (or waiting for the provider copy to go).
+    Deleting,
+}
+
+pub fn plan_object(
+    c: &ConsumerObj,
+    p: Option<&ProviderObj>,
+    local_uid: &str,
+    live_uids: &BTreeSet<String>,
+    policy: ConflictPolicy,
+) -> (Vec<Action>, Standing) {
+    let provider = p.map(|p| (p, ownership(p, local_uid, &c.uid, live_uids)));
+    if c.deleting {
+        if !c.has_finalizer {
+            return (vec![], Standing::Deleting);
+        }
+        let mut a = Vec::new();
+        match provider {
+            Some((p, Ownership::Ours)) if !p.deleting => {
+                if c.orphan_on_delete {
+                    a.push(Action::OrphanProvider);
+                    a.push(Action::ReleaseFinalizer);
+                } else {
+                    // Released once the copy is gone (possibly on a later run).
+                    a.push(Action::DeleteProvider);
+                }
+            }
+            Some((_, Ownership::Ours)) => {} // deletion in progress on the provider
+            _ => a.push(Action::ReleaseFinalizer),
+        }
+        return (a, Standing::Deleting);
+    }
+
+    let mut a = Vec::new();
+    if !c.has_finalizer {
+        a.push(Action::AddFinalizer);
+    }
+    let conflict = |a: &mut Vec<Action>, reason: &'static str| {
+        if c.conflict.as_deref() != Some(reason) {
+            a.push(Action::MarkConflict(reason));
+        }
+    };
+    match provider {
+        None => a.push(Action::Create),
+        Some((_, Ownership::OwnedByAnother)) => {
+            conflict(&mut a, OWNED_BY_ANOTHER);
+            return (a, Standing::Conflict);
+        }
+        Some((_, Ownership::Unmarked)) if policy == ConflictPolicy::Fail => {
+            conflict(&mut a, FOREIGN_OBJECT_EXISTS);
+            return (a, Standing::Conflict);
+        }
+        Some((p, own)) => {
+            if p.deleting {
+                // The copy is going away on the provider; re-created once it is gone.
+                return (a, Standing::Pending);
+            }
+            if own != Ownership::Ours || p.spec != c.spec {
+                a.push(Action::UpdateSpec);
+            }
+            if own == Ownership::Ours && !p.status.is_null() && p.status != c.status {
+                a.push(Action::StatusDown(p.status.clone()));
+            }
+        }
+    }
+    if c.conflict.is_some() {
+        a.push(Action::ClearConflict);
+    }
+    let standing = if a
+        .iter()
+        .any(|x| matches!(x, Action::Create | Action::UpdateSpec))
+    {
+        Standing::Pending
+    } else {
+        Standing::InSync
+    };
+    (a, standing)
+}
+
+/// Provider copies of ours whose consumer object no longer exists (both markers must be ours and
+/// the object UID must match no live consumer object). Keys are `namespace/name`.
+pub fn garbage<'a>(
+    provider: &'a BTreeMap<String, ProviderObj>,
+    consumer_keys: &BTreeSet<String>,
+    local_uid: &str,
+    live_uids: &BTreeSet<String>,
+) -> Vec<&'a str> {
+    provider
+        .iter()
+        .filter(|(k, p)| {
+            !consumer_keys.contains(k.as_str())
+                && !p.deleting
+                && p.cluster_marker.as_deref() == Some(local_uid)
+                && p.object_marker
+                    .as_deref()
+                    .is_some_and(|o| !live_uids.contains(o))
+        })
+        .map(|(k, _)| k.as_str())
+        .collect()
+}
+
+/// Read kbind's markers from provider metadata.
+pub fn markers(
+    labels: Option<&BTreeMap<String, String>>,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (Option<String>, Option<String>) {
+    (
+        labels.and_then(|l| l.get(keys::CONSUMER_CLUSTER)).cloned(),
+        annotations
+            .and_then(|a| a.get(keys::CONSUMER_OBJECT_UID))
+            .cloned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LOCAL: &str = "local-uid";
+
+    fn consumer() -> ConsumerObj {
+        ConsumerObj {
+            namespace: Some("ns".into()),
+            name: "w".into(),
+            uid: "u1".into(),
+            spec: json!({"size": 1}),
+            has_finalizer: true,
+            ..Default::default()
+        }
+    }
+
+    fn provider(cluster: Option<&str>, object: Option<&str>) -> ProviderObj {
+        ProviderObj {
+            cluster_marker: cluster.map(String::from),
+            object_marker: object.map(String::from),
+            spec: json!({"size": 1}),
+            ..Default::default()
+        }
+    }
+
+    fn live() -> BTreeSet<String> {
+        BTreeSet::from(["u1".to_string(), "u2".to_string()])
+    }
+
+    #[test]
+    fn ownership_table() {
+        let cases = [
+            (None, None, Ownership::Unmarked),
+            (Some(LOCAL), Some("u1"), Ownership::Ours),
+            (Some(LOCAL), Some("gone"), Ownership::OurEarlierCopy),
+            (Some(LOCAL), Some("u2"), Ownership::OwnedByAnother),
+            (Some("other-cluster"), Some("u1"), Ownership::OwnedByAnother),
+            (None, Some("u1"), Ownership::OwnedByAnother),
+        ];
+        for (c, o, want) in cases {
+            assert_eq!(
+                ownership(&provider(c, o), LOCAL, "u1", &live()),
+                want,
+                "{c:?} {o:?}"
+            );
+        }
+    }
+
+    /// (what, consumer, provider, policy, wanted actions, wanted standing)
+    type Row = (
+        &'static str,
+        ConsumerObj,
+        Option<ProviderObj>,
+        ConflictPolicy,
+        Vec<Action>,
+        Standing,
+    );
+
+    #[test]
+    fn live_object_table() {
+        let with_status = ProviderObj {
+            status: json!({"ready": true}),
+            ..provider(Some(LOCAL), Some("u1"))
+        };
+        let changed = ProviderObj {
+            spec: json!({"size": 9}),
+            ..provider(Some(LOCAL), Some("u1"))
+        };
+        let cases: Vec<Row> = vec![
+            (
+                "new object",
+                ConsumerObj {
+                    has_finalizer: false,
+                    ..consumer()
+                },
+                None,
+                ConflictPolicy::Fail,
+                vec![Action::AddFinalizer, Action::Create],
+                Standing::Pending,
+            ),
+            (
+                "in sync",
+                consumer(),
+                Some(provider(Some(LOCAL), Some("u1"))),
+                ConflictPolicy::Fail,
+                vec![],
+                Standing::InSync,
+            ),
+            (
+                "spec up",
+                consumer(),
+                Some(changed),
+                ConflictPolicy::Fail,
+                vec![Action::UpdateSpec],
+                Standing::Pending,
+            ),
+            (
+                "status down",
+                consumer(),
+                Some(with_status),
+                ConflictPolicy::Fail,
+                vec![Action::StatusDown(json!({"ready": true}))],
+                Standing::InSync,
+            ),
+            (
+                "foreign under Fail",
+                consumer(),
+                Some(provider(None, None)),
+                ConflictPolicy::Fail,
+                vec![Action::MarkConflict(FOREIGN_OBJECT_EXISTS)],
+                Standing::Conflict,
+            ),
+            (
+                "foreign under Fail, already marked",
+                ConsumerObj {
+                    conflict: Some(FOREIGN_OBJECT_EXISTS.into()),
+                    ..consumer()
+                },
+                Some(provider(None, None)),
+                ConflictPolicy::Fail,
+                vec![],
+                Standing::Conflict,
+            ),
+            (
+                "foreign under Adopt",
+                consumer(),
+                Some(provider(None, None)),
+                ConflictPolicy::Adopt,
+                vec![Action::UpdateSpec],
+                Standing::Pending,
+            ),
+            (
+                "another owner even under Adopt",
+                consumer(),
+                Some(provider(Some("other"), Some("x"))),
+                ConflictPolicy::Adopt,
+                vec![Action::MarkConflict(OWNED_BY_ANOTHER)],
+                Standing::Conflict,
+            ),
+            (
+                "our earlier copy re-adopted",
+                consumer(),
+                Some(provider(Some(LOCAL), Some("gone"))),
+                ConflictPolicy::Fail,
+                vec![Action::UpdateSpec],
+                Standing::Pending,
+            ),
+            (
+                "conflict resolved clears the mark",
+                ConsumerObj {
+                    conflict: Some(FOREIGN_OBJECT_EXISTS.into()),
+                    ..consumer()
+                },
+                Some(provider(Some(LOCAL), Some("u1"))),
+                ConflictPolicy::Fail,
+                vec![Action::ClearConflict],
+                Standing::InSync,
+            ),
+        ];
+        for (what, c, p, policy, want, standing) in cases {
+            let (a, s) = plan_object(&c, p.as_ref(), LOCAL, &live(), policy);
+            assert_eq!(a, want, "{what}");
+            assert_eq!(s, standing, "{what}");
+        }
+    }
+
+    #[test]
+    fn deletion_table() {
+        let deleting = ConsumerObj {
+            deleting: true,
+            ..consumer()
+        };
+        let ours = provider(Some(LOCAL), Some("u1"));
+        let cases: Vec<(&str, ConsumerObj, Option<ProviderObj>, Vec<Action>)> = vec![
+            (
+                "delete our copy first",
+                deleting.clone(),
+                Some(ours.clone()),
+                vec![Action::DeleteProvider],
+            ),
+            (
+                "copy going: wait",
+                deleting.clone(),
+                Some(ProviderObj {
+                    deleting: true,
+                    ..ours.clone()
+                }),
+                vec![],
+            ),
+            (
+                "copy gone: release",
+                deleting.clone(),
+                None,
+                vec![Action::ReleaseFinalizer],
+            ),
+            (
+                "orphan: strip markers, release",
+                ConsumerObj {
+                    orphan_on_delete: true,
+                    ..deleting.clone()
+                },
+                Some(ours),
+                vec![Action::OrphanProvider, Action::ReleaseFinalizer],
+            ),
+            (
+                "never delete a foreign object",
+                deleting.clone(),
+                Some(provider(None, None)),
+                vec![Action::ReleaseFinalizer],
+            ),
+            (
+                "never delete another's",
+                deleting.clone(),
+                Some(provider(Some("x"), Some("y"))),
+                vec![Action::ReleaseFinalizer],
+            ),
+            (
+                "no finalizer: nothing",
+                ConsumerObj {
+                    has_finalizer: false,
+                    ..deleting
+                },
+                None,
+                vec![],
+            ),
+        ];
+        for (what, c, p, want) in cases {
+            assert_eq!(
+                plan_object(&c, p.as_ref(), LOCAL, &live(), ConflictPolicy::Fail).0,
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_is_only_ours_without_a_live_owner() {
+        let provider_objs = BTreeMap::from([
+            ("ns/live".to_string(), provider(Some(LOCAL), Some("u1"))),
+            (
+                "ns/orphaned".to_string(),
+                provider(Some(LOCAL), Some("dead")),
+            ),
+            ("ns/foreign".to_string(), provider(None, None)),
+            (
+                "ns/other".to_string(),
+                provider(Some("other"), Some("dead")),
+            ),
+            ("ns/moved".to_string(), provider(Some(LOCAL), Some("u2"))),
+        ]);
+        let consumer_keys = BTreeSet::from(["ns/live".to_string()]);
+        assert_eq!(
+            garbage(&provider_objs, &consumer_keys, LOCAL, &live()),
+            ["ns/orphaned"]
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! Recording: per-API counts and the `Conflicts` condition on each binding (only the fields
+//! resync owns, contract "Who writes what"), and the release of deleting bindings' instances.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{BindingRef, BoundApi, Counts, covering};
+use crate::api::conditions::{ConditionStatus as S, Conditions};
+use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
+use crate::api::core::{Binding, ClusterBinding};
+use crate::api::keys;
+use crate::pass::status::apply_status;
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, list};
+use crate::schema::plan::BindingKey;
+
+const MANAGER: &str = "kbind-resync";
+
+async fn write(client: &Client, key: &BindingKey, status: Value) -> Result<(), kube::Error> {
+    match &key.namespace {
+        Some(ns) => apply_status(
+            &Api::<Binding>::namespaced(client.clone(), ns),
+            &key.name,
+            MANAGER,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+        None => apply_status(
+            &Api::<ClusterBinding>::all(client.clone()),
+            &key.name,
+            MANAGER,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+    }
+}
+
+/// Write each synced binding's counts and Conflicts condition when they changed.
+pub async fn binding_statuses(
+    client: &Client,
+    bindings: &[BindingRef],
+    counts: &BTreeMap<(BindingKey, String), Counts>,
+    complete: bool,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let now = Timestamp::now();
+    for b in bindings.iter().filter(|b| !b.deleting) {
+        let mine: Vec<(&String, &Counts)> = counts
+            .iter()
+            .filter(|((k, _), _)| k == &b.key)
+            .map(|((_, api), c)| (api, c))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let total_conflicts: i64 = mine.iter().map(|(_, c)| c.conflicts).sum();
+        let mut conds = b.status.conditions.clone();
+        let changed_cond = if total_conflicts > 0 {
+            let detail: Vec<String> = mine
+                .iter()
+                .filter(|(_, c)| c.conflicts > 0)
+                .map(|(a, c)| format!("{a}: {}", c.conflicts))
+                .collect();
+            conds.set_condition(CONFLICTS, S::True, "ConflictsFound", &format!("objects not synced because of a conflict (see their core.kbind.io/conflict annotation): {}", detail.join(", ")), b.generation, now)
+        } else {
+            conds.set_condition(CONFLICTS, S::False, "NoConflicts", "", b.generation, now)
+        };
+        let changed_counts = mine.iter().any(|(api, c)| {
+            let prev = b.status.bound_apis.iter().find(|x| &&x.name == api);
+            let got = prev.map(|p| (p.in_sync, p.pending, p.conflict_count, p.denied, p.rejected));
+            got != Some((
+                Some(c.in_sync),
+                Some(c.pending),
+                Some(c.conflicts),
+                Some(c.denied),
+                Some(c.rejected),
+            ))
+        });
+        if !changed_cond && !changed_counts {
+            continue;
+        }
+        if !writes.will(
+            "apply-status",
+            b.key.to_string(),
+            "per-API counts, Conflicts",
+        ) {
+            continue;
+        }
+        let apis: Vec<Value> = mine
+            .iter()
+            .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected}))
+            .collect();
+        let conflicts: Vec<_> = conds.into_iter().filter(|c| c.type_ == CONFLICTS).collect();
+        let mut resync = json!({"lastPassTime": now.to_string()});
+        if complete {
+            resync["lastCompleteTime"] = json!(now.to_string());
+        }
+        write(
+            client,
+            &b.key,
+            json!({"boundAPIs": apis, "conditions": conflicts, "resync": resync}),
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+/// A deleting binding: stop syncing, release the syncer finalizers of the objects it alone
+/// covered (provider copies stay, markers kept), then set `InstancesReleased=True` so
+/// `kbind schema` finishes the teardown. Returns how many bindings were released.
+pub async fn release_deleting_bindings(
+    ctx: &PassContext,
+    client: &Client,
+    bindings: &[BindingRef],
+    selected: &std::collections::BTreeSet<BindingKey>,
+    apis: &[BoundApi],
+    writes: &mut Writes,
+) -> i64 {
+    let mut released = 0;
+    for b in bindings
+        .iter()
+        .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
+    {
+        match release_one(ctx, client, b, bindings, apis, writes).await {
+            Ok(true) => released += 1,
+            Ok(false) => {}
+            // Not fatal: the binding keeps its finalizer and the next run tries again.
+            Err(e) => {
+                tracing::warn!(binding = %b.key, error = %crate::scrub::scrub(&e.to_string()), "instances not released yet")
+            }
+        }
+    }
+    released
+}
+
+/// Release one deleting binding's instances; true once `InstancesReleased` is recorded.
+async fn release_one(
+    ctx: &PassContext,
+    client: &Client,
+    b: &BindingRef,
+    bindings: &[BindingRef],
+    apis: &[BoundApi],
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    {
+        if b.status.conditions.is_true(INSTANCES_RELEASED) {
+            return Ok(false);
+        }
+        let mut done = true;
+        for api in apis
+            .iter()
+            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+        {
+            let consumer: Api<DynamicObject> = match (&b.key.namespace, api.namespaced) {
+                (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &api.resource),
+                (Some(_), false) => continue,
+                (None, _) => Api::all_with(client.clone(), &api.resource),
+            };
+            for o in list::all(&consumer, &ListParams::default()).await? {
+                let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
+                // Still covered by another live binding: that one keeps syncing it.
+                if !ours
+                    || covering(
+                        bindings,
+                        &api.name,
+                        &api.connection,
+                        o.namespace().as_deref(),
+                    )
+                    .is_some()
+                {
+                    continue;
+                }
+                if ctx.budget.take().is_err() {
+                    done = false;
+                    break;
+                }
+                if writes.will(
+                    "release finalizer",
+                    format!(
+                        "{} {} (binding {} deleting)",
+                        api.resource.kind,
+                        o.name_any(),
+                        b.key
+                    ),
+                    "",
+                ) {
+                    let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                        "metadata": {"name": o.name_any(), "namespace": o.namespace(), "finalizers": []}});
+                    let scoped: Api<DynamicObject> = match o.namespace() {
+                        Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
+                        None => Api::all_with(client.clone(), &api.resource),
+                    };
+                    scoped
+                        .patch(
+                            &o.name_any(),
+                            &PatchParams::apply("kbind-resync-finalizer"),
+                            &Patch::Apply(&body),
+                        )
+                        .await?;
+                    writes.data_done();
+                }
+            }
+        }
+        if !done {
+            return Ok(false);
+        }
+        let mut conds = b.status.conditions.clone();
+        conds.set_condition(
+            INSTANCES_RELEASED,
+            S::True,
+            "Released",
+            "instance finalizers released; provider copies left in place",
+            b.generation,
+            Timestamp::now(),
+        );
+        if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
+            let owned: Vec<_> = conds
+                .into_iter()
+                .filter(|c| c.type_ == INSTANCES_RELEASED)
+                .collect();
+            write(client, &b.key, json!({"conditions": owned})).await?;
+            writes.bookkeeping_done();
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,506 @@
+//! `kbind resync` against the consumer and provider apiservers, run as the real binary.
+
+mod support;
+
+use kbind::api::core::ClusterBinding;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use support::fx::{Fx, cond};
+
+struct Setup {
+    fx: Fx,
+    api: String,
+    ar: ApiResource,
+    conn: String,
+    cb: String,
+    ns: String,
+}
+
+/// A provider API bound through a ClusterBinding and pulled by `kbind schema`.
+async fn setup(prefix: &str, conflict_policy: &str) -> Option<Setup> {
+    let fx = Fx::new(prefix).await?;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    Api::<ClusterBinding>::all(fx.consumer.clone())
+        .patch(
+            &cb,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"conflictPolicy": conflict_policy}})),
+        )
+        .await
+        .unwrap();
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let ns = fx.ns.clone();
+    Some(Setup {
+        fx,
+        api,
+        ar,
+        conn,
+        cb,
+        ns,
+    })
+}
+
+impl Setup {
+    fn resync(&self, extra: &[&str]) -> Value {
+        let kc = self.fx.env.consumer.to_string_lossy().to_string();
+        let selector = format!("kbind-test={}", self.fx.label);
+        let mut args = vec![
+            "resync",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &self.ns,
+            "--selector",
+            &selector,
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, s, stderr) = support::kbind(&args);
+        assert_eq!(code, 0, "kbind resync failed: {s}\n{stderr}");
+        s
+    }
+    fn consumer(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.fx.consumer.clone(), &self.ns, &self.ar)
+    }
+    fn provider(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.fx.provider.clone(), &self.ns, &self.ar)
+    }
+    async fn ensure_provider_ns(&self) {
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": self.ns}})).unwrap();
+        let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.fx.provider.clone())
+            .create(&PostParams::default(), &ns)
+            .await;
+    }
+    async fn create(&self, api: &Api<DynamicObject>, name: &str, data: Value) -> DynamicObject {
+        let mut o = DynamicObject::new(name, &self.ar).data(data);
+        o.metadata.namespace = Some(self.ns.clone());
+        api.create(&PostParams::default(), &o).await.unwrap()
+    }
+    async fn binding_api_status(&self) -> kbind::api::core::BoundApi {
+        let st = Api::<ClusterBinding>::all(self.fx.consumer.clone())
+            .get(&self.cb)
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        st.bound_apis
+            .into_iter()
+            .find(|a| a.name == self.api)
+            .unwrap()
+    }
+}
+
+async fn local_uid(s: &Setup) -> String {
+    s.fx.conn(&s.conn)
+        .await
+        .status
+        .unwrap()
+        .local_cluster_uid
+        .unwrap()
+}
+
+#[tokio::test]
+async fn spec_goes_up_with_markers_and_status_comes_down() {
+    let Some(s) = setup("up", "Fail").await else {
+        return;
+    };
+    let c = s
+        .create(&s.consumer(), "w1", json!({"spec": {"size": 3}}))
+        .await;
+    let run = s.resync(&[]);
+    assert_eq!(run["outcome"], "completed", "{run}");
+
+    let p = s
+        .provider()
+        .get("w1")
+        .await
+        .expect("provider copy created (namespace too)");
+    assert_eq!(p.data["spec"], json!({"size": 3}));
+    assert_eq!(
+        p.labels()["core.kbind.io/consumer-cluster"],
+        local_uid(&s).await
+    );
+    assert_eq!(
+        p.annotations()["core.kbind.io/consumer-object-uid"],
+        c.uid().unwrap()
+    );
+    let c = s.consumer().get("w1").await.unwrap();
+    assert!(c.finalizers().iter().any(|f| f == "core.kbind.io/syncer"));
+
+    // The provider's controller reports status; the next pass copies it down.
+    let mut st = p.clone();
+    st.data["status"] = json!({"phase": "Ready", "endpoint": "db.example:5432"});
+    s.provider()
+        .replace_status("w1", &PostParams::default(), &st)
+        .await
+        .unwrap();
+    // The consumer changes the spec: it goes up.
+    s.consumer()
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 5}})),
+        )
+        .await
+        .unwrap();
+    s.resync(&[]);
+    assert_eq!(
+        s.provider().get("w1").await.unwrap().data["spec"],
+        json!({"size": 5})
+    );
+    assert_eq!(
+        s.consumer().get("w1").await.unwrap().data["status"]["phase"],
+        "Ready"
+    );
+    let counts = s.binding_api_status().await;
+    assert_eq!(
+        (counts.in_sync, counts.conflict_count, counts.pending),
+        (Some(1), Some(0), Some(0))
+    );
+
+    // Nothing changed: no data writes.
+    let run = s.resync(&[]);
+    assert_eq!(run["data_writes"], 0, "{run}");
+}
+
+#[tokio::test]
+async fn conflicts_under_fail_adopt_and_owned_by_another() {
+    let Some(s) = setup("conflict", "Fail").await else {
+        return;
+    };
+    s.ensure_provider_ns().await;
+    // The provider already has objects of these names.
+    s.create(&s.provider(), "foreign", json!({"spec": {"size": 1}}))
+        .await;
+    s.create(&s.provider(), "other", json!({"spec": {"size": 1}}))
+        .await;
+    s.provider()
+        .patch(
+            "other",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {
+            "labels": {"core.kbind.io/consumer-cluster": "some-other-cluster"},
+            "annotations": {"core.kbind.io/consumer-object-uid": "x"}}})),
+        )
+        .await
+        .unwrap();
+    s.create(&s.consumer(), "foreign", json!({"spec": {"size": 9}}))
+        .await;
+    s.create(&s.consumer(), "other", json!({"spec": {"size": 9}}))
+        .await;
+    s.resync(&[]);
+
+    for (name, reason) in [
+        ("foreign", "ForeignObjectExists"),
+        ("other", "OwnedByAnother"),
+    ] {
+        let c = s.consumer().get(name).await.unwrap();
+        assert_eq!(
+            c.annotations()
+                .get("core.kbind.io/conflict")
+                .map(String::as_str),
+            Some(reason),
+            "{name}"
+        );
+        assert_eq!(
+            s.provider().get(name).await.unwrap().data["spec"]["size"],
+            1,
+            "{name}: provider object untouched"
+        );
+    }
+    assert_eq!(s.binding_api_status().await.conflict_count, Some(2));
+    let st = Api::<ClusterBinding>::all(s.fx.consumer.clone())
+        .get(&s.cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&st.conditions, "Conflicts").0, "True");
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ForeignObjectExists")),
+        "a warning Event explains it"
+    );
+
+    // Adopt takes over the unmarked object, never the other consumer's.
+    Api::<ClusterBinding>::all(s.fx.consumer.clone())
+        .patch(
+            &s.cb,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"conflictPolicy": "Adopt"}})),
+        )
+        .await
+        .unwrap();
+    s.resync(&[]);
+    let adopted = s.provider().get("foreign").await.unwrap();
+    assert_eq!(adopted.data["spec"]["size"], 9);
+    assert!(
+        adopted
+            .labels()
+            .contains_key("core.kbind.io/consumer-cluster")
+    );
+    assert!(
+        s.consumer()
+            .get("foreign")
+            .await
+            .unwrap()
+            .annotations()
+            .get("core.kbind.io/conflict")
+            .is_none(),
+        "conflict cleared"
+    );
+    assert_eq!(
+        s.provider().get("other").await.unwrap().data["spec"]["size"],
+        1,
+        "OwnedByAnother even under Adopt"
+    );
+    assert_eq!(s.binding_api_status().await.conflict_count, Some(1));
+}
+
+#[tokio::test]
+async fn deletion_paths_never_touch_what_is_not_ours() {
+    let Some(s) = setup("delete", "Fail").await else {
+        return;
+    };
+    for n in ["gone", "kept", "recreated", "renamed"] {
+        s.create(&s.consumer(), n, json!({"spec": {"size": 1}}))
+            .await;
+    }
+    s.consumer()
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"core.kbind.io/deletion-policy": "Orphan"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    s.resync(&[]);
+    for n in ["gone", "kept", "recreated", "renamed"] {
+        assert!(
+            s.provider().get_opt(n).await.unwrap().is_some(),
+            "{n} synced"
+        );
+    }
+    // Consumer deletes: the copy is deleted, then the finalizer released (maybe a run later).
+    s.consumer()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.consumer()
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Provider-side deletion while the consumer object lives: re-created.
+    s.provider()
+        .delete("recreated", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.resync(&[]);
+    s.resync(&[]);
+    assert!(
+        s.consumer().get_opt("gone").await.unwrap().is_none(),
+        "finalizer released"
+    );
+    assert!(
+        s.provider().get_opt("gone").await.unwrap().is_none(),
+        "our copy deleted"
+    );
+    let kept = s.provider().get("kept").await.expect("orphaned copy stays");
+    assert!(
+        !kept.labels().contains_key("core.kbind.io/consumer-cluster"),
+        "markers stripped"
+    );
+    assert!(s.consumer().get_opt("kept").await.unwrap().is_none());
+    assert!(
+        s.provider().get_opt("recreated").await.unwrap().is_some(),
+        "re-created"
+    );
+
+    // A consumer object re-created under the same name while the old copy survives: the old
+    // copy is our earlier one (our cluster, a UID no longer alive) and is re-adopted.
+    let old_uid = s.consumer().get("renamed").await.unwrap().uid().unwrap();
+    s.consumer()
+        .patch(
+            "renamed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    s.consumer()
+        .delete("renamed", &DeleteParams::default())
+        .await
+        .unwrap();
+    support::eventually("old object gone", || async {
+        s.consumer()
+            .get_opt("renamed")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let new = s
+        .create(&s.consumer(), "renamed", json!({"spec": {"size": 2}}))
+        .await;
+    s.resync(&[]);
+    let p = s.provider().get("renamed").await.unwrap();
+    assert_ne!(new.uid().unwrap(), old_uid);
+    assert_eq!(
+        p.annotations()["core.kbind.io/consumer-object-uid"],
+        new.uid().unwrap(),
+        "re-adopted"
+    );
+    assert_eq!(p.data["spec"]["size"], 2);
+
+    // A copy of ours whose consumer object vanished without kbind (finalizer stripped by hand):
+    // deleted as garbage. A foreign provider object is never deleted.
+    s.create(&s.provider(), "bystander", json!({"spec": {"size": 1}}))
+        .await;
+    s.consumer()
+        .patch(
+            "recreated",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    s.consumer()
+        .delete("recreated", &DeleteParams::default())
+        .await
+        .unwrap();
+    support::eventually("consumer object gone", || async {
+        s.consumer()
+            .get_opt("recreated")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    s.resync(&[]);
+    assert!(
+        s.provider().get_opt("recreated").await.unwrap().is_none(),
+        "garbage deleted"
+    );
+    assert!(
+        s.provider().get_opt("bystander").await.unwrap().is_some(),
+        "not ours: untouched"
+    );
+}
+
+#[tokio::test]
+async fn a_deleting_binding_releases_instances_and_leaves_provider_copies() {
+    let Some(s) = setup("unbind", "Fail").await else {
+        return;
+    };
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+    s.resync(&[]);
+    assert!(s.provider().get_opt("w1").await.unwrap().is_some());
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    cbs.delete(&s.cb, &DeleteParams::default()).await.unwrap();
+    s.resync(&[]);
+    let st = cbs.get(&s.cb).await.unwrap().status.unwrap();
+    assert_eq!(cond(&st.conditions, "InstancesReleased").0, "True");
+    let c = s.consumer().get("w1").await.unwrap();
+    assert!(
+        !c.finalizers().iter().any(|f| f == "core.kbind.io/syncer"),
+        "instance finalizer released"
+    );
+    assert!(
+        s.provider().get_opt("w1").await.unwrap().is_some(),
+        "provider data is never deleted by an unbind"
+    );
+    // kbind schema finishes the teardown.
+    s.fx.run(&[]);
+    support::eventually("binding gone", || async {
+        cbs.get_opt(&s.cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nothing_syncs_when_the_provider_identity_changed() {
+    let Some(s) = setup("resyncid", "Fail").await else {
+        return;
+    };
+    // The Secret now points at another cluster (the consumer itself).
+    s.fx.secret(
+        "provider",
+        "kubeconfig",
+        &std::fs::read_to_string(&s.fx.env.consumer).unwrap(),
+    )
+    .await;
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+    let run = s.resync(&[]);
+    assert_eq!(run["data_writes"], 0, "{run}");
+    let c = s.consumer().get("w1").await.unwrap();
+    assert!(c.finalizers().is_empty(), "not even a finalizer");
+}
+
+#[tokio::test]
+async fn budgeted_passes_resume_and_converge() {
+    let Some(s) = setup("budget", "Fail").await else {
+        return;
+    };
+    for i in 0..6 {
+        s.create(
+            &s.consumer(),
+            &format!("w{i}"),
+            json!({"spec": {"size": i}}),
+        )
+        .await;
+    }
+    // Each new object needs two writes (finalizer, create): 3 writes per run.
+    let first = s.resync(&["--max-items", "3"]);
+    assert_eq!(first["outcome"], "partial", "{first}");
+    let mut runs = 1;
+    loop {
+        let mut all = true;
+        for i in 0..6 {
+            all &= s
+                .provider()
+                .get_opt(&format!("w{i}"))
+                .await
+                .unwrap()
+                .is_some();
+        }
+        if all {
+            break;
+        }
+        assert!(runs < 10, "does not converge");
+        s.resync(&["--max-items", "3"]);
+        runs += 1;
+    }
+    let last = s.resync(&["--max-items", "3"]);
+    assert_eq!(last["data_writes"], 0, "converged: {last}");
+    assert_eq!(s.binding_api_status().await.in_sync, Some(6));
+}

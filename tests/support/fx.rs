@@ -1,0 +1,207 @@
+//! A fixture for pass tests: its own API group, Connection label (passed as --selector) and
+//! namespace, so tests run in parallel on the shared servers without seeing each other.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind::api::core::{Binding, ClusterBinding, Connection};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use super as support;
+
+pub struct Fx {
+    pub env: support::Env,
+    pub consumer: Client,
+    pub provider: Client,
+    pub group: String,
+    pub label: String,
+    pub ns: String,
+}
+
+impl Fx {
+    pub async fn new(prefix: &str) -> Option<Self> {
+        let env = support::env()?;
+        let consumer = env.consumer().await;
+        let provider = env.provider().await;
+        support::kbind_crds(&consumer).await;
+        let ns = support::namespace(&consumer, prefix).await;
+        let id = support::unique(prefix);
+        Some(Self {
+            group: format!("{id}.kbind.test"),
+            label: id,
+            ns,
+            env,
+            consumer,
+            provider,
+        })
+    }
+
+    /// A provider CRD `<plural>.<group>`, labelled `exported=<label>` when given.
+    pub async fn provider_crd(
+        &self,
+        plural: &str,
+        scope: &str,
+        exported: Option<&str>,
+        extra_prop: Option<&str>,
+    ) -> String {
+        let kind = format!(
+            "{}{}",
+            plural[..1].to_uppercase(),
+            &plural[1..plural.len() - 1]
+        );
+        let mut props = json!({"size": {"type": "integer"}});
+        if let Some(p) = extra_prop {
+            props[p] = json!({"type": "string"});
+        }
+        let mut crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{}", self.group)},
+            "spec": {"group": self.group, "scope": scope,
+                "names": {"plural": plural, "kind": kind, "singular": &plural[..plural.len() - 1]},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": props},
+                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}});
+        if let Some(v) = exported {
+            crd["metadata"]["labels"] = json!({"core.kbind.io/exported": v});
+        }
+        let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+        support::apply_crds(&self.provider, &[crd]).await;
+        format!("{plural}.{}", self.group)
+    }
+
+    pub async fn secret(&self, name: &str, key: &str, data: &str) {
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([(key.to_string(), data.to_string())])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(self.consumer.clone(), &self.ns)
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+
+    pub fn provider_kubeconfig(&self) -> String {
+        std::fs::read_to_string(&self.env.provider).unwrap()
+    }
+
+    pub async fn connection(
+        &self,
+        name: &str,
+        secret: &str,
+        schema: Value,
+        auto_bind: bool,
+    ) -> String {
+        let name = format!("{}-{name}", self.label);
+        let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+            "metadata": {"name": name, "labels": {"kbind-test": self.label}},
+            "spec": {"kubeconfigSecretRef": {"namespace": self.ns, "name": secret}, "schema": schema, "autoBind": auto_bind}});
+        let c: Connection = serde_json::from_value(c).unwrap();
+        Api::<Connection>::all(self.consumer.clone())
+            .create(&PostParams::default(), &c)
+            .await
+            .unwrap();
+        name
+    }
+
+    pub async fn cluster_binding(&self, name: &str, connection: &str, apis: &[&str]) -> String {
+        let name = format!("{}-{name}", self.label);
+        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": name, "labels": {"kbind-test": self.label}},
+            "spec": {"connectionRef": {"name": connection}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()}});
+        Api::<ClusterBinding>::all(self.consumer.clone())
+            .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+            .await
+            .unwrap();
+        name
+    }
+
+    pub async fn binding(&self, name: &str, connection: &str, apis: &[&str]) -> String {
+        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding", "metadata": {"name": name, "namespace": self.ns, "labels": {"kbind-test": self.label}},
+            "spec": {"connectionRef": {"name": connection}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()}});
+        Api::<Binding>::namespaced(self.consumer.clone(), &self.ns)
+            .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+            .await
+            .unwrap();
+        name.to_string()
+    }
+
+    pub fn run(&self, extra: &[&str]) -> Value {
+        let selector = format!("kbind-test={}", self.label);
+        let kc = self.env.consumer.to_string_lossy().to_string();
+        let mut args = vec![
+            "schema",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &self.ns,
+            "--selector",
+            &selector,
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, summary, stderr) = support::kbind(&args);
+        assert_eq!(code, 0, "kbind schema failed: {summary}\n{stderr}");
+        summary
+    }
+
+    pub async fn conn(&self, name: &str) -> Connection {
+        Api::<Connection>::all(self.consumer.clone())
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    pub async fn consumer_crd(&self, name: &str) -> Option<CustomResourceDefinition> {
+        Api::<CustomResourceDefinition>::all(self.consumer.clone())
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+}
+
+impl Fx {
+    /// Run again with nothing changed by this test: no data writes, and no bookkeeping beyond the
+    /// Lease unless the provider's export list moved (other tests share the provider).
+    pub async fn assert_unchanged_pass(&self, conn: &str) {
+        let before = self
+            .conn(conn)
+            .await
+            .status
+            .unwrap_or_default()
+            .exported_apis;
+        let s = self.run(&[]);
+        assert_eq!(s["data_writes"], 0, "unchanged pass: {s}");
+        let after = self
+            .conn(conn)
+            .await
+            .status
+            .unwrap_or_default()
+            .exported_apis;
+        if before == after {
+            assert_eq!(
+                s["bookkeeping_writes"], 2,
+                "Lease take and release only: {s}"
+            );
+        }
+    }
+}
+
+pub fn cond<'a>(
+    conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> (&'a str, &'a str, &'a str) {
+    let c = conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no {t} condition in {conds:?}"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
