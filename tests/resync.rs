@@ -504,3 +504,353 @@ async fn budgeted_passes_resume_and_converge() {
     assert_eq!(last["data_writes"], 0, "converged: {last}");
     assert_eq!(s.binding_api_status().await.in_sync, Some(6));
 }
+
+#[tokio::test]
+async fn provider_rejections_are_counted_with_events_and_do_not_starve_the_rest() {
+    let Some(s) = setup("reject", "Fail").await else {
+        return;
+    };
+    // After the pull, the provider tightens its schema: the consumer accepts what it refuses.
+    let name = format!("widgets.{}", s.fx.group);
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(s.fx.provider.clone());
+    let mut crd = crds.get(&name).await.unwrap();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_mut()
+        .unwrap()
+        .open_api_v3_schema
+        .as_mut()
+        .unwrap();
+    let spec = schema.properties.as_mut().unwrap().get_mut("spec").unwrap();
+    spec.properties
+        .as_mut()
+        .unwrap()
+        .get_mut("size")
+        .unwrap()
+        .maximum = Some(10.0);
+    crds.replace(&name, &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    for i in 0..3 {
+        s.create(
+            &s.consumer(),
+            &format!("a{i}-too-big"),
+            json!({"spec": {"size": 50}}),
+        )
+        .await;
+        s.create(
+            &s.consumer(),
+            &format!("b{i}-fine"),
+            json!({"spec": {"size": 5}}),
+        )
+        .await;
+    }
+    // A small budget: rejected objects sort first and fail every run; the resume point in the
+    // pass Lease moves on, so the rest are reached.
+    let mut runs = 0;
+    loop {
+        s.resync(&["--max-items", "2"]);
+        runs += 1;
+        let mut fine = 0;
+        for i in 0..3 {
+            fine += usize::from(
+                s.provider()
+                    .get_opt(&format!("b{i}-fine"))
+                    .await
+                    .unwrap()
+                    .is_some(),
+            );
+        }
+        if fine == 3 {
+            break;
+        }
+        assert!(runs < 12, "rejected objects starve the rest");
+    }
+    s.resync(&[]);
+    let counts = s.binding_api_status().await;
+    assert_eq!(
+        (counts.rejected, counts.in_sync),
+        (Some(3), Some(3)),
+        "{counts:?}"
+    );
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let rejected: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Rejected"))
+        .collect();
+    assert!(!rejected.is_empty());
+    assert!(
+        rejected[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("less than or equal to 10"),
+        "the provider's message: {:?}",
+        rejected[0].note
+    );
+}
+
+#[tokio::test]
+async fn a_restricted_provider_identity_counts_denied_objects_and_syncs_the_rest() {
+    let Some(fx) = Fx::new("denied").await else {
+        return;
+    };
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let allowed = fx.ns.clone();
+    let other = support::namespace(&fx.consumer, "denied-other").await;
+    // Provider identity: identity read, CRD discovery, widgets readable everywhere but writable
+    // only in the allowed namespace.
+    let pns = support::namespace(&fx.provider, "denied-sa").await;
+    let kubeconfig = support::service_account_kubeconfig(&fx.env.provider, &pns, "syncer").await;
+    let user = format!("system:serviceaccount:{pns}:syncer");
+    let rules = json!([
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "get"]},
+        {"apiGroups": [fx.group], "resources": ["widgets"], "verbs": ["list", "get"]}]);
+    let role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(
+        json!({"metadata": {"name": format!("{}-read", fx.label)}, "rules": rules}),
+    )
+    .unwrap();
+    let crb: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": format!("{}-read", fx.label)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{}-read", fx.label)},
+        "subjects": [{"kind": "User", "name": user}]})).unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(fx.provider.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(fx.provider.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": allowed}})).unwrap();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.provider.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let write: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({"metadata": {"name": "write"},
+        "rules": [{"apiGroups": [fx.group], "resources": ["widgets", "widgets/status"], "verbs": ["create", "patch", "update", "delete"]}]})).unwrap();
+    let rb: k8s_openapi::api::rbac::v1::RoleBinding =
+        serde_json::from_value(json!({"metadata": {"name": "write"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "write"},
+        "subjects": [{"kind": "User", "name": user}]}))
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(fx.provider.clone(), &allowed)
+        .create(&PostParams::default(), &write)
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(fx.provider.clone(), &allowed)
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+
+    fx.secret("provider", "kubeconfig", &kubeconfig).await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    support::eventually("Connection ready", || async {
+        fx.run(&[]);
+        let st = fx.conn(&conn).await.status?;
+        (cond(&st.conditions, "Ready").0 == "True").then_some(())
+    })
+    .await;
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    for ns in [&allowed, &other] {
+        let mut o = DynamicObject::new("w", &ar).data(json!({"spec": {"size": 1}}));
+        o.metadata.namespace = Some(ns.clone());
+        Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), ns, &ar)
+            .create(&PostParams::default(), &o)
+            .await
+            .unwrap();
+    }
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", fx.label);
+    let (code, summary, _) = support::kbind(&[
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(
+        code, 0,
+        "forbidden instance writes are counted, not fatal: {summary}"
+    );
+    assert!(
+        Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &allowed, &ar)
+            .get_opt("w")
+            .await
+            .unwrap()
+            .is_some(),
+        "the permitted object synced"
+    );
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let counts = st.bound_apis.iter().find(|a| a.name == api).unwrap();
+    assert_eq!(
+        (counts.in_sync, counts.denied),
+        (Some(1), Some(1)),
+        "{counts:?}"
+    );
+    // Instance-level denials are counts and Events; the setup-level condition stays False.
+    assert_eq!(cond(&st.conditions, "PermissionDenied").0, "False");
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(fx.consumer.clone(), &other)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PermissionDenied"))
+    );
+}
+
+#[tokio::test]
+async fn cluster_scoped_objects_sync_under_a_cluster_binding_and_the_heartbeat_is_renewed() {
+    let Some(fx) = Fx::new("clusterscoped").await else {
+        return;
+    };
+    let api = fx
+        .provider_crd("regions", "Cluster", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.cluster_binding("cb", &conn, &[&api]).await;
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Region"),
+        "regions",
+    );
+    let name = format!("{}-eu", fx.label);
+    let o = DynamicObject::new(&name, &ar).data(json!({"spec": {"size": 2}}));
+    Api::<DynamicObject>::all_with(fx.consumer.clone(), &ar)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", fx.label);
+    let (code, summary, _) = support::kbind(&[
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{summary}");
+    let p = Api::<DynamicObject>::all_with(fx.provider.clone(), &ar)
+        .get(&name)
+        .await
+        .expect("cluster-scoped copy");
+    assert_eq!(p.data["spec"]["size"], 2);
+    // Heartbeat: Lease consumer-<localClusterUID> in the provider kubeconfig's namespace.
+    let local = fx
+        .conn(&conn)
+        .await
+        .status
+        .unwrap()
+        .local_cluster_uid
+        .unwrap();
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        fx.provider.clone(),
+        "default",
+    )
+    .get(&format!("consumer-{local}"))
+    .await
+    .expect("heartbeat Lease");
+    let renewed = lease.spec.unwrap().renew_time.unwrap().0;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now()
+            .duration_since(renewed)
+            .as_secs()
+            < 60
+    );
+}
+
+#[tokio::test]
+async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
+    let Some(s) = setup("resynccrash", "Fail").await else {
+        return;
+    };
+    for i in 0..4 {
+        s.create(
+            &s.consumer(),
+            &format!("w{i}"),
+            json!({"spec": {"size": i}}),
+        )
+        .await;
+    }
+    let kc = s.fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", s.fx.label);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args([
+            "resync",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &s.ns,
+            "--selector",
+            &selector,
+        ])
+        .env(kbind::pass::crash::ENV, "3")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "aborted at the crash point");
+    let other = support::namespace(&s.fx.consumer, "resynccrash-rerun").await;
+    let (code, summary, _) = support::kbind(&[
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &other,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{summary}");
+    // 4 objects x (finalizer + create) = 8 writes in all; 3 happened before the crash.
+    assert_eq!(
+        summary["data_writes"], 5,
+        "nothing redone, nothing skipped: {summary}"
+    );
+    for i in 0..4 {
+        let c = s.consumer().get(&format!("w{i}")).await.unwrap();
+        let p = s.provider().get(&format!("w{i}")).await.unwrap();
+        assert_eq!(p.data["spec"]["size"], i);
+        assert_eq!(
+            p.annotations()["core.kbind.io/consumer-object-uid"],
+            c.uid().unwrap()
+        );
+    }
+}

@@ -144,7 +144,18 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
         );
         selected.retain(|k| keep.contains(k));
     }
-    let apis = bound_apis(&crds);
+    let mut apis = bound_apis(&crds);
+    // Resume where the last budget-limited run stopped: its API first, after its object.
+    let cursor: Option<(String, String)> = ctx
+        .resume_after
+        .as_deref()
+        .and_then(|c| c.split_once('|'))
+        .map(|(a, k)| (a.to_string(), k.to_string()));
+    if let Some((api, _)) = &cursor {
+        let split = apis.partition_point(|a| &a.name < api);
+        apis.rotate_left(split);
+    }
+    let mut resume_after: Option<String> = None;
 
     let mut providers: HashMap<String, Option<Provider>> = HashMap::new();
     let mut counts: BTreeMap<(BindingKey, String), Counts> = BTreeMap::new();
@@ -170,6 +181,11 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
             summary.count("apisSkippedConnectionNotReady", 1);
             continue;
         };
+        let start_after = cursor
+            .as_ref()
+            .filter(|(a, _)| a == &api.name)
+            .map(|(_, k)| k.as_str())
+            .filter(|k| !k.is_empty());
         let r = sync_api(
             &ctx,
             &client,
@@ -177,6 +193,8 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
             api,
             &bindings,
             &selected,
+            start_after,
+            &mut resume_after,
             &mut counts,
             &mut writes,
             &mut summary,
@@ -201,6 +219,7 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     if let Some(why) = stopped {
         summary.outcome = "partial".into();
         summary.message = format!("stopped early ({why:?}); the next run continues");
+        summary.resume_after = resume_after;
     }
     for c in counts.values() {
         summary.count("inSync", c.in_sync);
@@ -358,6 +377,8 @@ async fn sync_api(
     api: &BoundApi,
     bindings: &[BindingRef],
     selected: &BTreeSet<BindingKey>,
+    start_after: Option<&str>,
+    resume_after: &mut Option<String>,
     counts: &mut BTreeMap<(BindingKey, String), Counts>,
     writes: &mut Writes,
     summary: &mut Summary,
@@ -411,8 +432,15 @@ async fn sync_api(
     let live_uids: BTreeSet<String> = consumer_objs.iter().filter_map(|o| o.uid()).collect();
     let mut consumer_sorted = consumer_objs;
     consumer_sorted.sort_by_key(|o| obj_key(o.namespace().as_deref(), &o.name_any()));
+    if let Some(after) = start_after {
+        let split = consumer_sorted.partition_point(|o| {
+            obj_key(o.namespace().as_deref(), &o.name_any()).as_str() <= after
+        });
+        consumer_sorted.rotate_left(split);
+    }
 
     let mut result = Ok(());
+    let mut last_handled: Option<String> = None;
     for obj in &consumer_sorted {
         let key = obj_key(obj.namespace().as_deref(), &obj.name_any());
         let c = consumer_obj(obj);
@@ -447,6 +475,13 @@ async fn sync_api(
         if actions.iter().any(apply::is_data)
             && let Err(why) = ctx.budget.check()
         {
+            if result.is_ok() {
+                // The first object this run could not handle: the next run starts after the
+                // last one it did handle.
+                *resume_after = last_handled
+                    .take()
+                    .or_else(|| Some(format!("{}|", api.name)));
+            }
             entry.pending += 1;
             result = Err(why);
             continue;
@@ -464,6 +499,9 @@ async fn sync_api(
             writes,
         )
         .await;
+        if !actions.is_empty() {
+            last_handled = Some(format!("{}|{key}", api.name));
+        }
         match (outcome, standing) {
             (apply::Outcome::Denied, _) => entry.denied += 1,
             (apply::Outcome::Rejected, _) => entry.rejected += 1,
