@@ -1,0 +1,712 @@
+//! The deployment manifests (deploy/, jobs/) against the real consumer apiserver: they render and
+//! apply, the schema pass succeeds with exactly the RBAC in deploy/rbac/schema.yaml, a missing
+//! rule is reported as a condition, and the job command lines only use flags the binary has.
+//!
+//! Only `schema_pass_runs_as_its_service_account` uses the shared Lease `kbind-system/kbind-schema`
+//! (the ServiceAccount's Lease Role exists only there); everything else has unique names.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kbind::api::core::{ClusterBinding, Connection};
+use kbind::api::keys;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, Client, Resource};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "kbind-system";
+const SERVICE_ACCOUNT: &str = "kbind-schema";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+/// Every non-empty document of a multi-document YAML text.
+fn documents(yaml: &str, what: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(yaml)
+        .unwrap_or_else(|e| panic!("parse {what}: {e}"))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// Run kubectl (against `kubeconfig` when given), feeding `stdin`.
+fn kubectl(kubeconfig: Option<&Path>, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new("kubectl");
+    if let Some(kc) = kubeconfig {
+        cmd.arg("--kubeconfig").arg(kc);
+    }
+    cmd.args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("run kubectl {args:?} (is kubectl installed?): {e}"));
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes()).expect("kubectl stdin");
+    }
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// kubectl that must succeed; returns stdout.
+fn kubectl_ok(kubeconfig: Option<&Path>, args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(kubeconfig, args, stdin);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Server-side apply `file` for real (idempotent: shared by every test and run).
+fn apply_for_real(env: &support::Env, file: &str) {
+    let path = repo(file).to_string_lossy().to_string();
+    kubectl_ok(
+        Some(&env.consumer),
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=kbind-deploy-tests",
+            "-f",
+            &path,
+        ],
+        None,
+    );
+}
+
+/// A kubeconfig file for the existing ServiceAccount `namespace/name`: the admin kubeconfig with
+/// its token replaced by a fresh ServiceAccount token (TokenRequest).
+async fn token_kubeconfig(env: &support::Env, namespace: &str, name: &str) -> PathBuf {
+    let admin = env.consumer().await;
+    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}});
+    let req = http::Request::post(format!(
+        "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&body).expect("token request body"))
+    .expect("token request");
+    let tr: Value = admin.request(req).await.expect("token request");
+    let token = tr["status"]["token"].as_str().expect("token").to_string();
+    let kubeconfig = std::fs::read_to_string(&env.consumer)
+        .expect("admin kubeconfig")
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                format!("    token: {token}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    write_kubeconfig(&kubeconfig)
+}
+
+fn write_kubeconfig(content: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("{}.kubeconfig", support::unique("kbind-deploy")));
+    std::fs::write(&path, content).expect("write kubeconfig");
+    path
+}
+
+fn cond<'a>(conds: &'a [Condition], t: &str) -> (&'a str, &'a str, &'a str) {
+    let c = conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no {t} condition in {conds:?}"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn has_cleanup_finalizer<K: Resource>(o: &K) -> bool {
+    o.meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == keys::CLEANUP_FINALIZER)
+}
+
+/// The objects one schema pass works on: a provider Secret in its own namespace, an exported
+/// provider CRD in a unique group, a labelled Connection and a ClusterBinding for the CRD.
+struct Setup {
+    ns: String,
+    label: String,
+    connection: String,
+    binding: String,
+    crd: String,
+}
+
+async fn setup(env: &support::Env, consumer: &Client, prefix: &str) -> Setup {
+    support::kbind_crds(consumer).await;
+    let provider = env.provider().await;
+    let ns = support::namespace(consumer, prefix).await;
+    let label = support::unique(prefix);
+    let group = format!("{label}.kbind.test");
+
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}"), "labels": {keys::EXPORTED: "true"}},
+        "spec": {"group": group, "scope": "Namespaced",
+            "names": {"plural": "widgets", "kind": "Widget", "singular": "widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}}}]}});
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("provider CRD");
+    support::apply_crds(&provider, &[crd]).await;
+
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("provider".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            "kubeconfig".to_string(),
+            std::fs::read_to_string(&env.provider).expect("provider kubeconfig"),
+        )])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(consumer.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create Secret");
+
+    // autoBind off: on the shared provider it would bind every test's exports.
+    let connection = format!("{label}-conn");
+    let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+        "metadata": {"name": connection, "labels": {"kbind-test": label}},
+        "spec": {"kubeconfigSecretRef": {"namespace": ns, "name": "provider"},
+            "schema": {"source": "CRD"}, "autoBind": false}});
+    let c: Connection = serde_json::from_value(c).expect("Connection");
+    Api::<Connection>::all(consumer.clone())
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("create Connection");
+
+    let crd_name = format!("widgets.{group}");
+    let binding = format!("{label}-bind");
+    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+        "metadata": {"name": binding},
+        "spec": {"connectionRef": {"name": connection}, "apis": [{"name": crd_name}]}});
+    let b: ClusterBinding = serde_json::from_value(b).expect("ClusterBinding");
+    Api::<ClusterBinding>::all(consumer.clone())
+        .create(&PostParams::default(), &b)
+        .await
+        .expect("create ClusterBinding");
+
+    Setup {
+        ns,
+        label,
+        connection,
+        binding,
+        crd: crd_name,
+    }
+}
+
+/// Run `kbind schema` with `args` until `done` holds (RBAC changes reach the apiserver's
+/// authorizer a moment after they are written) or ~20 s passed; returns the last run.
+async fn run_until<F, Fut>(args: &[&str], mut done: F) -> (i32, Value, String)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut last = (0, Value::Null, String::new());
+    for _ in 0..40 {
+        last = support::kbind(args);
+        if last.0 == 0 && last.1["outcome"] == "completed" && done().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    last
+}
+
+/// a. `kubectl kustomize deploy/` renders; every document, and the one-off Job template, passes a
+/// server-side dry-run apply on the consumer apiserver.
+#[tokio::test]
+async fn manifests_render_and_pass_server_dry_run() {
+    let Some(env) = support::env() else { return };
+    let deploy = repo("deploy").to_string_lossy().to_string();
+    let rendered = kubectl_ok(None, &["kustomize", &deploy], None);
+    let docs = documents(&rendered, "kubectl kustomize deploy/");
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "CronJob",
+    ] {
+        assert!(
+            kinds.contains(&kind),
+            "no {kind} in the rendered kustomization: {kinds:?}"
+        );
+    }
+    assert!(
+        !kinds.contains(&"Job"),
+        "the kustomization must not create a Job (it would run at once): {kinds:?}"
+    );
+
+    // Namespaced objects need their namespace to exist even in a dry run.
+    apply_for_real(&env, "deploy/namespace.yaml");
+    let dry_run = |input: &str, what: &str, count: usize| {
+        let out = kubectl_ok(
+            Some(&env.consumer),
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--dry-run=server",
+                "--field-manager=kbind-deploy-tests",
+                "-f",
+                "-",
+            ],
+            Some(input),
+        );
+        let applied = out.matches("(server dry run)").count();
+        assert_eq!(applied, count, "{what}: every document applies:\n{out}");
+    };
+    dry_run(&rendered, "deploy/", docs.len());
+    let oneoff = read("jobs/schema-oneoff-job.yaml");
+    dry_run(
+        &oneoff,
+        "jobs/schema-oneoff-job.yaml",
+        documents(&oneoff, "one-off Job").len(),
+    );
+}
+
+/// b. The pass, run as kbind-system/kbind-schema with exactly deploy/rbac/schema.yaml, succeeds:
+/// Connection Ready, consumer CRD installed, finalizers held, statuses written.
+#[tokio::test]
+async fn schema_pass_runs_as_its_service_account() {
+    let Some(env) = support::env() else { return };
+    let consumer = env.consumer().await;
+    // kbind's CRDs come from the binary (like every other test) rather than deploy/crds: the
+    // `crds` test keeps the two equal.
+    apply_for_real(&env, "deploy/namespace.yaml");
+    apply_for_real(&env, "deploy/rbac/schema.yaml");
+    let s = setup(&env, &consumer, "deploy-sa").await;
+    let kubeconfig = token_kubeconfig(&env, NAMESPACE, SERVICE_ACCOUNT).await;
+    let kc = kubeconfig.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", s.label);
+    // A short deadline: should this process die mid-run, the shared Lease expires in 2 minutes.
+    let args = [
+        "schema",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        NAMESPACE,
+        "--selector",
+        &selector,
+        "--deadline",
+        "1m",
+        "-o",
+        "json",
+    ];
+    let conns: Api<Connection> = Api::all(consumer.clone());
+    let (code, summary, stderr) = run_until(&args, || async {
+        conns
+            .get(&s.connection)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+    })
+    .await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    assert_eq!(
+        code, 0,
+        "kbind schema as the ServiceAccount: {summary}\n{stderr}"
+    );
+    assert_eq!(summary["outcome"], "completed", "{summary}\n{stderr}");
+    assert_eq!(
+        summary["counts"]["errors"].as_i64().unwrap_or(0),
+        0,
+        "{summary}\n{stderr}"
+    );
+
+    let conn = conns.get(&s.connection).await.expect("Connection");
+    let st = conn.status.clone().unwrap_or_default();
+    for (t, want) in [
+        ("Ready", "True"),
+        ("SecretValid", "True"),
+        ("Connected", "True"),
+        ("PermissionDenied", "False"),
+    ] {
+        let (status, reason, message) = cond(&st.conditions, t);
+        assert_eq!(status, want, "Connection {t}: {reason} {message}");
+    }
+    assert!(has_cleanup_finalizer(&conn), "Connection finalizer");
+
+    let crd = Api::<CustomResourceDefinition>::all(consumer.clone())
+        .get_opt(&s.crd)
+        .await
+        .expect("get consumer CRD")
+        .unwrap_or_else(|| panic!("consumer CRD {} not created", s.crd));
+    let labels = crd.metadata.labels.clone().unwrap_or_default();
+    let annotations = crd.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(labels.get(keys::MANAGED).map(String::as_str), Some("true"));
+    assert_eq!(annotations.get(keys::CONNECTION), Some(&s.connection));
+
+    let cb = Api::<ClusterBinding>::all(consumer.clone())
+        .get(&s.binding)
+        .await
+        .expect("ClusterBinding");
+    let bst = cb.status.clone().unwrap_or_default();
+    assert_eq!(
+        cond(&bst.conditions, "Ready").0,
+        "True",
+        "{:?}",
+        bst.conditions
+    );
+    assert_eq!(cond(&bst.conditions, "PermissionDenied").0, "False");
+    assert!(has_cleanup_finalizer(&cb), "ClusterBinding finalizer");
+
+    let secret = Api::<Secret>::namespaced(consumer.clone(), &s.ns)
+        .get("provider")
+        .await
+        .expect("Secret");
+    assert!(has_cleanup_finalizer(&secret), "Secret finalizer");
+}
+
+/// c. The same RBAC without `create` on customresourcedefinitions: the pass still exits 0 and
+/// reports the refusal as conditions (PermissionDenied=True, CRDWriteForbidden).
+#[tokio::test]
+async fn missing_crd_create_rule_is_reported_as_permission_denied() {
+    let Some(env) = support::env() else { return };
+    let consumer = env.consumer().await;
+    let s = setup(&env, &consumer, "deploy-rbac").await;
+    let sa = "kbind-schema";
+    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": s.ns}]);
+    let sa_kubeconfig = support::service_account_kubeconfig(&env.consumer, &s.ns, sa).await;
+    let kubeconfig = write_kubeconfig(&sa_kubeconfig);
+
+    let rbac = documents(&read("deploy/rbac/schema.yaml"), "deploy/rbac/schema.yaml");
+    let find = |kind: &str| -> Value {
+        rbac.iter()
+            .find(|d| d["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} in deploy/rbac/schema.yaml"))
+    };
+
+    // The ClusterRole, minus create on CRDs, under a unique name.
+    let role_name = format!("{}-no-crd-create", s.label);
+    let mut cluster_role = find("ClusterRole");
+    cluster_role["metadata"] = json!({"name": role_name});
+    let mut removed = false;
+    for rule in cluster_role["rules"]
+        .as_array_mut()
+        .expect("ClusterRole rules")
+    {
+        if rule["resources"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r == "customresourcedefinitions"))
+            && let Some(verbs) = rule["verbs"].as_array_mut()
+        {
+            let before = verbs.len();
+            verbs.retain(|v| v != "create");
+            removed |= verbs.len() < before;
+        }
+    }
+    assert!(
+        removed,
+        "deploy/rbac/schema.yaml grants no create on customresourcedefinitions"
+    );
+    let cluster_role: ClusterRole = serde_json::from_value(cluster_role).expect("ClusterRole");
+    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
+    cluster_roles
+        .create(&PostParams::default(), &cluster_role)
+        .await
+        .expect("create ClusterRole");
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": subject}))
+    .expect("ClusterRoleBinding");
+    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
+    crbs.create(&PostParams::default(), &crb)
+        .await
+        .expect("create ClusterRoleBinding");
+
+    // The Lease Role, in this test's own namespace (the Lease namespace of this run).
+    let mut role = find("Role");
+    role["metadata"] = json!({"name": "kbind-schema-lease", "namespace": s.ns});
+    let role: Role = serde_json::from_value(role).expect("Role");
+    Api::<Role>::namespaced(consumer.clone(), &s.ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create Role");
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kbind-schema-lease", "namespace": s.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-schema-lease"},
+        "subjects": subject}))
+    .expect("RoleBinding");
+    Api::<RoleBinding>::namespaced(consumer.clone(), &s.ns)
+        .create(&PostParams::default(), &rb)
+        .await
+        .expect("create RoleBinding");
+
+    let kc = kubeconfig.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", s.label);
+    let args = [
+        "schema",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &s.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ];
+    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    let (code, summary, stderr) = run_until(&args, || async {
+        bindings
+            .get(&s.binding)
+            .await
+            .ok()
+            .and_then(|b| b.status)
+            .is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "PermissionDenied" && c.status == "True")
+            })
+    })
+    .await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    assert_eq!(
+        code, 0,
+        "partial failures are conditions, not an exit code: {summary}\n{stderr}"
+    );
+    assert_eq!(summary["outcome"], "completed", "{summary}\n{stderr}");
+
+    let bst = bindings
+        .get(&s.binding)
+        .await
+        .expect("ClusterBinding")
+        .status
+        .unwrap_or_default();
+    let (status, reason, message) = cond(&bst.conditions, "PermissionDenied");
+    assert_eq!((status, reason), ("True", "CRDWriteForbidden"), "{message}");
+    assert_eq!(
+        cond(&bst.conditions, "Ready").0,
+        "False",
+        "{:?}",
+        bst.conditions
+    );
+
+    let st = Api::<Connection>::all(consumer.clone())
+        .get(&s.connection)
+        .await
+        .expect("Connection")
+        .status
+        .unwrap_or_default();
+    let (status, reason, message) = cond(&st.conditions, "PermissionDenied");
+    assert_eq!((status, reason), ("True", "CRDWriteForbidden"), "{message}");
+    assert_eq!(
+        cond(&st.conditions, "Connected").0,
+        "True",
+        "{:?}",
+        st.conditions
+    );
+    assert!(
+        Api::<CustomResourceDefinition>::all(consumer.clone())
+            .get_opt(&s.crd)
+            .await
+            .expect("get consumer CRD")
+            .is_none(),
+        "the CRD must not exist without create permission"
+    );
+
+    // Cluster-scoped leftovers of this test.
+    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
+    let _ = cluster_roles
+        .delete(&role_name, &DeleteParams::default())
+        .await;
+}
+
+/// The containers of every Job and CronJob in jobs/*.yaml, with the Job spec holding them.
+fn job_containers() -> Vec<(String, Value, Value)> {
+    let mut out = Vec::new();
+    let dir = repo("jobs");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read jobs/")
+        .map(|e| e.expect("jobs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read job manifest");
+        for doc in documents(&text, &file.display().to_string()) {
+            let job_spec = match doc["kind"].as_str() {
+                Some("CronJob") => doc["spec"]["jobTemplate"]["spec"].clone(),
+                Some("Job") => doc["spec"].clone(),
+                _ => continue,
+            };
+            let what = format!(
+                "{} {} ({})",
+                doc["kind"].as_str().unwrap_or_default(),
+                doc["metadata"]["name"].as_str().unwrap_or_default(),
+                file.display()
+            );
+            let containers = job_spec["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_else(|| panic!("{what}: no containers"));
+            for c in containers {
+                out.push((what.clone(), job_spec.clone(), c));
+            }
+        }
+    }
+    out
+}
+
+/// d. Every flag the job manifests pass exists in the binary's `--help`, and each Job's
+/// activeDeadlineSeconds is above the pass's --deadline.
+#[test]
+fn job_command_lines_match_the_binary() {
+    let containers = job_containers();
+    assert!(
+        containers.len() >= 2,
+        "the CronJob and the one-off Job: {containers:?}"
+    );
+    for (what, job_spec, container) in containers {
+        let args: Vec<String> = container["args"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no args"))
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .unwrap_or_else(|| panic!("{what}: arg {a}"))
+                    .to_string()
+            })
+            .collect();
+        let subcommand = args.first().unwrap_or_else(|| panic!("{what}: empty args"));
+        let out = Command::new(env!("CARGO_BIN_EXE_kbind"))
+            .args([subcommand.as_str(), "--help"])
+            .output()
+            .expect("run kbind --help");
+        assert!(
+            out.status.success(),
+            "{what}: `kbind {subcommand} --help` failed"
+        );
+        let help = String::from_utf8_lossy(&out.stdout);
+        let known: Vec<&str> = help
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|w| w.starts_with("--"))
+            .collect();
+
+        let mut deadline = Duration::from_secs(600); // the binary's default
+        let mut i = 1;
+        while i < args.len() {
+            let arg = &args[i];
+            i += 1;
+            let Some(flag) = arg.strip_prefix("--") else {
+                continue;
+            };
+            let (name, value) = match flag.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (flag, None),
+            };
+            assert!(
+                known.contains(&format!("--{name}").as_str()),
+                "{what}: `--{name}` is not a flag of `kbind {subcommand}`:\n{help}"
+            );
+            if name == "deadline" {
+                let value = value
+                    .or_else(|| args.get(i).cloned())
+                    .expect("--deadline value");
+                deadline = kbind::pass::args::parse_duration(&value)
+                    .unwrap_or_else(|e| panic!("{what}: --deadline {value}: {e}"));
+            }
+        }
+        let active = job_spec["activeDeadlineSeconds"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no activeDeadlineSeconds"));
+        assert!(
+            active > deadline.as_secs(),
+            "{what}: activeDeadlineSeconds {active} must be above --deadline ({}s)",
+            deadline.as_secs()
+        );
+    }
+}
+
+/// The one-off Job template runs exactly what the CronJob runs.
+#[test]
+fn oneoff_job_has_the_cronjob_pod_spec() {
+    let cron = documents(&read("jobs/schema-cronjob.yaml"), "schema-cronjob.yaml");
+    let job = documents(
+        &read("jobs/schema-oneoff-job.yaml"),
+        "schema-oneoff-job.yaml",
+    );
+    let cron_job = cron
+        .iter()
+        .find(|d| d["kind"] == "CronJob")
+        .expect("CronJob")["spec"]["jobTemplate"]["spec"]
+        .clone();
+    let oneoff = job.iter().find(|d| d["kind"] == "Job").expect("Job")["spec"].clone();
+    assert_eq!(cron_job["template"]["spec"], oneoff["template"]["spec"]);
+    for field in [
+        "backoffLimit",
+        "activeDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+    ] {
+        assert_eq!(cron_job[field], oneoff[field], "{field}");
+    }
+}
+
+/// Least privilege in the RBAC manifests: no wildcards, and Secrets are never listed or watched.
+#[test]
+fn rbac_has_no_wildcards() {
+    for doc in documents(&read("deploy/rbac/schema.yaml"), "deploy/rbac/schema.yaml") {
+        let Some(rules) = doc["rules"].as_array() else {
+            continue;
+        };
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        for rule in rules {
+            for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                let wild = rule[field].as_array().is_some_and(|v| {
+                    v.iter()
+                        .any(|x| x.as_str().is_some_and(|s| s.contains('*')))
+                });
+                assert!(!wild, "{name}: wildcard in {field}: {rule}");
+            }
+            let secrets = rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r == "secrets"));
+            let verbs = rule["verbs"].as_array().cloned().unwrap_or_default();
+            assert!(
+                !secrets || verbs.iter().all(|v| v == "get" || v == "patch"),
+                "{name}: Secrets only get and patch: {rule}"
+            );
+        }
+    }
+}
