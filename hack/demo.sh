@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: builds what is missing, starts local real servers (two kube-apiservers with etcd and
-# controller managers, SpiceDB), applies the config/ samples, runs every available kbind pass
+# controller managers, SpiceDB), applies the config/demo objects, runs every available kbind pass
 # once with the real binary, prints the resulting statuses, and stops the servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,9 +43,29 @@ step "kbind schema"
 step "kbind schema again: nothing changed, nothing written"
 "$kbind" schema --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
 
+step "consumer: a Database in namespace team-a"
+"${consumer[@]}" create namespace team-a >/dev/null
+cat <<'YAML' | "${consumer[@]}" apply -f -
+apiVersion: demo.kbind.io/v1
+kind: Database
+metadata: {name: orders, namespace: team-a}
+spec: {engine: postgres, storageGB: 20}
+YAML
+
+step "kbind resync: the spec goes up to the provider"
+"$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
+"${provider[@]}" get databases -n team-a -L core.kbind.io/consumer-cluster
+
+step "the provider's controller reports status; kbind resync brings it down"
+"${provider[@]}" patch database orders -n team-a --subresource=status --type=merge \
+  -p '{"status":{"phase":"Ready","endpoint":"orders.db.provider.example:5432"}}' >/dev/null
+"$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
+"${consumer[@]}" get database orders -n team-a -o jsonpath='consumer sees: phase={.status.phase} endpoint={.status.endpoint}{"\n"}'
+
 step "statuses"
 "${consumer[@]}" get connections.core.kbind.io -o wide
 "${consumer[@]}" get clusterbindings.core.kbind.io
+"${consumer[@]}" get clusterbinding databases -o jsonpath='{range .status.boundAPIs[*]}{.name}: inSync={.inSync} pending={.pending} conflicts={.conflictCount}{"\n"}{end}'
 "${consumer[@]}" get crd databases.demo.kbind.io -L core.kbind.io/managed
 "${consumer[@]}" get connection demo-provider -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}){"\n"}{end}'
-printf '\nkbind resync, claims and relsync are not implemented yet; the demo runs the passes that exist.\n'
+printf '\nkbind claims and relsync are not implemented yet; the demo runs the passes that exist.\n'

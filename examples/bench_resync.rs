@@ -1,0 +1,281 @@
+//! Benchmark of `kbind resync` (run through `hack/bench.sh resync`, which starts the servers).
+//!
+//! N objects (default 10,000) in 100 namespaces of one bound API. Cold pass (every object
+//! needs its finalizer and its provider copy) against a baseline issuing the same minimal writes
+//! directly — a provider create and a consumer finalizer patch per object, sequentially like the
+//! pass, with a plain client — on a second, identical API in the same run. Then an unchanged
+//! pass: requests and writes. Prints figures; asserts nothing about time.
+
+use std::time::Instant;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
+}
+
+async fn client(path: &str) -> Client {
+    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn crd(group: &str, exported: bool) -> CustomResourceDefinition {
+    let mut v = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "widgets", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}, "owner": {"type": "string"}}},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}});
+    if exported {
+        v["metadata"]["labels"] = json!({"core.kbind.io/exported": "true"});
+    }
+    serde_json::from_value(v).expect("crd")
+}
+
+fn kbind(args: &[&str]) -> Value {
+    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kbind");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+async fn wait_crd(api: &Api<CustomResourceDefinition>, name: &str) {
+    for _ in 0..200 {
+        if let Ok(c) = api.get(name).await
+            && c.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{name} not established");
+}
+
+#[tokio::main]
+async fn main() {
+    kbind::install_crypto_provider();
+    let n: usize = std::env::var("BENCH_OBJECTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let namespaces = 100.min(n.max(1));
+    let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
+    let provider_path = env("KBIND_TEST_PROVIDER_KUBECONFIG");
+    let consumer = client(&consumer_path).await;
+    let provider = client(&provider_path).await;
+    println!("bench resync: {n} objects in {namespaces} namespaces");
+
+    // Setup (not measured): the bound API through kbind schema, the baseline API by hand.
+    let t = Instant::now();
+    let pcrds: Api<CustomResourceDefinition> = Api::all(provider.clone());
+    let ccrds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    pcrds
+        .create(&PostParams::default(), &crd("bench.kbind.io", true))
+        .await
+        .expect("provider CRD");
+    for c in [crd("base.kbind.io", false)] {
+        pcrds
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("baseline provider CRD");
+        ccrds
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("baseline consumer CRD");
+    }
+    for c in kbind::crds::kbind_crds() {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        ccrds
+            .patch(
+                &name,
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(&c),
+            )
+            .await
+            .expect("kbind CRD");
+        wait_crd(&ccrds, &name).await;
+    }
+    let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(consumer.clone());
+    let pnsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(provider.clone());
+    for i in 0..namespaces {
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": format!("ns{i}")}})).unwrap();
+        nsapi.create(&PostParams::default(), &ns).await.expect("ns");
+        pnsapi
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("provider ns");
+    }
+    let bench_ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "bench"}})).unwrap();
+    nsapi
+        .create(&PostParams::default(), &bench_ns)
+        .await
+        .expect("ns");
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "provider"},
+        "stringData": {"kubeconfig": std::fs::read_to_string(&provider_path).unwrap()}}))
+        .unwrap();
+    Api::namespaced(consumer.clone(), "bench")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "metadata": {"name": "bench"},
+        "spec": {"kubeconfigSecretRef": {"namespace": "bench", "name": "provider"}, "schema": {"source": "CRD"}}});
+    Api::<kbind::api::core::Connection>::all(consumer.clone())
+        .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+        .await
+        .expect("connection");
+    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": "bench"},
+        "spec": {"connectionRef": {"name": "bench"}, "apis": [{"name": "widgets.bench.kbind.io"}]}});
+    Api::<kbind::api::core::ClusterBinding>::all(consumer.clone())
+        .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+        .await
+        .expect("binding");
+    let schema = kbind(&[
+        "schema",
+        "--kubeconfig",
+        &consumer_path,
+        "--lease-namespace",
+        "bench",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(schema["counts"]["ready"], 1, "schema pass: {schema}");
+    wait_crd(&ccrds, "widgets.bench.kbind.io").await;
+    wait_crd(&ccrds, "widgets.base.kbind.io").await;
+    let ar = |g: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, "v1", "Widget"), "widgets")
+    };
+    for group in ["bench.kbind.io", "base.kbind.io"] {
+        let r = ar(group);
+        stream::iter(0..n)
+            .for_each_concurrent(16, |i| {
+                let (consumer, r) = (consumer.clone(), r.clone());
+                async move {
+                    let ns = format!("ns{}", i % namespaces);
+                    let mut o = DynamicObject::new(&format!("w{i}"), &r)
+                        .data(json!({"spec": {"size": i, "owner": "team"}}));
+                    o.metadata.namespace = Some(ns.clone());
+                    Api::<DynamicObject>::namespaced_with(consumer, &ns, &r)
+                        .create(&PostParams::default(), &o)
+                        .await
+                        .expect("object");
+                }
+            })
+            .await;
+    }
+    println!("setup: {:.1}s", t.elapsed().as_secs_f64());
+
+    // Baseline: per object, the provider create and the consumer finalizer patch, sequentially.
+    let r = ar("base.kbind.io");
+    let t = Instant::now();
+    for i in 0..n {
+        let ns = format!("ns{}", i % namespaces);
+        let name = format!("w{i}");
+        let body = json!({"apiVersion": "base.kbind.io/v1", "kind": "Widget",
+            "metadata": {"name": name, "namespace": ns, "labels": {"core.kbind.io/consumer-cluster": "x"}},
+            "spec": {"size": i, "owner": "team"}});
+        let o: DynamicObject = serde_json::from_value(body).unwrap();
+        Api::<DynamicObject>::namespaced_with(provider.clone(), &ns, &r)
+            .create(&PostParams::default(), &o)
+            .await
+            .expect("baseline create");
+        let fin = json!({"apiVersion": "base.kbind.io/v1", "kind": "Widget", "metadata": {"name": name, "namespace": ns, "finalizers": ["core.kbind.io/syncer"]}});
+        Api::<DynamicObject>::namespaced_with(consumer.clone(), &ns, &r)
+            .patch(
+                &name,
+                &PatchParams::apply("bench-finalizer"),
+                &Patch::Apply(&fin),
+            )
+            .await
+            .expect("baseline finalizer");
+    }
+    let baseline = t.elapsed().as_secs_f64();
+
+    let args = [
+        "resync",
+        "--kubeconfig",
+        &consumer_path,
+        "--lease-namespace",
+        "bench",
+        "-o",
+        "json",
+        "--deadline",
+        "60m",
+    ];
+    let cold = kbind(&args);
+    let warm = kbind(&args);
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!();
+    println!(
+        "{:<26} {:>9} {:>9} {:>12} {:>11} {:>9}",
+        "run", "wall s", "requests", "data writes", "bookkeep", "peak MiB"
+    );
+    println!(
+        "{:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9}",
+        "baseline (direct writes)",
+        baseline,
+        2 * n,
+        2 * n,
+        "-",
+        "-"
+    );
+    for (name, v) in [
+        ("kbind resync, cold", &cold),
+        ("kbind resync, unchanged", &warm),
+    ] {
+        println!(
+            "{name:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9.1}",
+            f(v, "duration_seconds"),
+            f(v, "requests"),
+            f(v, "data_writes"),
+            f(v, "bookkeeping_writes"),
+            f(v, "peak_rss_bytes") / 1_048_576.0
+        );
+    }
+    let pages = n.div_ceil(500);
+    println!();
+    println!(
+        "ratio cold pass / baseline: {:.2} (target <= 1.5)",
+        f(&cold, "duration_seconds") / baseline
+    );
+    println!(
+        "unchanged pass: {} requests for {} list pages per side (target only LISTs, <= {} per side), {} data writes (target 0)",
+        f(&warm, "requests"),
+        pages,
+        2 * pages,
+        f(&warm, "data_writes")
+    );
+    println!(
+        "cold outcome: {}; counts {}",
+        cold["outcome"], cold["counts"]
+    );
+}
