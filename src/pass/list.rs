@@ -44,3 +44,25 @@ where
         }
     }
 }
+
+/// Every object matching `lp`, each mapped through `f` as its page arrives, so only the mapped
+/// form is held (a LIST page carries managedFields and everything else the pass never reads).
+pub async fn map_all<K, T>(
+    api: &Api<K>,
+    lp: &ListParams,
+    f: impl Fn(K) -> T,
+) -> Result<Vec<T>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut lp = lp.clone().limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        out.extend(page.items.into_iter().map(&f));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(out),
+        }
+    }
+}

@@ -9,10 +9,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::plan::{Action, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, Ownership, ownership};
+use super::plan::{
+    Action, ConsumerObj, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, Ownership, ProviderObj, ownership,
+};
 use super::{BoundApi, Provider};
 use crate::api::core::ConflictPolicy;
 use crate::api::keys;
@@ -45,29 +47,28 @@ fn ns_api(client: &Client, api: &BoundApi, ns: Option<&str>) -> Api<DynamicObjec
     }
 }
 
-fn reference(api: &BoundApi, o: &DynamicObject) -> ObjectReference {
+fn reference(api: &BoundApi, o: &ConsumerObj) -> ObjectReference {
     ObjectReference {
         api_version: Some(api.resource.api_version.clone()),
         kind: Some(api.resource.kind.clone()),
-        name: Some(o.name_any()),
-        namespace: o.namespace(),
-        uid: o.uid(),
+        name: Some(o.name.clone()),
+        namespace: o.namespace.clone(),
+        uid: Some(o.uid.clone()),
         ..Default::default()
     }
 }
 
 /// The provider copy kbind applies: spec plus ownership markers, nothing else.
-fn provider_body(api: &BoundApi, o: &DynamicObject, local_uid: &str) -> Value {
+fn provider_body(api: &BoundApi, o: &ConsumerObj, local_uid: &str) -> Value {
     let mut metadata = json!({
-        "name": o.name_any(),
+        "name": o.name,
         "labels": {keys::CONSUMER_CLUSTER: local_uid},
-        "annotations": {keys::CONSUMER_OBJECT_UID: o.uid().unwrap_or_default()},
+        "annotations": {keys::CONSUMER_OBJECT_UID: o.uid},
     });
-    if let Some(ns) = o.namespace() {
+    if let Some(ns) = &o.namespace {
         metadata["namespace"] = json!(ns);
     }
-    json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind, "metadata": metadata,
-           "spec": o.data.get("spec").cloned().unwrap_or(Value::Null)})
+    json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind, "metadata": metadata, "spec": o.spec})
 }
 
 fn classify(e: &kube::Error) -> Outcome {
@@ -84,17 +85,16 @@ pub async fn object(
     client: &Client,
     provider: &Provider,
     api: &BoundApi,
-    obj: &DynamicObject,
-    c: &super::plan::ConsumerObj,
-    p: Option<&DynamicObject>,
+    obj: &ConsumerObj,
+    p: Option<&ProviderObj>,
     actions: &[Action],
     policy: ConflictPolicy,
     writes: &mut Writes,
 ) -> Outcome {
-    let ns = obj.namespace();
+    let ns = obj.namespace.clone();
     let consumer = ns_api(client, api, ns.as_deref());
     let prov = ns_api(&provider.client, api, ns.as_deref());
-    let name = obj.name_any();
+    let name = obj.name.clone();
     let target = format!(
         "{} {}{name}",
         api.resource.kind,
@@ -128,7 +128,7 @@ pub async fn object(
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     // A name we did not list as ours: classify it with one GET.
                     let existing = prov.get_opt(&name).await.ok().flatten();
-                    let own = existing.as_ref().map(|e| ownership(&super::provider_obj(e), &provider.local_uid, &c.uid, &Default::default()));
+                    let own = existing.as_ref().map(|e| ownership(&super::provider_obj(e), &provider.local_uid, &obj.uid, &Default::default()));
                     match own {
                         Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
                         Some(Ownership::Unmarked) => {
@@ -161,7 +161,7 @@ pub async fn object(
                 .await
                 .map(|_| ()),
             Action::DeleteProvider => {
-                let uid = p.and_then(|p| p.uid());
+                let uid = p.map(|p| p.uid.clone());
                 let dp = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
                 match prov.delete(&name, &dp).await {
                     Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -213,7 +213,7 @@ async fn create(
     client: &Client,
     prov: &Api<DynamicObject>,
     api: &BoundApi,
-    obj: &DynamicObject,
+    obj: &ConsumerObj,
     local_uid: &str,
 ) -> Result<(), kube::Error> {
     let body: DynamicObject = serde_json::from_value(provider_body(api, obj, local_uid))
@@ -223,11 +223,11 @@ async fn create(
         ..Default::default()
     };
     match prov.create(&pp, &body).await {
-        Err(kube::Error::Api(s)) if s.code == 404 && obj.namespace().is_some() => {
+        Err(kube::Error::Api(s)) if s.code == 404 && obj.namespace.is_some() => {
             // The provider namespace does not exist yet: create it, then the object.
             let ns = Namespace {
                 metadata: ObjectMeta {
-                    name: obj.namespace(),
+                    name: obj.namespace.clone(),
                     labels: Some(
                         [(keys::CONSUMER_CLUSTER.to_string(), local_uid.to_string())].into(),
                     ),
@@ -252,12 +252,12 @@ async fn create(
 async fn apply_spec(
     prov: &Api<DynamicObject>,
     api: &BoundApi,
-    obj: &DynamicObject,
+    obj: &ConsumerObj,
     local_uid: &str,
 ) -> Result<(), kube::Error> {
     let body = provider_body(api, obj, local_uid);
     prov.patch(
-        &obj.name_any(),
+        &obj.name,
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(&body),
     )
@@ -269,16 +269,12 @@ async fn mark_conflict(
     ctx: &PassContext,
     consumer: &Api<DynamicObject>,
     api: &BoundApi,
-    obj: &DynamicObject,
+    obj: &ConsumerObj,
     reason: &str,
 ) {
     let patch = json!({"metadata": {"annotations": {keys::CONFLICT: reason}}});
     if let Err(e) = consumer
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
+        .patch(&obj.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         tracing::warn!(error = %scrub(&e.to_string()), "could not annotate the conflict");
@@ -300,33 +296,31 @@ async fn mark_conflict(
 pub async fn delete_garbage(
     provider: &Client,
     api: &BoundApi,
-    o: &DynamicObject,
+    o: &ProviderObj,
     writes: &mut Writes,
 ) {
-    let name = o.name_any();
+    let ns = o.namespace.as_deref();
     let target = format!(
-        "{} {}{name} (provider; consumer object gone)",
+        "{} {}{} (provider; consumer object gone)",
         api.resource.kind,
-        o.namespace().map(|n| format!("{n}/")).unwrap_or_default()
+        ns.map(|n| format!("{n}/")).unwrap_or_default(),
+        o.name
     );
     if !writes.will("delete", target, "") {
         return;
     }
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: o.uid(),
+            uid: Some(o.uid.clone()),
             resource_version: None,
         }),
         ..Default::default()
     };
-    match ns_api(provider, api, o.namespace().as_deref())
-        .delete(&name, &dp)
-        .await
-    {
+    match ns_api(provider, api, ns).delete(&o.name, &dp).await {
         Ok(_) => writes.data_done(),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
         Err(e) => {
-            tracing::warn!(object = %name, error = %scrub(&e.to_string()), "provider garbage not deleted; next run retries")
+            tracing::warn!(object = %o.name, error = %scrub(&e.to_string()), "provider garbage not deleted; next run retries")
         }
     }
 }

@@ -385,7 +385,13 @@ async fn sync_api(
 ) -> Result<(), crate::pass::budget::Exhausted> {
     let consumer_api: Api<DynamicObject> = Api::all_with(client.clone(), &api.resource);
     let provider_api: Api<DynamicObject> = Api::all_with(provider.client.clone(), &api.resource);
-    let consumer_objs = match list::all(&consumer_api, &ListParams::default()).await {
+    // Each page is reduced to what the plan reads as it arrives: full objects (managedFields
+    // and all) are never held for a whole API.
+    let mut consumer = match list::map_all(&consumer_api, &ListParams::default(), |o| {
+        consumer_obj(&o)
+    })
+    .await
+    {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing consumer objects failed");
@@ -398,19 +404,25 @@ async fn sync_api(
         keys::CONSUMER_CLUSTER,
         provider.local_uid
     ));
-    let provider_objs = match list::all(&provider_api, &marker).await {
-        Ok(o) => o,
+    let provider_by_key: BTreeMap<String, ProviderObj> = match list::map_all(
+        &provider_api,
+        &marker,
+        |o| provider_obj(&o),
+    )
+    .await
+    {
+        Ok(objs) => objs
+            .into_iter()
+            .map(|p| (obj_key(p.namespace.as_deref(), &p.name), p))
+            .collect(),
         Err(e) => {
-            // A forbidden or failed provider read: every covered object stays pending.
+            // A forbidden or failed provider read: every covered object counts as denied.
             tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects failed");
             summary.count("errors", 1);
-            for o in &consumer_objs {
-                if let Some(b) = covering(
-                    bindings,
-                    &api.name,
-                    &api.connection,
-                    o.namespace().as_deref(),
-                ) {
+            for c in &consumer {
+                if let Some(b) =
+                    covering(bindings, &api.name, &api.connection, c.namespace.as_deref())
+                {
                     counts
                         .entry((b.key.clone(), api.name.clone()))
                         .or_default()
@@ -420,55 +432,31 @@ async fn sync_api(
             return Ok(());
         }
     };
-    let provider_by_key: BTreeMap<String, (ProviderObj, DynamicObject)> = provider_objs
-        .into_iter()
-        .map(|o| {
-            (
-                obj_key(o.namespace().as_deref(), &o.name_any()),
-                (provider_obj(&o), o),
-            )
-        })
-        .collect();
-    let live_uids: BTreeSet<String> = consumer_objs.iter().filter_map(|o| o.uid()).collect();
-    let mut consumer_sorted = consumer_objs;
-    consumer_sorted.sort_by_key(|o| obj_key(o.namespace().as_deref(), &o.name_any()));
+    let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
+    consumer.sort_by_key(|c| obj_key(c.namespace.as_deref(), &c.name));
     if let Some(after) = start_after {
-        let split = consumer_sorted.partition_point(|o| {
-            obj_key(o.namespace().as_deref(), &o.name_any()).as_str() <= after
-        });
-        consumer_sorted.rotate_left(split);
+        let split = consumer
+            .partition_point(|c| obj_key(c.namespace.as_deref(), &c.name).as_str() <= after);
+        consumer.rotate_left(split);
     }
 
     let mut result = Ok(());
     let mut last_handled: Option<String> = None;
-    for obj in &consumer_sorted {
-        let key = obj_key(obj.namespace().as_deref(), &obj.name_any());
-        let c = consumer_obj(obj);
-        let binding = covering(
-            bindings,
-            &api.name,
-            &api.connection,
-            obj.namespace().as_deref(),
-        );
+    for c in &consumer {
+        let key = obj_key(c.namespace.as_deref(), &c.name);
         // Uncovered objects are not touched, except deleting ones still holding our finalizer.
-        let Some(binding) = binding.or(if c.deleting && c.has_finalizer {
-            Some(&FALLBACK)
-        } else {
-            None
-        }) else {
+        let fallback = (c.deleting && c.has_finalizer).then_some(&*FALLBACK);
+        let Some(binding) =
+            covering(bindings, &api.name, &api.connection, c.namespace.as_deref()).or(fallback)
+        else {
             continue;
         };
         if !binding.key.name.is_empty() && !selected.contains(&binding.key) {
             continue;
         }
         let p = provider_by_key.get(&key);
-        let (actions, standing) = plan::plan_object(
-            &c,
-            p.map(|(p, _)| p),
-            &provider.local_uid,
-            &live_uids,
-            binding.policy,
-        );
+        let (actions, standing) =
+            plan::plan_object(c, p, &provider.local_uid, &live_uids, binding.policy);
         let entry = counts
             .entry((binding.key.clone(), api.name.clone()))
             .or_default();
@@ -491,9 +479,8 @@ async fn sync_api(
             client,
             provider,
             api,
-            obj,
-            &c,
-            p.map(|(_, o)| o),
+            c,
+            p,
             &actions,
             binding.policy,
             writes,
@@ -519,31 +506,20 @@ async fn sync_api(
         }
     }
     // Copies of ours whose consumer object is gone, in namespaces a live binding covers.
-    let consumer_keys: BTreeSet<String> = consumer_sorted
+    let consumer_keys: BTreeSet<String> = consumer
         .iter()
-        .map(|o| obj_key(o.namespace().as_deref(), &o.name_any()))
-        .collect();
-    let provider_only: BTreeMap<String, ProviderObj> = provider_by_key
-        .iter()
-        .map(|(k, (p, _))| (k.clone(), p.clone()))
+        .map(|c| obj_key(c.namespace.as_deref(), &c.name))
         .collect();
     for key in plan::garbage(
-        &provider_only,
+        &provider_by_key,
         &consumer_keys,
         &provider.local_uid,
         &live_uids,
     ) {
-        let Some((_, o)) = provider_by_key.get(key) else {
+        let Some(o) = provider_by_key.get(key) else {
             continue;
         };
-        if covering(
-            bindings,
-            &api.name,
-            &api.connection,
-            o.namespace().as_deref(),
-        )
-        .is_none()
-        {
+        if covering(bindings, &api.name, &api.connection, o.namespace.as_deref()).is_none() {
             continue;
         }
         if ctx.budget.check().is_err() {
@@ -598,6 +574,9 @@ fn provider_obj(o: &DynamicObject) -> ProviderObj {
     let (cluster_marker, object_marker) =
         plan::markers(o.metadata.labels.as_ref(), o.metadata.annotations.as_ref());
     ProviderObj {
+        namespace: o.namespace(),
+        name: o.name_any(),
+        uid: o.uid().unwrap_or_default(),
         cluster_marker,
         object_marker,
         spec: o

@@ -26,6 +26,9 @@ pub struct ConsumerObj {
 /// What the pass needs of a provider object.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProviderObj {
+    pub namespace: Option<String>,
+    pub name: String,
+    pub uid: String,
     pub cluster_marker: Option<String>,
     pub object_marker: Option<String>,
     pub spec: Value,
