@@ -85,7 +85,7 @@ async fn connection_pins_identities_discovers_exact_exports_and_holds_finalizers
         "the Secret is held for teardown"
     );
     // pullPolicy Bound and no binding: nothing installed.
-    assert!(fx.consumer_crd(&widgets).await.is_none());
+    assert!(!fx.installed_by(&widgets, &name).await);
 
     // Nothing changed: the next run writes nothing at all (only its Lease).
     fx.assert_unchanged_pass(&name).await;
@@ -135,7 +135,7 @@ async fn bound_pull_installs_bound_apis_and_bindings_report_setup() {
         assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
     }
     assert!(
-        fx.consumer_crd(&gadgets).await.is_none(),
+        !fx.installed_by(&gadgets, &conn).await,
         "unbound export not installed"
     );
 
@@ -256,7 +256,7 @@ async fn a_secret_pointing_at_another_cluster_is_cluster_identity_changed() {
         "the pinned UID never moves"
     );
     assert!(
-        fx.consumer_crd(&widgets).await.is_none(),
+        !fx.installed_by(&widgets, &conn).await,
         "nothing is installed from the other cluster"
     );
     let bst = Api::<ClusterBinding>::all(fx.consumer.clone())
@@ -429,7 +429,7 @@ async fn pull_none_creates_nothing_and_stamps_existing_crds_with_markers_only() 
         "the schema stays the external manager's"
     );
     assert!(
-        fx.consumer_crd(&gadgets).await.is_none(),
+        !fx.installed_by(&gadgets, &none).await,
         "None never creates"
     );
     let st = Api::<ClusterBinding>::all(fx.consumer.clone())
@@ -526,7 +526,7 @@ async fn dry_run_plans_and_writes_nothing() {
         rv,
         "the Connection was not written"
     );
-    assert!(fx.consumer_crd(&widgets).await.is_none());
+    assert!(!fx.installed_by(&widgets, &conn).await);
     assert!(
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(fx.consumer.clone(), &fx.ns)
             .get_opt("kbind-schema")
@@ -748,7 +748,7 @@ async fn teardown_waits_for_instance_release_then_removes_crd_and_finalizers() {
     })
     .await;
     support::eventually("consumer CRD removed", || async {
-        fx.consumer_crd(&widgets).await.is_none().then_some(())
+        (!fx.installed_by(&widgets, &conn).await).then_some(())
     })
     .await;
 

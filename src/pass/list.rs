@@ -13,16 +13,7 @@ pub async fn all<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let mut lp = lp.clone().limit(PAGE);
-    let mut out = Vec::new();
-    loop {
-        let page = api.list(&lp).await?;
-        out.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = lp.continue_token(&c),
-            None => return Ok(out),
-        }
-    }
+    map_all(api, lp, |o| o).await
 }
 
 /// Metadata of every object matching `lp`, fetched in pages.

@@ -545,22 +545,18 @@ static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| B
     status: BindingStatus::default(),
 });
 
+fn field(o: &DynamicObject, name: &str) -> serde_json::Value {
+    o.data.get(name).cloned().unwrap_or(serde_json::Value::Null)
+}
+
 fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
     let ann = o.annotations();
     ConsumerObj {
         namespace: o.namespace(),
         name: o.name_any(),
         uid: o.uid().unwrap_or_default(),
-        spec: o
-            .data
-            .get("spec")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
-        status: o
-            .data
-            .get("status")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
+        spec: field(o, "spec"),
+        status: field(o, "status"),
         deleting: o.metadata.deletion_timestamp.is_some(),
         has_finalizer: o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER),
         conflict: ann.get(keys::CONFLICT).cloned(),
@@ -579,16 +575,8 @@ fn provider_obj(o: &DynamicObject) -> ProviderObj {
         uid: o.uid().unwrap_or_default(),
         cluster_marker,
         object_marker,
-        spec: o
-            .data
-            .get("spec")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
-        status: o
-            .data
-            .get("status")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
+        spec: field(o, "spec"),
+        status: field(o, "status"),
         deleting: o.metadata.deletion_timestamp.is_some(),
     }
 }

@@ -11,9 +11,7 @@ use serde_json::{Value, json};
 use super::{BindingRef, BoundApi, Counts, covering};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
-use crate::api::core::{Binding, ClusterBinding};
 use crate::api::keys;
-use crate::pass::status::apply_status;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, list};
 use crate::schema::plan::BindingKey;
@@ -21,26 +19,7 @@ use crate::schema::plan::BindingKey;
 const MANAGER: &str = "kbind-resync";
 
 async fn write(client: &Client, key: &BindingKey, status: Value) -> Result<(), kube::Error> {
-    match &key.namespace {
-        Some(ns) => apply_status(
-            &Api::<Binding>::namespaced(client.clone(), ns),
-            &key.name,
-            MANAGER,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-        None => apply_status(
-            &Api::<ClusterBinding>::all(client.clone()),
-            &key.name,
-            MANAGER,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-    }
+    crate::schema::apply_binding_status(client, MANAGER, key, status).await
 }
 
 /// Write each synced binding's counts and Conflicts condition when they changed.

@@ -586,6 +586,16 @@ async fn write_binding_status(
     let owned = plan::schema_owned(st);
     let (apis, conds, generation) = (owned.apis, owned.conditions, owned.observed_generation);
     let status = json!({"boundAPIs": apis, "conditions": conds, "observedGeneration": generation});
+    apply_binding_status(client, manager, key, status).await
+}
+
+/// Server-side apply `status` to the Binding or ClusterBinding `key` as `manager`.
+pub(crate) async fn apply_binding_status(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    status: Value,
+) -> Result<(), kube::Error> {
     match &key.namespace {
         Some(ns) => apply_status(
             &Api::<Binding>::namespaced(client.clone(), ns),

@@ -18,7 +18,7 @@ use super::plan::CrdMeta;
 use super::{BindingObj, binding_finalizer, has_finalizer, set_finalizer};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{INSTANCES_RELEASED, PERMISSION_DENIED, READY, SYNCED};
-use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::core::{ClusterBinding, Connection};
 use crate::api::keys;
 use crate::pass::status::apply_status;
 use crate::pass::writes::Writes;
@@ -260,27 +260,7 @@ pub async fn orphan_binding(
         .filter(|c| [READY, SYNCED, PERMISSION_DENIED].contains(&c.type_.as_str()))
         .collect();
     let status = json!({"conditions": owned, "observedGeneration": b.view.generation});
-    let name = &b.view.key.name;
-    match &b.view.key.namespace {
-        Some(ns) => apply_status(
-            &Api::<Binding>::namespaced(client.clone(), ns),
-            name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ())?,
-        None => apply_status(
-            &Api::<ClusterBinding>::all(client.clone()),
-            name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ())?,
-    }
+    super::apply_binding_status(client, manager, &b.view.key, status).await?;
     writes.bookkeeping_done();
     Ok(())
 }

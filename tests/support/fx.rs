@@ -160,6 +160,20 @@ impl Fx {
             .unwrap()
     }
 
+    /// Whether `connection` installed the consumer CRD `api`. Tests assert this rather than
+    /// absence: a concurrent test's pullPolicy All Connection installs every export on the
+    /// shared provider, other tests' included.
+    pub async fn installed_by(&self, api: &str, connection: &str) -> bool {
+        self.consumer_crd(api).await.is_some_and(|c| {
+            c.metadata
+                .annotations
+                .unwrap_or_default()
+                .get("core.kbind.io/connection")
+                .map(String::as_str)
+                == Some(connection)
+        })
+    }
+
     pub async fn consumer_crd(&self, name: &str) -> Option<CustomResourceDefinition> {
         Api::<CustomResourceDefinition>::all(self.consumer.clone())
             .get_opt(name)
