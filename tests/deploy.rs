@@ -1,9 +1,12 @@
 //! The deployment manifests (deploy/, jobs/) against the real consumer apiserver: they render and
-//! apply, the schema pass succeeds with exactly the RBAC in deploy/rbac/schema.yaml, a missing
-//! rule is reported as a condition, and the job command lines only use flags the binary has.
+//! apply, the schema pass succeeds with exactly the RBAC in deploy/rbac/schema.yaml, the resync
+//! pass with exactly deploy/rbac/resync.yaml (plus the example instance role for its test group),
+//! a missing rule is reported as a condition, and the job command lines only use flags the binary
+//! has.
 //!
-//! Only `schema_pass_runs_as_its_service_account` uses the shared Lease `kbind-system/kbind-schema`
-//! (the ServiceAccount's Lease Role exists only there); everything else has unique names.
+//! Only `schema_pass_runs_as_its_service_account` and `resync_pass_runs_as_its_service_account`
+//! use the shared Leases `kbind-system/kbind-schema` and `kbind-system/kbind-resync` (the
+//! ServiceAccounts' Lease Roles exist only there); everything else has unique names.
 
 mod support;
 
@@ -18,12 +21,18 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
 use kbind::api::keys;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "kbind-system";
 const SERVICE_ACCOUNT: &str = "kbind-schema";
+const RESYNC_SERVICE_ACCOUNT: &str = "kbind-resync";
+/// The RBAC manifests, one per pass.
+const RBAC_FILES: [&str; 2] = ["deploy/rbac/schema.yaml", "deploy/rbac/resync.yaml"];
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -242,8 +251,9 @@ where
     last
 }
 
-/// a. `kubectl kustomize deploy/` renders; every document, and the one-off Job template, passes a
-/// server-side dry-run apply on the consumer apiserver.
+/// a. `kubectl kustomize deploy/` renders; every document, and the one-off Job templates (schema
+/// one-off, sharded resync Indexed Job), passes a server-side dry-run apply on the consumer
+/// apiserver.
 #[tokio::test]
 async fn manifests_render_and_pass_server_dry_run() {
     let Some(env) = support::env() else { return };
@@ -270,6 +280,21 @@ async fn manifests_render_and_pass_server_dry_run() {
         !kinds.contains(&"Job"),
         "the kustomization must not create a Job (it would run at once): {kinds:?}"
     );
+    for (kind, name) in [
+        ("ServiceAccount", "kbind-schema"),
+        ("ServiceAccount", "kbind-resync"),
+        ("ClusterRole", "kbind-resync"),
+        ("ClusterRole", "kbind-resync-instances-example"),
+        ("Role", "kbind-resync-lease"),
+        ("CronJob", "kbind-schema"),
+        ("CronJob", "kbind-resync"),
+    ] {
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"] == kind && d["metadata"]["name"] == name),
+            "no {kind} {name} in the rendered kustomization"
+        );
+    }
 
     // Namespaced objects need their namespace to exist even in a dry run.
     apply_for_real(&env, "deploy/namespace.yaml");
@@ -291,12 +316,13 @@ async fn manifests_render_and_pass_server_dry_run() {
         assert_eq!(applied, count, "{what}: every document applies:\n{out}");
     };
     dry_run(&rendered, "deploy/", docs.len());
-    let oneoff = read("jobs/schema-oneoff-job.yaml");
-    dry_run(
-        &oneoff,
+    for file in [
         "jobs/schema-oneoff-job.yaml",
-        documents(&oneoff, "one-off Job").len(),
-    );
+        "jobs/resync-indexed-job.yaml",
+    ] {
+        let job = read(file);
+        dry_run(&job, file, documents(&job, file).len());
+    }
 }
 
 /// b. The pass, run as kbind-system/kbind-schema with exactly deploy/rbac/schema.yaml, succeeds:
@@ -395,6 +421,185 @@ async fn schema_pass_runs_as_its_service_account() {
         .await
         .expect("Secret");
     assert!(has_cleanup_finalizer(&secret), "Secret finalizer");
+}
+
+/// b2. The resync pass, run as kbind-system/kbind-resync with exactly deploy/rbac/resync.yaml
+/// plus its example instance role adapted to this test's group, succeeds and creates the
+/// provider copy of a consumer object.
+#[tokio::test]
+async fn resync_pass_runs_as_its_service_account() {
+    let Some(env) = support::env() else { return };
+    let consumer = env.consumer().await;
+    apply_for_real(&env, "deploy/namespace.yaml");
+    apply_for_real(&env, "deploy/rbac/resync.yaml");
+    let s = setup(&env, &consumer, "deploy-resync").await;
+    let selector = format!("kbind-test={}", s.label);
+    let group = s
+        .crd
+        .strip_prefix("widgets.")
+        .expect("CRD name widgets.<group>")
+        .to_string();
+
+    // `kbind schema` as admin (its Lease in this test's own namespace): pins the identities and
+    // installs the consumer CRD.
+    let admin = env.consumer.to_string_lossy().to_string();
+    let schema_args = [
+        "schema",
+        "--kubeconfig",
+        &admin,
+        "--lease-namespace",
+        &s.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ];
+    let conns: Api<Connection> = Api::all(consumer.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    let (code, summary, stderr) = run_until(&schema_args, || async {
+        let ready = conns
+            .get(&s.connection)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+        let established = crds
+            .get_opt(&s.crd)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.status)
+            .and_then(|st| st.conditions)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        ready && established
+    })
+    .await;
+    assert_eq!(code, 0, "kbind schema as admin: {summary}\n{stderr}");
+
+    // resync selects bindings: label the ClusterBinding.
+    Api::<ClusterBinding>::all(consumer.clone())
+        .patch(
+            &s.binding,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kbind-test": s.label}}})),
+        )
+        .await
+        .expect("label ClusterBinding");
+
+    // The example instance role, adapted to this test's group, under a unique name.
+    let rbac = documents(&read("deploy/rbac/resync.yaml"), "deploy/rbac/resync.yaml");
+    let role_name = format!("{}-instances", s.label);
+    let mut instance_role = rbac
+        .iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole" && d["metadata"]["name"] == "kbind-resync-instances-example"
+        })
+        .cloned()
+        .expect("no ClusterRole kbind-resync-instances-example in deploy/rbac/resync.yaml");
+    instance_role["metadata"] = json!({"name": role_name});
+    for rule in instance_role["rules"]
+        .as_array_mut()
+        .expect("instance role rules")
+    {
+        assert_eq!(rule["apiGroups"], json!(["example.org"]), "{rule}");
+        rule["apiGroups"] = json!([group]);
+    }
+    let instance_role: ClusterRole =
+        serde_json::from_value(instance_role).expect("instance ClusterRole");
+    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
+    cluster_roles
+        .create(&PostParams::default(), &instance_role)
+        .await
+        .expect("create instance ClusterRole");
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": RESYNC_SERVICE_ACCOUNT, "namespace": NAMESPACE}]}))
+    .expect("ClusterRoleBinding");
+    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
+    crbs.create(&PostParams::default(), &crb)
+        .await
+        .expect("create instance ClusterRoleBinding");
+
+    // One consumer object (retried: the new CRD is served a moment after Established).
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&group, "v1", "Widget"),
+        "widgets",
+    );
+    let consumer_widgets: Api<DynamicObject> = Api::namespaced_with(consumer.clone(), &s.ns, &ar);
+    let widget = DynamicObject::new("w", &ar).data(json!({"spec": {"size": 3}}));
+    let mut last_err = None;
+    for _ in 0..40 {
+        match consumer_widgets
+            .create(&PostParams::default(), &widget)
+            .await
+        {
+            Ok(_) => {
+                last_err = None;
+                break;
+            }
+            Err(e) => last_err = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(last_err.is_none(), "create consumer Widget: {last_err:?}");
+
+    // resync as the ServiceAccount. The shared Lease kbind-system/kbind-resync may be held by a
+    // concurrent run (outcome "skipped"), and RBAC changes reach the authorizer a moment late:
+    // run_until retries for ~20 s. A short deadline: should this process die mid-run, the shared
+    // Lease expires soon.
+    let kubeconfig = token_kubeconfig(&env, NAMESPACE, RESYNC_SERVICE_ACCOUNT).await;
+    let kc = kubeconfig.to_string_lossy().to_string();
+    let args = [
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        NAMESPACE,
+        "--selector",
+        &selector,
+        "--deadline",
+        "1m",
+        "-o",
+        "json",
+    ];
+    let provider = env.provider().await;
+    let provider_widgets: Api<DynamicObject> = Api::namespaced_with(provider.clone(), &s.ns, &ar);
+    let (code, summary, stderr) = run_until(&args, || async {
+        provider_widgets.get_opt("w").await.ok().flatten().is_some()
+    })
+    .await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    // Cluster-scoped leftovers of this test.
+    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
+    let _ = cluster_roles
+        .delete(&role_name, &DeleteParams::default())
+        .await;
+    assert_eq!(
+        code, 0,
+        "kbind resync as the ServiceAccount: {summary}\n{stderr}"
+    );
+    assert_eq!(summary["outcome"], "completed", "{summary}\n{stderr}");
+    for count in ["errors", "denied", "rejected", "conflicts"] {
+        assert_eq!(
+            summary["counts"][count].as_i64().unwrap_or(0),
+            0,
+            "{count}: {summary}\n{stderr}"
+        );
+    }
+    let copy = provider_widgets
+        .get_opt("w")
+        .await
+        .expect("get provider copy")
+        .unwrap_or_else(|| panic!("no provider copy of {}/w: {summary}\n{stderr}", s.ns));
+    assert_eq!(copy.data["spec"]["size"], 3, "provider copy spec");
 }
 
 /// c. The same RBAC without `create` on customresourcedefinitions: the pass still exits 0 and
@@ -595,9 +800,11 @@ fn job_containers() -> Vec<(String, Value, Value)> {
 fn job_command_lines_match_the_binary() {
     let containers = job_containers();
     assert!(
-        containers.len() >= 2,
-        "the CronJob and the one-off Job: {containers:?}"
+        containers.len() >= 4,
+        "the CronJobs, the one-off Job and the Indexed Job: {containers:?}"
     );
+    let mut resync_checked = false;
+    let mut shard_checked = false;
     for (what, job_spec, container) in containers {
         let args: Vec<String> = container["args"]
             .as_array()
@@ -610,6 +817,7 @@ fn job_command_lines_match_the_binary() {
             })
             .collect();
         let subcommand = args.first().unwrap_or_else(|| panic!("{what}: empty args"));
+        resync_checked |= subcommand == "resync";
         let out = Command::new(env!("CARGO_BIN_EXE_kbind"))
             .args([subcommand.as_str(), "--help"])
             .output()
@@ -640,6 +848,9 @@ fn job_command_lines_match_the_binary() {
                 known.contains(&format!("--{name}").as_str()),
                 "{what}: `--{name}` is not a flag of `kbind {subcommand}`:\n{help}"
             );
+            if name == "shard" {
+                shard_checked = true;
+            }
             if name == "deadline" {
                 let value = value
                     .or_else(|| args.get(i).cloned())
@@ -657,6 +868,32 @@ fn job_command_lines_match_the_binary() {
             deadline.as_secs()
         );
     }
+    assert!(resync_checked, "no job in jobs/ runs `kbind resync`");
+    assert!(
+        shard_checked,
+        "no job in jobs/ passes --shard (jobs/resync-indexed-job.yaml)"
+    );
+}
+
+/// The sharded resync example is an Indexed Job whose shard count matches its completions.
+#[test]
+fn resync_indexed_job_shards_by_completion_index() {
+    let docs = documents(
+        &read("jobs/resync-indexed-job.yaml"),
+        "resync-indexed-job.yaml",
+    );
+    let job = docs.iter().find(|d| d["kind"] == "Job").expect("Job");
+    let spec = &job["spec"];
+    assert_eq!(spec["completionMode"], "Indexed");
+    let completions = spec["completions"].as_u64().expect("completions");
+    assert_eq!(spec["parallelism"].as_u64(), Some(completions));
+    let args = &spec["template"]["spec"]["containers"][0]["args"];
+    let shard = format!("--shard=$(JOB_COMPLETION_INDEX)/{completions}");
+    assert!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(shard.as_str()))),
+        "args must include {shard}: {args}"
+    );
 }
 
 /// The one-off Job template runs exactly what the CronJob runs.
@@ -683,10 +920,18 @@ fn oneoff_job_has_the_cronjob_pod_spec() {
     }
 }
 
-/// Least privilege in the RBAC manifests: no wildcards, and Secrets are never listed or watched.
+/// Least privilege in the RBAC manifests: no wildcards, Secrets are never listed or watched, and
+/// resync only reads Secrets (it never patches them: the cleanup finalizer is schema's).
 #[test]
 fn rbac_has_no_wildcards() {
-    for doc in documents(&read("deploy/rbac/schema.yaml"), "deploy/rbac/schema.yaml") {
+    for file in RBAC_FILES {
+        rbac_file_has_no_wildcards(file);
+    }
+}
+
+fn rbac_file_has_no_wildcards(file: &str) {
+    let resync = file.ends_with("resync.yaml");
+    for doc in documents(&read(file), file) {
         let Some(rules) = doc["rules"].as_array() else {
             continue;
         };
@@ -706,6 +951,10 @@ fn rbac_has_no_wildcards() {
             assert!(
                 !secrets || verbs.iter().all(|v| v == "get" || v == "patch"),
                 "{name}: Secrets only get and patch: {rule}"
+            );
+            assert!(
+                !(resync && secrets && verbs.iter().any(|v| v == "patch")),
+                "{name}: resync never patches Secrets: {rule}"
             );
         }
     }
