@@ -322,6 +322,13 @@ async fn connect(
 ) -> Option<Provider> {
     let name = conn.name_any();
     let st = conn.status.clone().unwrap_or_default();
+    if !crate::api::conditions::Conditions::is_true(
+        &st.conditions,
+        crate::api::core::condition::READY,
+    ) {
+        tracing::info!(connection = %name, "Connection is not Ready (see its conditions); not syncing");
+        return None;
+    }
     let (Some(remote), Some(local)) = (st.remote_cluster_uid.clone(), st.local_cluster_uid.clone())
     else {
         tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
