@@ -2,6 +2,7 @@
 //! directory-to-SpiceDB sync, each one bounded pass run as a Kubernetes CronJob.
 
 pub mod api;
+pub mod bindings;
 pub mod cli;
 pub mod crds;
 #[cfg(feature = "fakes")]

@@ -79,7 +79,12 @@ mod tests {
         // A stable hash spreads keys; each shard gets a fair share.
         assert!(per.iter().all(|&n| n > 150), "{per:?}");
         // Pinned value: changing the hash would silently move every object between shards.
-        assert_eq!(shard_of("team-a/widgets", 4), shard_of("team-a/widgets", 4));
+        assert_eq!(
+            (shard_of("team-a/widgets", 4), shard_of("team-a/widgets", 7)),
+            (3, 2)
+        );
+        assert_eq!((shard_of("c/b", 4), shard_of("c/b", 7)), (2, 1));
+        assert_eq!((shard_of("ns-7/db", 4), shard_of("ns-7/db", 7)), (1, 5));
         assert!(owns(None, "anything"));
     }
 }

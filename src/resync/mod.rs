@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 
 use crate::api::core::{Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection};
 use crate::api::keys;
@@ -71,12 +71,9 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     let connections = list::all(&Api::<Connection>::all(client.clone()), &lp)
         .await
         .map_err(err("listing Connections"))?;
-    let cbs = list::all(&Api::<ClusterBinding>::all(client.clone()), &lp)
+    let observed = crate::bindings::observe(&client)
         .await
-        .map_err(err("listing ClusterBindings"))?;
-    let bs = list::all(&Api::<Binding>::all(client.clone()), &lp)
-        .await
-        .map_err(err("listing Bindings"))?;
+        .map_err(err("listing ClusterBindings and Bindings"))?;
     let crds = list::all(
         &Api::<CustomResourceDefinition>::all(client.clone()),
         &ListParams::default().labels(&format!("{}=true", keys::MANAGED)),
@@ -84,30 +81,7 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     .await
     .map_err(err("listing managed CustomResourceDefinitions"))?;
 
-    let mut bindings: Vec<BindingRef> = cbs
-        .iter()
-        .map(|b| {
-            binding_ref(
-                b,
-                None,
-                &b.spec.connection_ref.name,
-                &b.spec.apis,
-                b.spec.conflict_policy,
-                &b.status,
-            )
-        })
-        .collect();
-    bindings.extend(bs.iter().map(|b| {
-        binding_ref(
-            b,
-            b.namespace(),
-            &b.spec.connection_ref.name,
-            &b.spec.apis,
-            b.spec.conflict_policy,
-            &b.status,
-        )
-    }));
-    bindings.sort_by(|a, b| a.key.cmp(&b.key));
+    let bindings: Vec<BindingRef> = observed.into_iter().map(BindingRef::from).collect();
     // Root objects of this run: this shard's bindings, narrowed by --selector.
     let mut selected: BTreeSet<BindingKey> = bindings
         .iter()
@@ -234,31 +208,18 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     Ok(summary)
 }
 
-fn binding_ref<K: Resource>(
-    b: &K,
-    namespace: Option<String>,
-    connection: &str,
-    apis: &[crate::api::core::ApiRef],
-    policy: ConflictPolicy,
-    status: &Option<BindingStatus>,
-) -> BindingRef {
-    let m = b.meta();
-    BindingRef {
-        key: BindingKey {
-            namespace,
-            name: m.name.clone().unwrap_or_default(),
-        },
-        connection: connection.to_string(),
-        apis: apis.iter().map(|a| a.name.clone()).collect(),
-        policy,
-        deleting: m.deletion_timestamp.is_some(),
-        has_cleanup: m
-            .finalizers
-            .iter()
-            .flatten()
-            .any(|f| f == keys::CLEANUP_FINALIZER),
-        generation: m.generation,
-        status: status.clone().unwrap_or_default(),
+impl From<crate::bindings::ObservedBinding> for BindingRef {
+    fn from(b: crate::bindings::ObservedBinding) -> Self {
+        BindingRef {
+            has_cleanup: b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER),
+            key: b.key,
+            connection: b.connection,
+            apis: b.apis,
+            policy: b.conflict_policy,
+            deleting: b.deleting,
+            generation: b.generation,
+            status: b.status,
+        }
     }
 }
 

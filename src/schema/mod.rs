@@ -176,12 +176,9 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
             }
             _ => PassError::kube("listing Connections", &e),
         })?;
-    let cbs = list::all(&Api::<ClusterBinding>::all(client.clone()), &lp)
+    let observed = crate::bindings::observe(&client)
         .await
-        .map_err(|e| PassError::kube("listing ClusterBindings", &e))?;
-    let bs = list::all(&Api::<Binding>::all(client.clone()), &lp)
-        .await
-        .map_err(|e| PassError::kube("listing Bindings", &e))?;
+        .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
     let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
         .await
         .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
@@ -191,27 +188,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
             what: "reading the consumer cluster identity".into(),
             message: e.to_string(),
         })?;
-    let mut bindings: Vec<BindingObj> = cbs
-        .iter()
-        .map(|b| {
-            binding_obj(
-                b,
-                None,
-                &b.spec.connection_ref.name,
-                &b.spec.apis,
-                &b.status,
-            )
-        })
-        .collect();
-    bindings.extend(bs.iter().map(|b| {
-        binding_obj(
-            b,
-            b.namespace(),
-            &b.spec.connection_ref.name,
-            &b.spec.apis,
-            &b.status,
-        )
-    }));
+    let bindings: Vec<BindingObj> = observed.into_iter().map(BindingObj::from).collect();
     let crds = crd_meta
         .into_iter()
         .map(|m| {
@@ -240,34 +217,21 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
     })
 }
 
-fn binding_obj<K: Resource>(
-    b: &K,
-    namespace: Option<String>,
-    connection: &str,
-    apis: &[crate::api::core::ApiRef],
-    status: &Option<crate::api::core::BindingStatus>,
-) -> BindingObj {
-    let meta = b.meta();
-    BindingObj {
-        view: BindingView {
-            key: BindingKey {
-                namespace,
-                name: meta.name.clone().unwrap_or_default(),
+impl From<crate::bindings::ObservedBinding> for BindingObj {
+    fn from(b: crate::bindings::ObservedBinding) -> Self {
+        BindingObj {
+            view: BindingView {
+                key: b.key,
+                connection: b.connection,
+                apis: b.apis,
+                generation: b.generation,
+                status: b.status,
+                deleting: b.deleting,
             },
-            connection: connection.to_string(),
-            apis: apis.iter().map(|a| a.name.clone()).collect(),
-            generation: meta.generation,
-            status: status.clone().unwrap_or_default(),
-            deleting: meta.deletion_timestamp.is_some(),
-        },
-        uid: meta.uid.clone().unwrap_or_default(),
-        finalizers: meta.finalizers.clone().unwrap_or_default(),
-        owner_uids: meta
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|o| o.uid.clone())
-            .collect(),
+            uid: b.uid,
+            finalizers: b.finalizers,
+            owner_uids: b.owner_uids,
+        }
     }
 }
 
