@@ -133,11 +133,17 @@ impl Fx {
         name.to_string()
     }
 
+    /// `kbind schema` on this fixture's Connections (its label selector, Lease namespace).
     pub fn run(&self, extra: &[&str]) -> Value {
+        self.pass("schema", extra)
+    }
+
+    /// Run pass `name` with the real binary, limited to this fixture's objects; it must exit 0.
+    pub fn pass(&self, name: &str, extra: &[&str]) -> Value {
         let selector = format!("kbind-test={}", self.label);
         let kc = self.env.consumer.to_string_lossy().to_string();
         let mut args = vec![
-            "schema",
+            name,
             "--kubeconfig",
             &kc,
             "--lease-namespace",
@@ -149,7 +155,7 @@ impl Fx {
         ];
         args.extend_from_slice(extra);
         let (code, summary, stderr) = support::kbind(&args);
-        assert_eq!(code, 0, "kbind schema failed: {summary}\n{stderr}");
+        assert_eq!(code, 0, "kbind {name} failed: {summary}\n{stderr}");
         summary
     }
 
