@@ -31,6 +31,10 @@ pub enum Command {
     /// conflicts, deletion and the heartbeat; per-API counts recorded on the bindings.
     /// --max-items bounds instance writes in one run.
     Resync(ResyncArgs),
+    /// One pass over every CatalogEntry: each tenant APIBinding to its export gets the claims its
+    /// requirements and the workspace's Grant call for (core bindings first). --max-items bounds
+    /// binding writes in one run. `kbind claims export <entry>` renders the export's claims.
+    Claims(Box<crate::claims::ClaimsArgs>),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bindings;
+pub mod claims;
 pub mod cli;
 pub mod crds;
 #[cfg(feature = "fakes")]

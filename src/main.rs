@@ -50,6 +50,14 @@ fn main() {
                 kbind::schema::run(ctx, args)
             }))
         }
+        Command::Claims(args) => match args.command.clone() {
+            Some(kbind::claims::args::ClaimsCommand::Export { entry, hub }) => {
+                block_on(kbind::claims::export::run(cli.common, entry, hub))
+            }
+            None => block_on(kbind::pass::run(kbind::claims::PASS, cli.common, |ctx| {
+                kbind::claims::run(ctx, *args)
+            })),
+        },
         Command::Crds { kcp } => {
             let crds = if kcp {
                 kbind::crds::kcp_crds()

@@ -70,10 +70,11 @@ pub struct CatalogEntrySpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CatalogEntryStatus {
-    /// Hash of `spec.requires` the last complete pass applied.
+    /// Hash of `spec.requires` the current (cursor set) or last complete cycle applied.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub requirements_hash: String,
-    /// `<cluster>|<binding>` of the last binding handled in an unfinished pass; empty when complete.
+    /// `<workspace>|<binding>` of the last binding handled in an unfinished cycle; empty when
+    /// the cycle completed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cursor: String,
     #[serde(default)]

@@ -56,11 +56,18 @@ pub async fn own_client(
     args: &CommonArgs,
     counter: Arc<RequestCounter>,
 ) -> Result<Client, PassError> {
+    counted_client(own_config(args).await?, counter)
+        .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+}
+
+/// The configuration behind [`own_client`], for passes that reach other paths or hosts of the
+/// same server family with the same credentials (kcp workspaces and virtual workspaces).
+pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
+    Ok(match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|e| {
                 PassError::Config(format!("reading kubeconfig {}: {e}", path.display()))
@@ -75,7 +82,5 @@ pub async fn own_client(
         None => Config::infer().await.map_err(|e| {
             PassError::Config(format!("no in-cluster config and no kubeconfig: {e}"))
         })?,
-    };
-    counted_client(config, counter)
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+    })
 }

@@ -2,6 +2,7 @@
 //! variables), clients for them, and unique names so tests run in parallel without colliding.
 #![allow(dead_code)]
 
+pub mod claims_fx;
 pub mod fx;
 
 use std::path::PathBuf;
@@ -157,6 +158,26 @@ pub fn kbind(args: &[&str]) -> (i32, serde_json::Value, String) {
         .env("RUST_LOG", "info")
         .env_remove("KUBECONFIG")
         .output()
+        .expect("run kbind");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let summary = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| serde_json::json!({"unparsed": stdout}));
+    (out.status.code().unwrap_or(-1), summary, stderr)
+}
+
+/// [`kbind`] without blocking the test's runtime, for tests that serve something in-process (a
+/// fake the pass talks to would otherwise never be polled).
+pub async fn kbind_async(args: &[&str]) -> (i32, serde_json::Value, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
         .expect("run kbind");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();

@@ -1,0 +1,234 @@
+//! What a claims pass records on a CatalogEntry: the requirements hash of the cycle, the cursor
+//! when the budget cut the cycle short, the cycle's counts, the requirements the export lacks,
+//! and the conditions. Pure; the write is one status apply per entry.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions::{ConditionStatus, Conditions};
+use crate::api::providers::{CatalogEntryStatus, Requirement};
+
+pub const READY: &str = "Ready";
+pub const EXPORT_COMPLETE: &str = "ExportComplete";
+
+/// What stopped an entry from being reconciled at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// `ExportNotFound`, `PermissionDenied` or `ExportUnreadable`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// One entry's share of a pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EntryOutcome {
+    pub requirements_hash: String,
+    /// Whether this run continued a cycle an earlier run left unfinished.
+    pub resumed: bool,
+    /// Key of the last binding handled when the budget stopped the cycle; `None` when the cycle
+    /// reached its end.
+    pub stopped_after: Option<String>,
+    pub checked: i64,
+    pub updated: i64,
+    pub failed: i64,
+    pub missing_on_export: Vec<Requirement>,
+    pub blocked: Option<Blocked>,
+}
+
+/// Where a run starts for this entry: after the recorded cursor when it continues a cycle for
+/// the same requirements, else from the beginning.
+pub fn resume_point(prev: &CatalogEntryStatus, requirements_hash: &str) -> Option<String> {
+    (!prev.cursor.is_empty() && prev.requirements_hash == requirements_hash)
+        .then(|| prev.cursor.clone())
+}
+
+/// The status after this run.
+pub fn next_status(
+    prev: &CatalogEntryStatus,
+    generation: Option<i64>,
+    outcome: &EntryOutcome,
+    now: Timestamp,
+) -> CatalogEntryStatus {
+    let mut st = prev.clone();
+    st.observed_generation = generation;
+    st.last_pass_time = Some(Time(now));
+    let set = |st: &mut CatalogEntryStatus, t: &str, s: ConditionStatus, r: &str, m: &str| {
+        st.conditions.set_condition(t, s, r, m, generation, now);
+    };
+    if let Some(b) = &outcome.blocked {
+        set(&mut st, READY, ConditionStatus::False, b.reason, &b.message);
+        return st;
+    }
+    st.requirements_hash.clone_from(&outcome.requirements_hash);
+    let (base_checked, base_updated) = if outcome.resumed {
+        (prev.bindings_checked, prev.bindings_updated)
+    } else {
+        (0, 0)
+    };
+    st.bindings_checked = base_checked + outcome.checked;
+    st.bindings_updated = base_updated + outcome.updated;
+    st.cursor = outcome.stopped_after.clone().unwrap_or_default();
+    st.missing_on_export.clone_from(&outcome.missing_on_export);
+
+    let counts = format!(
+        "{} bindings checked, {} updated this cycle",
+        st.bindings_checked, st.bindings_updated
+    );
+    match (&outcome.stopped_after, outcome.failed) {
+        (Some(after), _) => set(
+            &mut st,
+            READY,
+            ConditionStatus::False,
+            "InProgress",
+            &format!(
+                "{counts}; the budget ended the run after {after}, the next run resumes there"
+            ),
+        ),
+        (None, 0) => set(&mut st, READY, ConditionStatus::True, "InStep", &counts),
+        (None, n) => set(
+            &mut st,
+            READY,
+            ConditionStatus::False,
+            "WritesFailed",
+            &format!("{counts}; {n} binding writes failed this run (see Events)"),
+        ),
+    }
+    if outcome.missing_on_export.is_empty() {
+        set(
+            &mut st,
+            EXPORT_COMPLETE,
+            ConditionStatus::True,
+            "AllRequirementsExported",
+            "the APIExport lists every requirement",
+        );
+    } else {
+        let names: Vec<String> = outcome
+            .missing_on_export
+            .iter()
+            .map(|r| {
+                if r.group.is_empty() {
+                    r.resource.clone()
+                } else {
+                    format!("{}/{}", r.group, r.resource)
+                }
+            })
+            .collect();
+        set(
+            &mut st,
+            EXPORT_COMPLETE,
+            ConditionStatus::False,
+            "RequirementsMissingOnExport",
+            &format!(
+                "not claimed because the APIExport does not list them: {} (run `kbind claims export` to render its claims)",
+                names.join(", ")
+            ),
+        );
+    }
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).unwrap()
+    }
+
+    fn reason(st: &CatalogEntryStatus, t: &str) -> (String, String) {
+        let c = st.conditions.condition(t).unwrap();
+        (c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn a_resumed_cycle_accumulates_counts_and_a_new_one_starts_over() {
+        let prev = CatalogEntryStatus {
+            requirements_hash: "h".into(),
+            cursor: "ws1|b".into(),
+            bindings_checked: 10,
+            bindings_updated: 4,
+            ..Default::default()
+        };
+        let mut out = EntryOutcome {
+            requirements_hash: "h".into(),
+            resumed: true,
+            checked: 5,
+            updated: 1,
+            ..Default::default()
+        };
+        let st = next_status(&prev, Some(2), &out, now());
+        assert_eq!((st.bindings_checked, st.bindings_updated), (15, 5));
+        assert_eq!(st.cursor, "");
+        assert_eq!(reason(&st, READY), ("True".into(), "InStep".into()));
+        assert_eq!(st.observed_generation, Some(2));
+
+        out.resumed = false;
+        let st = next_status(&prev, Some(2), &out, now());
+        assert_eq!((st.bindings_checked, st.bindings_updated), (5, 1));
+    }
+
+    #[test]
+    fn resume_only_for_the_same_requirements() {
+        let prev = CatalogEntryStatus {
+            requirements_hash: "h".into(),
+            cursor: "ws|b".into(),
+            ..Default::default()
+        };
+        assert_eq!(resume_point(&prev, "h"), Some("ws|b".into()));
+        assert_eq!(resume_point(&prev, "other"), None);
+        assert_eq!(resume_point(&CatalogEntryStatus::default(), ""), None);
+    }
+
+    #[test]
+    fn conditions_say_what_happened() {
+        let prev = CatalogEntryStatus::default();
+        let stopped = EntryOutcome {
+            stopped_after: Some("ws|b".into()),
+            missing_on_export: vec![Requirement {
+                group: "x.io".into(),
+                resource: "things".into(),
+                provider: None,
+            }],
+            ..Default::default()
+        };
+        let st = next_status(&prev, None, &stopped, now());
+        assert_eq!(st.cursor, "ws|b");
+        assert_eq!(reason(&st, READY), ("False".into(), "InProgress".into()));
+        assert_eq!(
+            reason(&st, EXPORT_COMPLETE),
+            ("False".into(), "RequirementsMissingOnExport".into())
+        );
+        let msg = &st.conditions.condition(EXPORT_COMPLETE).unwrap().message;
+        assert!(msg.contains("x.io/things"), "{msg}");
+
+        let failed = EntryOutcome {
+            failed: 2,
+            ..Default::default()
+        };
+        let st = next_status(&prev, None, &failed, now());
+        assert_eq!(reason(&st, READY), ("False".into(), "WritesFailed".into()));
+
+        let blocked = EntryOutcome {
+            blocked: Some(Blocked {
+                reason: "ExportNotFound",
+                message: "APIExport x not found".into(),
+            }),
+            ..Default::default()
+        };
+        let prev_done = CatalogEntryStatus {
+            requirements_hash: "old".into(),
+            bindings_checked: 3,
+            ..Default::default()
+        };
+        let st = next_status(&prev_done, None, &blocked, now());
+        assert_eq!(
+            reason(&st, READY),
+            ("False".into(), "ExportNotFound".into())
+        );
+        assert_eq!(
+            st.requirements_hash, "old",
+            "a blocked run records no new cycle"
+        );
+        assert_eq!(st.bindings_checked, 3);
+    }
+}

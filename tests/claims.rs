@@ -1,0 +1,682 @@
+//! `kbind claims` against a real kube-apiserver holding kbind's kcp CRDs, reached through the
+//! local kcp front (workspace URLs and the core export's virtual workspace), plus the
+//! single-cluster mode straight against the apiserver.
+
+mod support;
+
+use kbind::api::kcp::APIBinding;
+use kbind::api::providers::CatalogEntry;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::claims_fx::{ClaimsFx, claim, held, req};
+use support::{kbind, kbind_async, unique};
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = items
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn count(summary: &serde_json::Value, key: &str) -> i64 {
+    summary["counts"][key].as_i64().unwrap_or(0)
+}
+
+fn condition(entry: &CatalogEntry, type_: &str) -> (String, String, String) {
+    let c = entry
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
+        .unwrap_or_else(|| panic!("no {type_} condition on {}", entry.name_any()));
+    (c.status, c.reason, c.message)
+}
+
+/// A provider's export in its own workspace: configmaps and secrets (builtins) and a
+/// composition target `storage.io/volumes`.
+async fn provider(fx: &ClaimsFx) -> (String, String) {
+    let path = format!("root:{}", unique("prov"));
+    let name = format!("{}.example.io", unique("p"));
+    fx.export(
+        &path,
+        &name,
+        vec![
+            claim("configmaps", &["get", "list"], ""),
+            claim("secrets", &["get"], ""),
+            claim("storage.io/volumes", &["get", "list"], "h-storage"),
+        ],
+        "h-self",
+    )
+    .await;
+    (path, name)
+}
+
+#[tokio::test]
+async fn a_new_requirement_reaches_every_binding_on_the_next_pass() {
+    let Some(fx) = ClaimsFx::new("cl-add").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    let mut workspaces = Vec::new();
+    for i in 0..3 {
+        let ws = fx.workspace(&format!("ws{i}")).await;
+        fx.binding(&ws, "compute", &path, &export, vec![]).await;
+        workspaces.push(ws);
+    }
+
+    let first = fx.run(&[]).await;
+    assert_eq!(count(&first, "coreBindingsUpdated"), 3, "{first}");
+    assert_eq!(count(&first, "bindingsUpdated"), 3, "{first}");
+    for ws in &workspaces {
+        assert_eq!(
+            fx.claims(ws, "core").await,
+            pairs(&[("apis.kcp.io/apibindings", "Accepted")]),
+            "the core binding accepted the core export's claims"
+        );
+        assert_eq!(
+            fx.claims(ws, "compute").await,
+            pairs(&[("configmaps", "Accepted")])
+        );
+    }
+
+    // The provider grows a requirement; no tenant does anything.
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let second = fx.run(&[]).await;
+    assert_eq!(second["data_writes"], 3, "{second}");
+    for ws in &workspaces {
+        assert_eq!(
+            fx.claims(ws, "compute").await,
+            pairs(&[("configmaps", "Accepted"), ("secrets", "Accepted")])
+        );
+    }
+    let status = fx.catalog_entry(&entry).await.status.unwrap();
+    assert_eq!((status.bindings_checked, status.bindings_updated), (3, 3));
+    assert_eq!(status.cursor, "");
+    assert!(!status.requirements_hash.is_empty());
+
+    let third = fx.run(&[]).await;
+    assert_eq!(
+        third["data_writes"], 0,
+        "unchanged pass writes no binding: {third}"
+    );
+    assert_eq!(count(&third, "bindingsChecked"), 3);
+}
+
+#[tokio::test]
+async fn requirements_missing_on_the_export_are_reported_not_claimed() {
+    let Some(fx) = ClaimsFx::new("cl-miss").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("", "serviceaccounts", None),
+            req("compute.io", "instances/exec", None),
+        ],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+    fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted")])
+    );
+    let e = fx.catalog_entry(&entry).await;
+    let missing: Vec<String> = e
+        .status
+        .as_ref()
+        .unwrap()
+        .missing_on_export
+        .iter()
+        .map(|r| format!("{}/{}", r.group, r.resource))
+        .collect();
+    assert_eq!(
+        missing,
+        vec!["/serviceaccounts", "compute.io/instances/exec"]
+    );
+    let (status, reason, message) = condition(&e, "ExportComplete");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "RequirementsMissingOnExport")
+    );
+    assert!(message.contains("compute.io/instances/exec"), "{message}");
+    assert_eq!(condition(&e, "Ready").0, "True");
+}
+
+#[tokio::test]
+async fn compositions_are_accepted_only_with_recorded_consent() {
+    let Some(fx) = ClaimsFx::new("cl-comp").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.io", "volumes", Some("storage")),
+        ],
+    )
+    .await;
+    let consenting = fx.workspace("yes").await;
+    let other = fx.workspace("no").await;
+    for ws in [&consenting, &other] {
+        fx.binding(ws, "compute", &path, &export, vec![]).await;
+    }
+    let rejected = pairs(&[
+        ("configmaps", "Accepted"),
+        ("storage.io/volumes", "Rejected"),
+    ]);
+
+    // No Grant store configured: every composition Rejected.
+    fx.run(&["--no-grants"]).await;
+    for ws in [&consenting, &other] {
+        assert_eq!(fx.claims(ws, "compute").await, rejected);
+    }
+    // A Grant store without this workspace's consent: still Rejected.
+    fx.grant(
+        &consenting,
+        "some-other-provider",
+        &[("storage.io", "volumes")],
+    )
+    .await;
+    fx.run(&[]).await;
+    assert_eq!(fx.claims(&consenting, "compute").await, rejected);
+
+    // Consent recorded later: the hub's own placeholder becomes Accepted, only there.
+    fx.grant(&consenting, &entry, &[("storage.io", "volumes")])
+        .await;
+    let s = fx.run(&[]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    assert_eq!(
+        fx.claims(&consenting, "compute").await,
+        pairs(&[
+            ("configmaps", "Accepted"),
+            ("storage.io/volumes", "Accepted")
+        ])
+    );
+    assert_eq!(fx.claims(&other, "compute").await, rejected);
+    let b = fx.get_binding(&consenting, "compute").await;
+    let volumes = b
+        .spec
+        .permission_claims
+        .iter()
+        .find(|c| c.resource == "volumes")
+        .unwrap();
+    assert_eq!(
+        volumes.identity_hash, "h-storage",
+        "identityHash copied from the export"
+    );
+    assert_eq!(
+        volumes.verbs,
+        vec!["get", "list"],
+        "verbs copied from the export"
+    );
+}
+
+#[tokio::test]
+async fn a_tenants_rejection_and_selector_are_kept() {
+    let Some(fx) = ClaimsFx::new("cl-keep").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    let mut secrets = held("secrets", &["get", "delete"], "", "Accepted");
+    secrets.selector = serde_json::from_value(json!({"matchLabels": {"team": "a"}})).unwrap();
+    fx.binding(
+        &ws,
+        "compute",
+        &path,
+        &export,
+        vec![
+            held("configmaps", &["get", "list"], "", "Rejected"),
+            secrets.clone(),
+        ],
+    )
+    .await;
+    fx.run(&[]).await;
+    let b = fx.get_binding(&ws, "compute").await;
+    let got = |r: &str| {
+        b.spec
+            .permission_claims
+            .iter()
+            .find(|c| c.resource == r)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(format!("{:?}", got("configmaps").state), "Rejected");
+    assert_eq!(got("secrets").selector, secrets.selector, "selector kept");
+    assert_eq!(got("secrets").verbs, vec!["get"], "verbs follow the export");
+}
+
+#[tokio::test]
+async fn accepted_claims_matching_no_export_claim_are_removed() {
+    let Some(fx) = ClaimsFx::new("cl-stale").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![req("storage.io", "volumes", None)],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    fx.binding(
+        &ws,
+        "compute",
+        &path,
+        &export,
+        vec![
+            held(
+                "storage.io/volumes",
+                &["get", "list"],
+                "stale-hash",
+                "Accepted",
+            ),
+            held("gone.io/things", &["*"], "h", "Accepted"),
+            held("left.io/alone", &["*"], "h", "Rejected"),
+        ],
+    )
+    .await;
+    fx.run(&[]).await;
+    let b = fx.get_binding(&ws, "compute").await;
+    let mut got: Vec<(String, String, String)> = b
+        .spec
+        .permission_claims
+        .iter()
+        .map(|c| {
+            (
+                format!("{}/{}", c.group, c.resource),
+                c.identity_hash.clone(),
+                format!("{:?}", c.state),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("left.io/alone".into(), "h".into(), "Rejected".into()),
+            (
+                "storage.io/volumes".into(),
+                "h-storage".into(),
+                "Accepted".into()
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_write_racing_a_tenant_edit_is_retried_not_clobbered() {
+    let Some(fx) = ClaimsFx::new("cl-race").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    // The core binding is already open, so the next patch kbind sends is the provider binding's.
+    fx.run(&[]).await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+    let tenant_secrets = held("secrets", &["get"], "", "Rejected");
+    fx.front.state.race_next_patch(
+        &ws,
+        "compute",
+        json!({"metadata": {"labels": {"tenant": "edited"}},
+               "spec": {"permissionClaims": [tenant_secrets]}}),
+    );
+    fx.run(&[]).await;
+    let b = fx.get_binding(&ws, "compute").await;
+    assert_eq!(b.labels().get("tenant").map(String::as_str), Some("edited"));
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted"), ("secrets", "Rejected")]),
+        "the tenant's Rejected, written between kbind's read and write, is kept"
+    );
+}
+
+#[tokio::test]
+async fn only_workspaces_holding_the_core_binding_are_in_scope_and_core_goes_first() {
+    let Some(fx) = ClaimsFx::new("cl-scope").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    let member = fx.workspace("member").await;
+    fx.binding(&member, "compute", &path, &export, vec![]).await;
+    let stranger = unique("stranger");
+    fx.binding(&stranger, "compute", &path, &export, vec![])
+        .await;
+
+    // The member's provider binding is invisible until its core binding accepts the
+    // apibindings claim; one run does both (it lists again after opening the workspace).
+    let s = fx.run(&[]).await;
+    assert_eq!(count(&s, "coreBindingsUpdated"), 1, "{s}");
+    assert_eq!(
+        fx.claims(&member, "compute").await,
+        pairs(&[("configmaps", "Accepted")])
+    );
+    assert_eq!(
+        fx.claims(&stranger, "compute").await,
+        vec![],
+        "out of scope"
+    );
+}
+
+#[tokio::test]
+async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
+    let Some(fx) = ClaimsFx::new("cl-budget").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    let mut workspaces = Vec::new();
+    for i in 0..5 {
+        let ws = fx.workspace(&format!("w{i}")).await;
+        workspaces.push(ws);
+    }
+    fx.run(&[]).await; // opens the five workspaces (core bindings only)
+    for ws in &workspaces {
+        fx.binding(ws, "compute", &path, &export, vec![]).await;
+    }
+
+    let mut updated = Vec::new();
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs <= 5, "the cycle never finished");
+        let s = fx.run(&["--max-items", "2"]).await;
+        updated.push(s["data_writes"].as_i64().unwrap());
+        let e = fx.catalog_entry(&entry).await;
+        let st = e.status.clone().unwrap();
+        if s["outcome"] == "completed" {
+            assert_eq!(st.cursor, "");
+            assert_eq!(condition(&e, "Ready").1, "InStep");
+            assert_eq!((st.bindings_checked, st.bindings_updated), (5, 5));
+            break;
+        }
+        assert_eq!(s["outcome"], "partial", "{s}");
+        assert!(!st.cursor.is_empty());
+        assert_eq!(condition(&e, "Ready").1, "InProgress");
+    }
+    assert_eq!(updated, vec![2, 2, 1]);
+    for ws in &workspaces {
+        assert_eq!(
+            fx.claims(ws, "compute").await,
+            pairs(&[("configmaps", "Accepted")])
+        );
+    }
+}
+
+#[tokio::test]
+async fn export_renders_exactly_the_claims_bindings_carry() {
+    let Some(fx) = ClaimsFx::new("cl-export").await else {
+        return;
+    };
+    let storage_path = format!("root:{}", unique("storage"));
+    let storage_export = format!("{}.storage.io", unique("s"));
+    fx.export(&storage_path, &storage_export, vec![], "h-storage")
+        .await;
+    let storage = unique("storage");
+    fx.entry(&storage, &storage_path, &storage_export, vec![])
+        .await;
+    let path = format!("root:{}", unique("compute"));
+    let export = format!("{}.compute.io", unique("c"));
+    fx.export(&path, &export, vec![], "h-compute").await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("compute.io", "instances", None),
+            req("compute.io", "instances/exec", None),
+            req("storage.io", "volumes", Some(&storage)),
+        ],
+    )
+    .await;
+
+    let mut args = fx.args();
+    args.truncate(args.len() - 2); // drop `-o json`
+    args.insert(1, "export".into());
+    args.insert(2, entry.clone());
+    args.retain(|a| a != "--lease-namespace" && *a != fx.ns);
+    let sel = args.iter().position(|a| a == "--selector").unwrap();
+    args.drain(sel..sel + 2);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args(&refs)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered: serde_json::Value =
+        serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let claims = rendered["spec"]["permissionClaims"].clone();
+    assert_eq!(
+        claims,
+        json!([
+            {"group": "", "resource": "configmaps", "verbs": ["*"], "identityHash": ""},
+            {"group": "compute.io", "resource": "instances", "verbs": ["*"], "identityHash": "h-compute"},
+            {"group": "storage.io", "resource": "volumes", "verbs": ["*"], "identityHash": "h-storage"},
+        ])
+    );
+
+    // The provider publishes that; a consenting workspace's binding then carries exactly it.
+    fx.export(
+        &path,
+        &export,
+        serde_json::from_value(claims.clone()).unwrap(),
+        "h-compute",
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    fx.grant(&ws, &entry, &[("storage.io", "volumes")]).await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+    fx.run(&[]).await;
+    let b = fx.get_binding(&ws, "compute").await;
+    let carried: Vec<serde_json::Value> = b
+        .spec
+        .permission_claims
+        .iter()
+        .map(|c| json!({"group": c.group, "resource": c.resource, "verbs": c.verbs, "identityHash": c.identity_hash}))
+        .collect();
+    assert_eq!(json!(carried), claims);
+}
+
+#[tokio::test]
+async fn dry_run_lists_the_patch_and_writes_nothing() {
+    let Some(fx) = ClaimsFx::new("cl-dry").await else {
+        return;
+    };
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    let ws = fx.workspace("ws").await;
+    let s = fx.run(&["--dry-run"]).await;
+    assert_eq!(s["outcome"], "dry-run");
+    let planned = s["planned"].to_string();
+    assert!(
+        planned.contains(&format!("APIBinding {ws}/core")),
+        "{planned}"
+    );
+    assert_eq!(fx.claims(&ws, "core").await, vec![]);
+    assert!(fx.catalog_entry(&entry).await.status.is_none());
+}
+
+#[tokio::test]
+async fn a_missing_export_is_a_condition_not_a_failure() {
+    let Some(fx) = ClaimsFx::new("cl-noexp").await else {
+        return;
+    };
+    let entry = unique("ghost");
+    fx.entry(
+        &entry,
+        "root:nowhere",
+        "ghost.example.io",
+        vec![req("", "configmaps", None)],
+    )
+    .await;
+    fx.run(&[]).await;
+    let (status, reason, message) = condition(&fx.catalog_entry(&entry).await, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ExportNotFound")
+    );
+    assert!(message.contains("ghost.example.io"), "{message}");
+}
+
+#[tokio::test]
+async fn kcp_mode_without_core_configuration_is_a_usage_error() {
+    let Some(fx) = ClaimsFx::new("cl-usage").await else {
+        return;
+    };
+    let kc = fx.kubeconfig();
+    let (code, _, stderr) =
+        kbind_async(&["claims", "--kubeconfig", &kc, "--lease-namespace", &fx.ns]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--core-export"), "{stderr}");
+}
+
+/// Single-cluster mode: a plain API server, no `/clusters` paths; workspaces are named by the
+/// `kcp.io/cluster` annotation, so Grants still apply per workspace.
+#[tokio::test]
+async fn single_cluster_mode_reconciles_bindings_on_a_plain_apiserver() {
+    let Some(fx) = ClaimsFx::new("cl-single").await else {
+        return;
+    };
+    let path = String::new();
+    let export = format!("{}.example.io", unique("single"));
+    let exports: Api<kbind::api::kcp::APIExport> = Api::all(fx.hub.clone());
+    exports
+        .patch(
+            &export,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIExport",
+                "metadata": {"name": export},
+                "spec": {"permissionClaims": [
+                    claim("configmaps", &["get"], ""),
+                    claim("storage.io/volumes", &["get"], "h-storage"),
+                ]},
+            })),
+        )
+        .await
+        .unwrap();
+    let entry = unique("single");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.io", "volumes", Some("storage")),
+        ],
+    )
+    .await;
+    let bindings: Api<APIBinding> = Api::all(fx.hub.clone());
+    let mut names = Vec::new();
+    for ws in ["team-a", "team-b"] {
+        let name = unique(ws);
+        let body = json!({
+            "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIBinding",
+            "metadata": {"name": name, "annotations": {"kcp.io/cluster": format!("{ws}-{entry}")}},
+            "spec": {"reference": {"export": {"name": export}}},
+        });
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap();
+        names.push(name);
+    }
+    fx.grant(
+        &format!("team-a-{entry}"),
+        &entry,
+        &[("storage.io", "volumes")],
+    )
+    .await;
+    let kc = fx.env.provider.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", fx.label);
+    let (code, summary, stderr) = kbind(&[
+        "claims",
+        "--single-cluster",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &selector,
+        "--grant-namespace",
+        &fx.ns,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    let states = |b: APIBinding| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = b
+            .spec
+            .permission_claims
+            .iter()
+            .map(|c| (c.resource.clone(), format!("{:?}", c.state)))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        states(bindings.get(&names[0]).await.unwrap()),
+        pairs(&[("configmaps", "Accepted"), ("volumes", "Accepted")])
+    );
+    assert_eq!(
+        states(bindings.get(&names[1]).await.unwrap()),
+        pairs(&[("configmaps", "Accepted"), ("volumes", "Rejected")])
+    );
+}
