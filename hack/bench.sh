@@ -2,6 +2,7 @@
 # Benchmarks (not part of the test suite): starts fresh servers, runs one benchmark, stops them.
 #   hack/bench.sh schema        (BENCH_CONNECTIONS=50 BENCH_APIS=20 by default)
 #   hack/bench.sh resync        (BENCH_OBJECTS=10000 by default)
+#   hack/bench.sh claims        (BENCH_BINDINGS=5000 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}

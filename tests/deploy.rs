@@ -32,7 +32,11 @@ const NAMESPACE: &str = "kbind-system";
 const SERVICE_ACCOUNT: &str = "kbind-schema";
 const RESYNC_SERVICE_ACCOUNT: &str = "kbind-resync";
 /// The RBAC manifests, one per pass.
-const RBAC_FILES: [&str; 2] = ["deploy/rbac/schema.yaml", "deploy/rbac/resync.yaml"];
+const RBAC_FILES: [&str; 3] = [
+    "deploy/rbac/schema.yaml",
+    "deploy/rbac/resync.yaml",
+    "deploy/rbac/claims.yaml",
+];
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -288,6 +292,10 @@ async fn manifests_render_and_pass_server_dry_run() {
         ("Role", "kbind-resync-lease"),
         ("CronJob", "kbind-schema"),
         ("CronJob", "kbind-resync"),
+        ("ServiceAccount", "kbind-claims"),
+        ("ClusterRole", "kbind-claims"),
+        ("Role", "kbind-claims-lease"),
+        ("CronJob", "kbind-claims"),
     ] {
         assert!(
             docs.iter()
@@ -958,4 +966,213 @@ fn rbac_file_has_no_wildcards(file: &str) {
             );
         }
     }
+}
+
+/// The claims pass (single-cluster mode) run as a ServiceAccount holding exactly the rules of
+/// deploy/rbac/claims.yaml (`without` removes one resource from its rules), in a namespace
+/// of its own. Returns the CatalogEntry's Ready condition and the binding's claim states.
+async fn claims_as_service_account(
+    env: &support::Env,
+    prefix: &str,
+    without: Option<&str>,
+) -> ((String, String), Vec<String>) {
+    let consumer = env.consumer().await;
+    support::kbind_crds(&consumer).await;
+    support::apply_crds(&consumer, &kbind::crds::kcp_crds()).await;
+    let ns = support::namespace(&consumer, prefix).await;
+    let sa = "kbind-claims";
+    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": ns}]);
+    let kubeconfig =
+        write_kubeconfig(&support::service_account_kubeconfig(&env.consumer, &ns, sa).await);
+    let rbac = documents(&read("deploy/rbac/claims.yaml"), "deploy/rbac/claims.yaml");
+    let find = |kind: &str| -> Value {
+        rbac.iter()
+            .find(|d| d["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} in deploy/rbac/claims.yaml"))
+    };
+    let role_name = support::unique(prefix);
+    let mut cluster_role = find("ClusterRole");
+    cluster_role["metadata"] = json!({"name": role_name});
+    if let Some(resource) = without {
+        let rules = cluster_role["rules"].as_array_mut().expect("rules");
+        let before: usize = rules
+            .iter()
+            .map(|r| r["resources"].as_array().map_or(0, Vec::len))
+            .sum();
+        for rule in rules.iter_mut() {
+            if let Some(resources) = rule["resources"].as_array_mut() {
+                resources.retain(|r| r != resource);
+            }
+        }
+        rules.retain(|r| r["resources"].as_array().is_some_and(|r| !r.is_empty()));
+        let after: usize = rules
+            .iter()
+            .map(|r| r["resources"].as_array().map_or(0, Vec::len))
+            .sum();
+        assert!(
+            after < before,
+            "deploy/rbac/claims.yaml has no rule on {resource}"
+        );
+    }
+    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
+    cluster_roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(cluster_role).expect("role"),
+        )
+        .await
+        .expect("create ClusterRole");
+    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
+    crbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": role_name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            "subjects": subject}))
+        .expect("binding"),
+    )
+    .await
+    .expect("create ClusterRoleBinding");
+    let mut role = find("Role");
+    role["metadata"] = json!({"name": "kbind-claims-lease", "namespace": ns});
+    Api::<Role>::namespaced(consumer.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).expect("Role"),
+        )
+        .await
+        .expect("create Role");
+    Api::<RoleBinding>::namespaced(consumer.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "kbind-claims-lease", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-claims-lease"},
+                "subjects": subject}))
+            .expect("RoleBinding"),
+        )
+        .await
+        .expect("create RoleBinding");
+
+    // A provider export, its CatalogEntry and one tenant binding.
+    let label = support::unique(prefix);
+    let export = format!("{label}.example.io");
+    let dynamic = |group: &str, version: &str, kind: &str, plural: &str| {
+        Api::<DynamicObject>::all_with(
+            consumer.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(group, version, kind),
+                plural,
+            ),
+        )
+    };
+    let apply = |api: Api<DynamicObject>, body: Value| async move {
+        let name = body["metadata"]["name"].as_str().expect("name").to_string();
+        api.patch(
+            &name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .expect("apply");
+    };
+    apply(
+        dynamic("apis.kcp.io", "v1alpha2", "APIExport", "apiexports"),
+        json!({
+        "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIExport", "metadata": {"name": export},
+        "spec": {"permissionClaims": [{"group": "", "resource": "configmaps", "verbs": ["get"]}]}}),
+    )
+    .await;
+    apply(dynamic("providers.kbind.io", "v1alpha1", "CatalogEntry", "catalogentries"), json!({
+        "apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
+        "metadata": {"name": label, "labels": {"kbind-test": label}},
+        "spec": {"export": {"name": export}, "requires": [{"group": "", "resource": "configmaps"}]}})).await;
+    apply(
+        dynamic("apis.kcp.io", "v1alpha2", "APIBinding", "apibindings"),
+        json!({
+        "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIBinding", "metadata": {"name": label},
+        "spec": {"reference": {"export": {"name": export}}}}),
+    )
+    .await;
+
+    let kc = kubeconfig.to_string_lossy().to_string();
+    let selector = format!("kbind-test={label}");
+    let (code, summary, stderr) = support::kbind(&[
+        "claims",
+        "--single-cluster",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(
+        code, 0,
+        "kbind claims as the ServiceAccount: {summary}\n{stderr}"
+    );
+    let entry = dynamic(
+        "providers.kbind.io",
+        "v1alpha1",
+        "CatalogEntry",
+        "catalogentries",
+    )
+    .get(&label)
+    .await
+    .expect("entry");
+    let ready = entry.data["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or_else(|| panic!("no Ready condition: {}", entry.data["status"]));
+    let binding = dynamic("apis.kcp.io", "v1alpha2", "APIBinding", "apibindings")
+        .get(&label)
+        .await
+        .expect("binding");
+    let states = binding.data["spec"]["permissionClaims"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{}={}",
+                        c["resource"].as_str().unwrap_or(""),
+                        c["state"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
+    let _ = cluster_roles
+        .delete(&role_name, &DeleteParams::default())
+        .await;
+    (
+        (
+            ready["status"].as_str().unwrap_or_default().to_string(),
+            ready["reason"].as_str().unwrap_or_default().to_string(),
+        ),
+        states,
+    )
+}
+
+/// The claims pass succeeds with exactly deploy/rbac/claims.yaml.
+#[tokio::test]
+async fn claims_pass_runs_as_its_service_account() {
+    let Some(env) = support::env() else { return };
+    let (ready, states) = claims_as_service_account(&env, "deploy-claims", None).await;
+    assert_eq!(ready, ("True".to_string(), "InStep".to_string()));
+    assert_eq!(states, vec!["configmaps=Accepted".to_string()]);
+}
+
+/// Without its rule on apiexports the CatalogEntry says PermissionDenied, and nothing is written.
+#[tokio::test]
+async fn claims_missing_export_read_rule_is_reported_as_permission_denied() {
+    let Some(env) = support::env() else { return };
+    let (ready, states) =
+        claims_as_service_account(&env, "deploy-claims-rbac", Some("apiexports")).await;
+    assert_eq!(ready, ("False".to_string(), "PermissionDenied".to_string()));
+    assert!(states.is_empty(), "{states:?}");
 }

@@ -1,0 +1,250 @@
+//! Benchmark of `kbind claims` (run through `hack/bench.sh claims`, which starts the servers).
+//!
+//! N bindings (default 5,000), each in its own workspace, to one provider export, on the real
+//! apiserver in single-cluster mode (workspaces named by `kcp.io/cluster`). Passes: cold (every
+//! binding gets its claim), unchanged, and a requirement change (every binding gets one more).
+//! The baseline issues the same 5,000 precondition-carrying merge patches directly with a plain
+//! client, sequentially like the pass. Prints figures; asserts nothing about time.
+
+use std::time::Instant;
+
+use futures::{StreamExt, stream};
+use kbind::api::kcp::APIBinding;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
+use serde_json::{Value, json};
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
+}
+
+async fn client(path: &str) -> Client {
+    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn kbind(args: &[&str]) -> Value {
+    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kbind");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+async fn apply(client: &Client, api_version: &str, plural: &str, body: Value) {
+    let (group, version) = api_version.split_once('/').expect("group/version");
+    let ar = kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: body["kind"].as_str().unwrap_or_default().into(),
+        plural: plural.into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+    let name = body["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply("bench").force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .expect("apply");
+}
+
+fn print(label: &str, s: &Value) {
+    println!(
+        "{label:<22} {:>7.2}s  requests {:>6}  data writes {:>5}  bookkeeping {:>3}  peak RSS {:>6.1} MiB",
+        s["duration_seconds"].as_f64().unwrap_or(0.0),
+        s["requests"],
+        s["data_writes"],
+        s["bookkeeping_writes"],
+        s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    kbind::install_crypto_provider();
+    let n: usize = std::env::var("BENCH_BINDINGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let kubeconfig = env("KBIND_TEST_PROVIDER_KUBECONFIG");
+    let hub = client(&kubeconfig).await;
+    let crds = [kbind::crds::kbind_crds(), kbind::crds::kcp_crds()].concat();
+    let crd_api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(hub.clone());
+    for crd in &crds {
+        crd_api
+            .patch(
+                crd.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(crd),
+            )
+            .await
+            .expect("crd");
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let ns = "kbind-bench";
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
+        )
+        .await;
+
+    apply(
+        &hub,
+        "apis.kcp.io/v1alpha2",
+        "apiexports",
+        json!({
+            "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIExport",
+            "metadata": {"name": "bench.example.io"},
+            "spec": {"permissionClaims": [
+                {"group": "", "resource": "configmaps", "verbs": ["get", "list"]},
+                {"group": "", "resource": "secrets", "verbs": ["get"]},
+            ]},
+        }),
+    )
+    .await;
+    let entry = |requires: Value| {
+        json!({
+            "apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
+            "metadata": {"name": "bench", "labels": {"bench": "claims"}},
+            "spec": {"export": {"name": "bench.example.io"}, "requires": requires},
+        })
+    };
+    apply(
+        &hub,
+        "providers.kbind.io/v1alpha1",
+        "catalogentries",
+        entry(json!([{"group": "", "resource": "configmaps"}])),
+    )
+    .await;
+
+    let bindings: Api<APIBinding> = Api::all(hub.clone());
+    let make = |prefix: &'static str| {
+        let bindings = bindings.clone();
+        async move {
+            let t = Instant::now();
+            stream::iter(0..n)
+                .map(|i| {
+                    let bindings = bindings.clone();
+                    async move {
+                        let body = json!({
+                            "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIBinding",
+                            "metadata": {"name": format!("{prefix}-{i}"), "annotations": {"kcp.io/cluster": format!("{prefix}-ws-{i}")}},
+                            "spec": {"reference": {"export": {"name": format!("{prefix}.example.io")}}},
+                        });
+                        bindings
+                            .create(&PostParams::default(), &serde_json::from_value(body).expect("binding"))
+                            .await
+                            .expect("create binding");
+                    }
+                })
+                .buffer_unordered(16)
+                .collect::<Vec<_>>()
+                .await;
+            t.elapsed()
+        }
+    };
+    let setup = make("bench").await;
+    println!(
+        "setup: {n} bindings in {n} workspaces created in {:.1}s",
+        setup.as_secs_f64()
+    );
+
+    let args = [
+        "claims",
+        "--single-cluster",
+        "--kubeconfig",
+        &kubeconfig,
+        "--lease-namespace",
+        ns,
+        "--selector",
+        "bench=claims",
+        "-o",
+        "json",
+    ];
+    let cold = kbind(&args);
+    print("cold pass", &cold);
+    let unchanged = kbind(&args);
+    print("unchanged pass", &unchanged);
+    apply(
+        &hub,
+        "providers.kbind.io/v1alpha1",
+        "catalogentries",
+        entry(json!([
+            {"group": "", "resource": "configmaps"}, {"group": "", "resource": "secrets"},
+        ])),
+    )
+    .await;
+    let changed = kbind(&args);
+    print("requirement change", &changed);
+
+    // Baseline: the same number of preconditioned merge patches, one at a time, plain client,
+    // on a second set of bindings listed once (what the pass does minus the policy).
+    make("base").await;
+    let t = Instant::now();
+    let mut all = Vec::new();
+    let mut lp = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = bindings.list(&lp).await.expect("list");
+        all.extend(
+            page.items
+                .into_iter()
+                .filter(|b| b.name_any().starts_with("base-")),
+        );
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
+    for b in &all {
+        let body = json!({
+            "metadata": {"resourceVersion": b.resource_version()},
+            "spec": {"permissionClaims": [
+                {"group": "", "resource": "configmaps", "verbs": ["get", "list"], "identityHash": "", "selector": {"matchAll": true}, "state": "Accepted"},
+                {"group": "", "resource": "secrets", "verbs": ["get"], "identityHash": "", "selector": {"matchAll": true}, "state": "Accepted"},
+            ]},
+        });
+        bindings
+            .patch(&b.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .expect("baseline patch");
+    }
+    let base = t.elapsed().as_secs_f64();
+    println!(
+        "{:<22} {:>7.2}s  requests {:>6}  data writes {:>5}",
+        "baseline (raw patches)",
+        base,
+        all.len() + all.len().div_ceil(500),
+        all.len()
+    );
+    let pass = changed["duration_seconds"].as_f64().unwrap_or(0.0);
+    println!(
+        "ratio requirement-change pass / baseline: {:.2}  (unchanged pass: {} requests, {} data writes)",
+        pass / base,
+        unchanged["requests"],
+        unchanged["data_writes"]
+    );
+}
