@@ -68,4 +68,28 @@ step "statuses"
 "${consumer[@]}" get clusterbinding databases -o jsonpath='{range .status.boundAPIs[*]}{.name}: inSync={.inSync} pending={.pending} conflicts={.conflictCount}{"\n"}{end}'
 "${consumer[@]}" get crd databases.demo.kbind.io -L core.kbind.io/managed
 "${consumer[@]}" get connection demo-provider -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}){"\n"}{end}'
-printf '\nkbind claims and relsync are not implemented yet; the demo runs the passes that exist.\n'
+
+step "hub (the provider apiserver, single-cluster mode): kcp's CRDs, an export, its catalog entry, two tenants' bindings, team-a's consent"
+"$kbind" crds --kcp | "${provider[@]}" apply --server-side -f - >/dev/null
+"$kbind" crds | "${provider[@]}" apply --server-side -f - >/dev/null
+"${provider[@]}" create namespace kbind-system >/dev/null
+"${provider[@]}" wait --for condition=Established crd --all --timeout=60s >/dev/null
+"${provider[@]}" apply -f config/demo/claims.yaml
+claims=("$kbind" claims --single-cluster --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG" --lease-namespace kbind-system --grant-namespace kbind-system -o text)
+show_claims() {
+  "${provider[@]}" get apibindings.apis.kcp.io compute-team-a compute-team-b \
+    -o jsonpath='{range .items[*]}{.metadata.name}:{range .spec.permissionClaims[*]} {.resource}={.state}{end}{"\n"}{end}'
+}
+
+step "kbind claims: own requirement Accepted everywhere, the composition only where consented"
+"${claims[@]}"
+show_claims
+
+step "the provider grows a requirement (secrets); the next run brings every binding along"
+"${provider[@]}" patch catalogentry compute --type=json \
+  -p '[{"op":"add","path":"/spec/requires/-","value":{"group":"","resource":"secrets"}}]' >/dev/null
+"${claims[@]}"
+show_claims
+"${provider[@]}" get catalogentry compute -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}) {.message}{"\n"}{end}'
+
+printf '\nkbind relsync is not implemented yet; the demo runs the passes that exist.\n'
