@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB) from Go
-# modules into a version-keyed cache outside the repo. A binary already in the cache is reused.
-# Usage: hack/build-servers.sh            (all)
-#        hack/build-servers.sh --print-dir (print the cache dir and exit)
+# modules into a version-keyed cache outside the repo, and extracts kcp's published CRDs from its
+# module. Anything already in the cache is reused.
+# Usage: hack/build-servers.sh                 (all)
+#        hack/build-servers.sh --print-dir      (print the cache dir and exit)
+#        hack/build-servers.sh --print-kcp-crds (print where kcp's published CRDs are kept)
 set -euo pipefail
 
 KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 SPICEDB_VERSION=v1.56.2
+KCP_VERSION=v0.31.2
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KBIND_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kbind/bin}
 mkdir -p "$cache"
 
 if [ "${1:-}" = "--print-dir" ]; then echo "$cache"; exit 0; fi
+if [ "${1:-}" = "--print-kcp-crds" ]; then echo "$cache/kcp-crds-$KCP_VERSION"; exit 0; fi
 if ! command -v go >/dev/null 2>&1; then
   echo "build-servers: Go is needed to build the test servers (only Go; nothing is downloaded but modules)" >&2
   exit 1
@@ -48,3 +52,20 @@ build kube-apiserver "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-apiserver "
 build kube-controller-manager "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags)"
 build spicedb "$SPICEDB_VERSION" spicedb github.com/authzed/spicedb/cmd/spicedb \
   "-X github.com/jzelinskie/cobrautil/v2.Version=$SPICEDB_VERSION"
+
+# kcp's own published CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster), taken
+# from its Go module (nothing vendored), so a test checks the objects kbind writes against them.
+kcp_crds="$cache/kcp-crds-$KCP_VERSION"
+if [ -f "$kcp_crds/apis.kcp.io_apibindings.yaml" ]; then
+  echo "build-servers: kcp $KCP_VERSION CRDs cached"
+else
+  mod_dir=$(cd "$root/tools/servers/kube" && GOFLAGS=-mod=mod go mod download -json "github.com/kcp-dev/kcp@$KCP_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$kcp_crds.tmp"
+  for f in apis.kcp.io_apibindings apis.kcp.io_apiexports apis.kcp.io_apiexportendpointslices core.kcp.io_logicalclusters; do
+    cp "$mod_dir/config/crds/$f.yaml" "$kcp_crds.tmp/"
+  done
+  chmod -R u+w "$kcp_crds.tmp"
+  rm -rf "$kcp_crds"; mv "$kcp_crds.tmp" "$kcp_crds"
+  echo "build-servers: kcp $KCP_VERSION CRDs extracted from its Go module"
+fi

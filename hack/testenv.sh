@@ -170,6 +170,8 @@ wait_for spicedb 60 curl -s -o /dev/null "http://127.0.0.1:$http/healthz"
 for cluster in consumer provider; do
   wait_for "$cluster-controller-manager" 90 kubectl --kubeconfig "$dir/$cluster-admin.kubeconfig" get serviceaccount default -n default
 done
+kcp_crds=$("$here/build-servers.sh" --print-kcp-crds)
+[ -d "$kcp_crds" ] && echo "export KBIND_TEST_KCP_CRDS=$kcp_crds" >> "$env_file"
 echo "export KBIND_TESTENV_DIR=$dir" >> "$env_file"
 trap - EXIT
 log "up: source $env_file"

@@ -680,3 +680,163 @@ async fn single_cluster_mode_reconciles_bindings_on_a_plain_apiserver() {
         pairs(&[("configmaps", "Accepted"), ("volumes", "Rejected")])
     );
 }
+
+/// kcp's own published CRDs (extracted from its Go module by hack/build-servers.sh), installed
+/// under a renamed group beside kbind's generated ones: the bindings kbind writes and the export
+/// `kbind claims export` renders are accepted by kcp's real schema and CEL rules, and both sides
+/// key claims the same way.
+#[tokio::test]
+async fn kbind_objects_satisfy_kcps_published_crds() {
+    let Some(fx) = ClaimsFx::new("cl-pub").await else {
+        return;
+    };
+    let Some(dir) = std::env::var("KBIND_TEST_KCP_CRDS")
+        .ok()
+        .filter(|d| !d.is_empty())
+    else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "KBIND_TEST_KCP_CRDS unset: hack/build-servers.sh extracts kcp's CRDs"
+        );
+        return;
+    };
+    const GROUP: &str = "published.apis.kcp.io";
+    let mut installed = Vec::new();
+    for file in [
+        "apis.kcp.io_apibindings.yaml",
+        "apis.kcp.io_apiexports.yaml",
+    ] {
+        let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        let mut crd: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .replace("apis.kcp.io", GROUP);
+        crd["metadata"] = json!({"name": name});
+        crd["spec"]["group"] = json!(GROUP);
+        // The same list-map keys as kbind's generated CRD for the same kind.
+        let ours = kbind::crds::kcp_crds()
+            .into_iter()
+            .find(|c| c.spec.names.plural == crd["spec"]["names"]["plural"])
+            .unwrap();
+        let ours = serde_json::to_value(&ours).unwrap();
+        let keys = |crd: &serde_json::Value| {
+            crd["spec"]["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "v1alpha2")
+                .map(|v| {
+                    v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                        ["permissionClaims"]["x-kubernetes-list-map-keys"]
+                        .clone()
+                })
+                .unwrap()
+        };
+        assert_eq!(keys(&crd), keys(&ours), "{file}: permissionClaims keys");
+        installed.push(serde_json::from_value(crd).unwrap());
+    }
+    support::apply_crds(&fx.hub, &installed).await;
+    let published = |kind: &str, plural: &str| {
+        Api::<kube::api::DynamicObject>::all_with(
+            fx.hub.clone(),
+            &kube::api::ApiResource {
+                group: GROUP.into(),
+                version: "v1alpha2".into(),
+                api_version: format!("{GROUP}/v1alpha2"),
+                kind: kind.into(),
+                plural: plural.into(),
+            },
+        )
+    };
+
+    // A binding kbind wrote (own claim Accepted, composition Rejected with its placeholder).
+    let (path, export) = provider(&fx).await;
+    let entry = unique("compute");
+    let storage = unique("storage");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.io", "volumes", Some(&storage)),
+        ],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+    fx.run(&[]).await;
+    let written = fx.get_binding(&ws, "compute").await;
+    let name = unique("pub");
+    let copy = json!({
+        "apiVersion": format!("{GROUP}/v1alpha2"), "kind": "APIBinding",
+        "metadata": {"name": name, "annotations": written.annotations()},
+        "spec": written.spec,
+    });
+    let bindings = published("APIBinding", "apibindings");
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(copy).unwrap(),
+        )
+        .await
+        .expect("kcp's APIBinding schema accepts the binding kbind wrote");
+
+    // kbind's next write (consent recorded): kcp's immutable-selector rule lets it through.
+    fx.grant(&ws, &entry, &[("storage.io", "volumes")]).await;
+    fx.run(&[]).await;
+    let rewritten = fx.get_binding(&ws, "compute").await;
+    let patch = json!({"spec": {"permissionClaims": rewritten.spec.permission_claims}});
+    bindings
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("kcp's CRD accepts kbind's claims update");
+    // ... and it does enforce that rule (so the check above could fail).
+    let mut moved = rewritten.spec.permission_claims.clone();
+    moved[0].selector = serde_json::from_value(json!({"matchLabels": {"x": "y"}})).unwrap();
+    let err = bindings
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"permissionClaims": moved}})),
+        )
+        .await
+        .expect_err("a changed selector is refused");
+    assert!(err.to_string().contains("immutable"), "{err}");
+
+    // The export `kbind claims export` renders.
+    let mut args = vec!["claims".to_string(), "export".into(), entry.clone()];
+    args.extend([
+        "--kubeconfig".into(),
+        fx.kubeconfig(),
+        "--core-export".into(),
+        fx.core_export.clone(),
+        "--core-export-path".into(),
+        fx.hub_ws.clone(),
+        "--core-binding".into(),
+        "core".into(),
+    ]);
+    fx.entry(&storage, &path, &export, vec![]).await; // the composition's provider
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+        .args(&args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rendered: serde_json::Value =
+        serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    rendered["apiVersion"] = json!(format!("{GROUP}/v1alpha2"));
+    rendered["metadata"]["name"] = json!(unique("pub"));
+    published("APIExport", "apiexports")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(rendered).unwrap(),
+        )
+        .await
+        .expect("kcp's APIExport schema accepts the rendered export");
+}
