@@ -159,14 +159,7 @@ pub fn kbind(args: &[&str]) -> (i32, serde_json::Value, String) {
         .env_remove("KUBECONFIG")
         .output()
         .expect("run kbind");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let summary = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| serde_json::json!({"unparsed": stdout}));
-    (out.status.code().unwrap_or(-1), summary, stderr)
+    outcome(out)
 }
 
 /// [`kbind`] without blocking the test's runtime, for tests that serve something in-process (a
@@ -179,6 +172,10 @@ pub async fn kbind_async(args: &[&str]) -> (i32, serde_json::Value, String) {
         .output()
         .await
         .expect("run kbind");
+    outcome(out)
+}
+
+fn outcome(out: std::process::Output) -> (i32, serde_json::Value, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let summary = stdout
