@@ -31,6 +31,9 @@ pub enum Command {
     /// conflicts, deletion and the heartbeat; per-API counts recorded on the bindings.
     /// --max-items bounds instance writes in one run.
     Resync(ResyncArgs),
+    /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
+    /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
+    Relsync(RelsyncArgs),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -56,4 +59,40 @@ pub struct ResyncArgs {
     /// over all bindings, ClusterBindings first).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelsyncArgs {
+    /// Only this RelationshipSource (`namespace/name`), due or not.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only these scopes of --source (e.g. `channel/C024BE91L`, `group/abc`), for maintenance
+    /// windows. A scoped pass never moves the cursor and never reaps.
+    #[arg(long = "scope", requires = "source")]
+    pub scopes: Vec<String>,
+    /// Only RelationshipSources in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only RelationshipSources matching this label selector.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// SpiceDB HTTP gateway URL (operator-level; tenants cannot choose it).
+    #[arg(long, env = "KBIND_SPICEDB_URL")]
+    pub spicedb_url: Option<String>,
+    /// File holding the SpiceDB preshared key.
+    #[arg(long, conflicts_with = "spicedb_token_secret")]
+    pub spicedb_token_file: Option<std::path::PathBuf>,
+    /// Secret holding the SpiceDB preshared key, as `namespace/name/key`.
+    #[arg(long)]
+    pub spicedb_token_secret: Option<String>,
+    /// Slack Web API root. The Slack kind ignores spec.baseURL.
+    #[arg(long, default_value = "https://slack.com/api")]
+    pub slack_api_url: String,
+    /// Scopes fetched concurrently per source (requests stay paced per upstream method).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Multiply the upstream's published rate limits (tests and benchmarks against local
+    /// stand-ins that enforce scaled limits; keep 1 against real services).
+    #[arg(long, default_value_t = 1.0, hide = true)]
+    pub upstream_rate_scale: f64,
 }
