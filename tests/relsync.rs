@@ -644,3 +644,72 @@ async fn a_pass_killed_mid_way_converges_on_the_next_run() {
     let st = rx.status("s").await;
     assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "Reaped");
 }
+
+/// deploy/rbac/relsync.yaml is enough: the pass, run as kbind-system/kbind-relsync, reads its
+/// sources, identity, Secret and directory ConfigMap, writes status, and takes its Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pass_runs_with_exactly_its_rbac() {
+    let ws = workspace(
+        vec![user("U1"), user("U2")],
+        vec![channel("C1", &["U1", "U2"])],
+    );
+    let Some((rx, fake)) = slack_setup(
+        "rs-rbac",
+        ws,
+        json!({"config": {"join": {"by": "email", "directory": {"configMapRef": {"name": "people", "key": "map"}}}}}),
+    )
+    .await
+    else {
+        return;
+    };
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "people"}, "data": {"map": "u1@example.com: ada\n"}}))
+    .unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(rx.client.clone(), &rx.ns)
+        .create(&Default::default(), &cm)
+        .await
+        .unwrap();
+    rx.kubectl_apply("deploy/namespace.yaml");
+    rx.kubectl_apply("deploy/rbac/relsync.yaml");
+    let kc = rx
+        .service_account_kubeconfig("kbind-system", "kbind-relsync")
+        .await;
+    let kc = kc.to_string_lossy().to_string();
+    let src = format!("{}/s", rx.ns);
+    // RBAC reaches the authorizer a moment late, and a concurrent run may hold the shared Lease.
+    let mut last = (0, json!(null), String::new());
+    for _ in 0..40 {
+        last = rx
+            .run_env(
+                &fake.url(),
+                &[
+                    "--kubeconfig",
+                    &kc,
+                    "--lease-namespace",
+                    "kbind-system",
+                    "--source",
+                    &src,
+                    "--deadline",
+                    "1m",
+                ],
+                &[],
+            )
+            .await;
+        if last.0 == 0 && last.1["outcome"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let (code, summary, stderr) = last;
+    assert_eq!(
+        (code, summary["outcome"].clone()),
+        (0, json!("completed")),
+        "{summary}\n{stderr}"
+    );
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C1#member@ada", "C1#workspace@T1"]
+    );
+    let lp = rx.last_pass("s").await;
+    assert_eq!(lp.join_misses, 1, "u2 is not in the directory");
+}

@@ -170,28 +170,34 @@ impl Rx {
         env: &[(&str, &str)],
     ) -> (i32, Value, String) {
         let kc = self.env.consumer.to_string_lossy().to_string();
-        let mut args: Vec<String> = [
-            "relsync",
-            "--kubeconfig",
-            &kc,
-            "--lease-namespace",
-            &self.ns,
-            "--namespace",
-            &self.ns,
-            "--spicedb-url",
-            &self.env.spicedb_url,
-            "--spicedb-token-file",
-            &self.spicedb_token_file.to_string_lossy(),
-            "--slack-api-url",
-            &format!("{slack_url}/api"),
-            "--upstream-rate-scale",
-            "60",
-            "-o",
-            "json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args: Vec<String> = vec!["relsync".to_string()];
+        // The caller may run as another identity, with its own Lease namespace.
+        if !extra.contains(&"--kubeconfig") {
+            args.extend([
+                "--kubeconfig".to_string(),
+                kc.clone(),
+                "--lease-namespace".to_string(),
+                self.ns.clone(),
+            ]);
+        }
+        args.extend(
+            [
+                "--namespace",
+                &self.ns,
+                "--spicedb-url",
+                &self.env.spicedb_url,
+                "--spicedb-token-file",
+                &self.spicedb_token_file.to_string_lossy(),
+                "--slack-api-url",
+                &format!("{slack_url}/api"),
+                "--upstream-rate-scale",
+                "60",
+                "-o",
+                "json",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         args.extend(extra.iter().map(|s| s.to_string()));
         let env: Vec<(String, String)> = env
             .iter()
@@ -250,5 +256,58 @@ impl Rx {
             .collect();
         out.sort();
         out
+    }
+}
+
+impl Rx {
+    /// Server-side apply a repository manifest on the consumer apiserver with kubectl.
+    pub fn kubectl_apply(&self, file: &str) {
+        let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new("kubectl")
+            .args(["--kubeconfig", &self.env.consumer.to_string_lossy()])
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=kbind-relsync-tests",
+                "-f",
+                &path,
+            ])
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply {file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A kubeconfig file for the existing ServiceAccount `namespace/name` (TokenRequest).
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+        let req = http::Request::post(format!(
+            "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+        ))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+        let tr: Value = self.client.request(req).await.expect("token request");
+        let token = tr["status"]["token"].as_str().expect("token").to_string();
+        let kc: String = std::fs::read_to_string(&self.env.consumer)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("token:") {
+                    format!("    token: {token}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path =
+            std::env::temp_dir().join(format!("{}.kubeconfig", support::unique("relsync-sa")));
+        std::fs::write(&path, kc).unwrap();
+        path
     }
 }
