@@ -713,3 +713,40 @@ async fn the_pass_runs_with_exactly_its_rbac() {
     let lp = rx.last_pass("s").await;
     assert_eq!(lp.join_misses, 1, "u2 is not in the directory");
 }
+
+/// A window of 32+ scopes reads SpiceDB in bulk (one export stream) instead of per scope: the
+/// diffs must be just as exact, and another source's objects must stay invisible to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_read_windows_diff_exactly_and_see_only_their_source() {
+    let chans: Vec<_> = (0..40)
+        .map(|i| channel(&format!("C{i:02}"), &["U1", "U2"]))
+        .collect();
+    let ws = workspace(vec![user("U1"), user("U2"), user("U3")], chans);
+    let Some((rx, fake)) = slack_setup("rs-bulk", ws, json!({})).await else {
+        return;
+    };
+    // A second source on the same workspace: its own objects, never pruned by "s".
+    rx.source("other", json!({"kind": "slack"})).await;
+    rx.run(&fake.url(), &[]).await;
+    assert_eq!(rx.held("slack_channel").await.len(), 2 * 40 * 3);
+    {
+        let mut w = fake.state.workspace();
+        w.channels[3].members.push("U3".into());
+        w.channels[7].members.retain(|m| m != "U1");
+        w.channels.retain(|c| c.id != "C09");
+    }
+    let src = format!("{}/s", rx.ns);
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let lp = rx.last_pass("s").await;
+    // +U3 in C03; -U1 in C07; C09 reaped (two members and its workspace link).
+    assert_eq!(
+        (lp.written, lp.pruned, lp.reaped_scopes),
+        (1, 4, 1),
+        "{lp:?}"
+    );
+    let s = rx.run(&fake.url(), &["--source", &src]).await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    // "other" was not run again: all of its 120 relationships are intact.
+    let all = rx.held("slack_channel").await;
+    assert_eq!(all.len(), 120 + 120 + 1 - 4, "{}", all.len());
+}

@@ -3,7 +3,7 @@
 //! whole object swept. Every SpiceDB write is atomic and the diff is recomputed from what is
 //! held, so a pass killed between batches converges on the next run.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use super::join::{Directory, join};
@@ -46,6 +46,32 @@ pub struct SourceCtx<'a, S> {
     pub prefix: &'a str,
     pub directory: &'a Directory,
     pub writes: &'a Mutex<Writes>,
+    /// What SpiceDB held for this source's scope objects when the walk began, read in one
+    /// stream per object type instead of one read per scope. Only this source writes objects
+    /// under its prefix and the pass Lease keeps runs apart, so the snapshot stays exact.
+    pub held_cache: Option<HashMap<Obj, Vec<Rel>>>,
+}
+
+/// Read every relationship under `prefix` of these object types, grouped by object.
+pub async fn prefetch<S: RelationshipStore>(
+    store: &S,
+    prefix: &str,
+    kinds: &BTreeSet<&str>,
+) -> Result<HashMap<Obj, Vec<Rel>>, SpiceError> {
+    let mut out: HashMap<Obj, Vec<Rel>> = HashMap::new();
+    for kind in kinds {
+        let rels = store
+            .read_bulk(&Filter {
+                resource_type: kind.to_string(),
+                resource_id_prefix: Some(prefix.to_string()),
+                ..Default::default()
+            })
+            .await?;
+        for r in rels {
+            out.entry(r.resource.clone()).or_default().push(r);
+        }
+    }
+    Ok(out)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -90,13 +116,20 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
             .await
     }
 
+    async fn held_scope(&self, obj: &Obj) -> Result<Vec<Rel>, SpiceError> {
+        match &self.held_cache {
+            Some(c) => Ok(c.get(obj).cloned().unwrap_or_default()),
+            None => self.held(obj, None).await,
+        }
+    }
+
     async fn scope(&self, scope: &Scope) -> Result<Stats, ApplyError> {
         let obj = self.object(scope.object_type, &scope.upstream_id);
         let owned = relations(scope.object_type);
         let mut stats = Stats::default();
         let members = match self.kind.fetch(scope).await? {
             Fetched::Gone => {
-                let held = self.held(&obj, None).await?;
+                let held = self.held_scope(&obj).await?;
                 let (n, delete) = plan::sweep(&held, &BTreeSet::new(), owned);
                 let (_, pruned) = self
                     .apply(
@@ -136,7 +169,7 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
                 subject: self.object(kind, &id),
             });
         }
-        let held = self.held(&obj, None).await?;
+        let held = self.held_scope(&obj).await?;
         let diff = plan::diff(&desired, &held, owned);
         let (w, p) = self.apply(&obj, &diff).await?;
         stats.written = w;
@@ -188,7 +221,7 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
         for kind in self.kind.object_types() {
             let held = self
                 .store
-                .read(&Filter {
+                .read_bulk(&Filter {
                     resource_type: kind.to_string(),
                     resource_id_prefix: Some(self.prefix.to_string()),
                     ..Default::default()

@@ -13,6 +13,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use crate::pass::Budget;
@@ -41,6 +42,8 @@ pub struct Pacer {
     scale: f64,
     budget: Arc<Budget>,
     buckets: Mutex<HashMap<String, Arc<DefaultDirectRateLimiter>>>,
+    /// The buckets' clock: a wait is computed on the same clock the bucket reads.
+    clock: DefaultClock,
     paused_until: Mutex<HashMap<String, Instant>>,
     /// Throttle responses seen (for the summary and the benchmark).
     pub throttles: std::sync::atomic::AtomicU64,
@@ -61,6 +64,7 @@ impl Pacer {
             scale: if scale > 0.0 { scale } else { 1.0 },
             budget,
             buckets: Mutex::default(),
+            clock: DefaultClock::default(),
             paused_until: Mutex::default(),
             throttles: Default::default(),
         }
@@ -84,7 +88,7 @@ impl Pacer {
                 let quota = Quota::with_period(self.period(method))
                     .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
                     .allow_burst(NonZeroU32::MIN);
-                Arc::new(RateLimiter::direct(quota))
+                Arc::new(RateLimiter::direct_with_clock(quota, self.clock.clone()))
             })
             .clone()
     }
@@ -119,9 +123,7 @@ impl Pacer {
             match bucket.check() {
                 Ok(()) => return Ok(()),
                 Err(not_until) => {
-                    let d = not_until.wait_time_from(governor::clock::Clock::now(
-                        &governor::clock::DefaultClock::default(),
-                    ));
+                    let d = not_until.wait_time_from(self.clock.now());
                     self.wait(method, d).await?;
                 }
             }

@@ -105,6 +105,14 @@ pub enum SpiceError {
 pub trait RelationshipStore: Send + Sync {
     /// Every relationship matching `filter`, fully consistent.
     fn read(&self, filter: &Filter) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send;
+    /// Every relationship matching `filter`, for large reads (whole sources): SpiceDB's bulk
+    /// export where the backend has one.
+    fn read_bulk(
+        &self,
+        filter: &Filter,
+    ) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send {
+        self.read(filter)
+    }
     /// One atomic write of at most [`MAX_UPDATES`] updates.
     fn write(&self, updates: &[(Op, Rel)]) -> impl Future<Output = Result<(), SpiceError>> + Send;
 }
@@ -206,6 +214,60 @@ impl HttpStore {
         .map(|_| ())
     }
 
+    /// POST and parse a newline-delimited stream; each line's `pointer` is one relationship or
+    /// an array of them. An in-band `{"error": …}` fails the whole read.
+    async fn stream(
+        &self,
+        what: &'static str,
+        path: &str,
+        body: &Value,
+        pointer: &str,
+    ) -> Result<Vec<Rel>, SpiceError> {
+        let mut resp = self.post(what, path, body).await?;
+        let mut out = Vec::new();
+        let mut buf: Vec<u8> = Vec::new();
+        let handle_line = |line: &[u8], out: &mut Vec<Rel>| -> Result<(), SpiceError> {
+            let line = line.trim_ascii();
+            if line.is_empty() {
+                return Ok(());
+            }
+            let v: Value = serde_json::from_slice(line)
+                .map_err(|e| SpiceError::Stream(format!("undecodable line: {e}")))?;
+            if let Some(err) = v.get("error") {
+                return Err(SpiceError::Stream(body_message(&err.to_string())));
+            }
+            match v.pointer(pointer) {
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        out.push(parse_rel(item).ok_or_else(|| {
+                            SpiceError::Stream("undecodable relationship".into())
+                        })?);
+                    }
+                }
+                Some(item) => out.push(
+                    parse_rel(item)
+                        .ok_or_else(|| SpiceError::Stream("undecodable relationship".into()))?,
+                ),
+                None => return Err(SpiceError::Stream("line without a relationship".into())),
+            }
+            Ok(())
+        };
+        loop {
+            let chunk = resp
+                .chunk()
+                .await
+                .map_err(|e| SpiceError::Stream(crate::scrub::scrub(&e.to_string())))?;
+            let Some(chunk) = chunk else { break };
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                handle_line(&line, &mut out)?;
+            }
+        }
+        handle_line(&buf, &mut out)?;
+        Ok(out)
+    }
+
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
     pub async fn ping(&self) -> Result<(), SpiceError> {
         match self
@@ -226,40 +288,29 @@ impl RelationshipStore for HttpStore {
             "consistency": {"fullyConsistent": true},
             "relationshipFilter": filter.to_json(),
         });
-        let mut resp = self.post("read", "/v1/relationships/read", &body).await?;
-        let mut out = Vec::new();
-        let mut buf: Vec<u8> = Vec::new();
-        let handle_line = |line: &[u8], out: &mut Vec<Rel>| -> Result<(), SpiceError> {
-            let line = line.trim_ascii();
-            if line.is_empty() {
-                return Ok(());
-            }
-            let v: Value = serde_json::from_slice(line)
-                .map_err(|e| SpiceError::Stream(format!("undecodable line: {e}")))?;
-            if let Some(err) = v.get("error") {
-                return Err(SpiceError::Stream(body_message(&err.to_string())));
-            }
-            let rel = v
-                .pointer("/result/relationship")
-                .and_then(parse_rel)
-                .ok_or_else(|| SpiceError::Stream("line without a relationship".into()))?;
-            out.push(rel);
-            Ok(())
-        };
-        loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| SpiceError::Stream(crate::scrub::scrub(&e.to_string())))?;
-            let Some(chunk) = chunk else { break };
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                handle_line(&line, &mut out)?;
-            }
-        }
-        handle_line(&buf, &mut out)?;
-        Ok(out)
+        self.stream(
+            "read",
+            "/v1/relationships/read",
+            &body,
+            "/result/relationship",
+        )
+        .await
+    }
+
+    /// Bulk export streams pages of up to 10,000 relationships: several times faster than
+    /// ReadRelationships for a whole source.
+    async fn read_bulk(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
+        let body = json!({
+            "consistency": {"fullyConsistent": true},
+            "optionalRelationshipFilter": filter.to_json(),
+        });
+        self.stream(
+            "export",
+            "/v1/relationships/exportbulk",
+            &body,
+            "/result/relationships",
+        )
+        .await
     }
 
     async fn write(&self, updates: &[(Op, Rel)]) -> Result<(), SpiceError> {
