@@ -209,7 +209,7 @@ async fn main() {
         "--deadline",
         "30m",
         "--concurrency",
-        &num("BENCH_CONCURRENCY", 8).to_string(),
+        &num("BENCH_CONCURRENCY", 16).to_string(),
         "-o",
         "json",
     ]

@@ -2,7 +2,7 @@
 # Benchmarks (not part of the test suite): starts fresh servers, runs one benchmark, stops them.
 #   hack/bench.sh schema        (BENCH_CONNECTIONS=50 BENCH_APIS=20 by default)
 #   hack/bench.sh resync        (BENCH_OBJECTS=10000 by default)
-#   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60)
+#   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60 BENCH_CONCURRENCY=16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}

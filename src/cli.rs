@@ -89,7 +89,7 @@ pub struct RelsyncArgs {
     #[arg(long, default_value = "https://slack.com/api")]
     pub slack_api_url: String,
     /// Scopes fetched concurrently per source (requests stay paced per upstream method).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// Multiply the upstream's published rate limits (tests and benchmarks against local
     /// stand-ins that enforce scaled limits; keep 1 against real services).

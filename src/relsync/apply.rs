@@ -50,6 +50,8 @@ pub struct SourceCtx<'a, S> {
     /// stream per object type instead of one read per scope. Only this source writes objects
     /// under its prefix and the pass Lease keeps runs apart, so the snapshot stays exact.
     pub held_cache: Option<HashMap<Obj, Vec<Rel>>>,
+    /// The object types `held_cache` covers.
+    pub cached_kinds: BTreeSet<&'static str>,
 }
 
 /// Read every relationship under `prefix` of these object types, grouped by object.
@@ -219,14 +221,24 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
     pub async fn reap(&self, keep: &BTreeSet<Obj>) -> Result<Stats, ApplyError> {
         let mut stats = Stats::default();
         for kind in self.kind.object_types() {
-            let held = self
-                .store
-                .read_bulk(&Filter {
-                    resource_type: kind.to_string(),
-                    resource_id_prefix: Some(self.prefix.to_string()),
-                    ..Default::default()
-                })
-                .await?;
+            // Objects not enumerated were not touched by this pass: the snapshot taken before
+            // the walk still holds exactly their relationships.
+            let held: Vec<Rel> = match &self.held_cache {
+                Some(cache) if self.cached_kinds.contains(kind) => cache
+                    .iter()
+                    .filter(|(o, _)| o.kind == *kind && !keep.contains(*o))
+                    .flat_map(|(_, rels)| rels.iter().cloned())
+                    .collect(),
+                _ => {
+                    self.store
+                        .read_bulk(&Filter {
+                            resource_type: kind.to_string(),
+                            resource_id_prefix: Some(self.prefix.to_string()),
+                            ..Default::default()
+                        })
+                        .await?
+                }
+            };
             let (n, delete) = plan::sweep(&held, keep, relations(kind));
             if delete.is_empty() {
                 continue;

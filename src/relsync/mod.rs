@@ -252,6 +252,11 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     } else {
         "completed".into()
     };
+    if stopped.is_none()
+        && let Err(why) = ctx.budget.check()
+    {
+        stopped = Some(format!("{why:?}"));
+    }
     if let Some(why) = stopped {
         summary.outcome = "partial".into();
         summary.message = format!("stopped early ({why}); the next run continues");
@@ -320,6 +325,7 @@ async fn sync_source<S: RelationshipStore>(
         directory: &dir,
         writes,
         held_cache: None,
+        cached_kinds: BTreeSet::new(),
     };
 
     // Which scopes: the explicit ones, or the enumeration after the cursor.
@@ -378,9 +384,12 @@ async fn sync_source<S: RelationshipStore>(
     // A large window reads what SpiceDB holds in one stream per object type rather than one
     // read per scope (SpiceDB, not the upstream, is then the cheaper side).
     if scopes.len() >= PREFETCH_MIN {
-        let kinds: BTreeSet<&str> = scopes.iter().map(|s| s.object_type).collect();
+        let kinds: BTreeSet<&'static str> = scopes.iter().map(|s| s.object_type).collect();
         match apply::prefetch(store, &prefix, &kinds).await {
-            Ok(c) => sctx.held_cache = Some(c),
+            Ok(c) => {
+                sctx.held_cache = Some(c);
+                sctx.cached_kinds = kinds;
+            }
             Err(e) => {
                 tracing::warn!(source = %key(src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope")
             }

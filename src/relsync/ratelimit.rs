@@ -81,13 +81,22 @@ impl Pacer {
         Duration::from_secs_f64(1.0 / per_sec)
     }
 
+    /// Burst capacity: one request at Slack's real tiers (at most 1.5/s), a twentieth of a
+    /// second's worth at scaled rates. Without any slack a waiter that wakes a few ms late loses
+    /// that slot for good; with it the sustained rate is still 90% and no one-second window ever
+    /// holds more than the tier.
+    fn burst(&self, method: &str) -> NonZeroU32 {
+        let per_sec = 1.0 / self.period(method).as_secs_f64();
+        NonZeroU32::new((per_sec / 20.0) as u32).unwrap_or(NonZeroU32::MIN)
+    }
+
     fn bucket(&self, method: &str) -> Arc<DefaultDirectRateLimiter> {
         let mut b = lock(&self.buckets);
         b.entry(method.to_string())
             .or_insert_with(|| {
                 let quota = Quota::with_period(self.period(method))
                     .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
-                    .allow_burst(NonZeroU32::MIN);
+                    .allow_burst(self.burst(method));
                 Arc::new(RateLimiter::direct_with_clock(quota, self.clock.clone()))
             })
             .clone()
@@ -216,6 +225,19 @@ mod tests {
         // 100/min at 90% is one request every 2/3 s; 20/min at 90% every 3.33 s.
         assert_eq!(p.period("conversations.members").as_millis(), 666);
         assert_eq!(p.period("users.list").as_millis(), 3333);
+        assert_eq!(
+            p.burst("conversations.members").get(),
+            1,
+            "strict at real tiers"
+        );
+        let scaled = Pacer::new(
+            HashMap::from([("conversations.members", 100)]),
+            20,
+            60.0,
+            Arc::new(Budget::unlimited()),
+        );
+        // 90/s sustained, burst 4: any one-second window holds at most 94 < 100.
+        assert_eq!(scaled.burst("conversations.members").get(), 4);
     }
 
     #[tokio::test]

@@ -138,7 +138,8 @@ pub fn next_status(
     let c = &mut st.conditions;
     match &rec.outcome {
         Outcome::Refused { reason, message } | Outcome::EnumerationFailed { reason, message } => {
-            c.set_condition(READY, S::False, reason, message, generation, now);
+            let message = crate::scrub::scrub(message);
+            c.set_condition(READY, S::False, reason, &message, generation, now);
         }
         Outcome::Ran => {
             let msg = if rec.scoped {
@@ -183,7 +184,8 @@ pub fn next_status(
             );
         }
     }
-    if !rec.scoped {
+    // A refused source learned nothing about coverage: ReapDeferred keeps what it said.
+    if !rec.scoped && !matches!(rec.outcome, Outcome::Refused { .. }) {
         match rec.reap {
             Ok(()) => c.set_condition(REAP_DEFERRED, S::False, "Reaped", "", generation, now),
             Err(d) => c.set_condition(
@@ -339,6 +341,10 @@ mod tests {
             )
         );
         assert_eq!(s.observed_generation, Some(3));
+        assert!(
+            s.conditions.condition(REAP_DEFERRED).is_none(),
+            "a refusal says nothing about coverage"
+        );
         let s1 = next_status(None, Some(1), &ran(false, false, Some("channel/B")), t(100));
         let rec = PassRecord {
             outcome: Outcome::EnumerationFailed {
