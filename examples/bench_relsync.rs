@@ -264,6 +264,10 @@ async fn main() {
         again["counts"]["relationshipsWritten"],
         again["counts"]["relationshipsPruned"]
     );
+    println!(
+        "  peak RSS: {:.1} MiB (holds the bulk read of every relationship of the source)",
+        again["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
+    );
 
     // Baseline: the same relationships written straight into a fresh store, sequentially.
     let base_store =
