@@ -109,7 +109,7 @@ YAML
 step "kbind relsync: memberships into SpiceDB"
 relsync=("$kbind" relsync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system
   --spicedb-url "$KBIND_TEST_SPICEDB_URL" --spicedb-token-file "$dir/spicedb.key"
-  --slack-api-url "http://127.0.0.1:$slack_port/api" -o text)
+  --slack-api-url "http://127.0.0.1:$slack_port/api" -o text --log-format text)
 "${relsync[@]}"
 "${consumer[@]}" get relationshipsources -n team-a
 "${consumer[@]}" get relationshipsource slack -n team-a \
