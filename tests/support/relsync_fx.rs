@@ -311,3 +311,9 @@ impl Rx {
         path
     }
 }
+
+impl Drop for Rx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.spicedb_token_file);
+    }
+}
