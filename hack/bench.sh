@@ -3,6 +3,7 @@
 #   hack/bench.sh schema        (BENCH_CONNECTIONS=50 BENCH_APIS=20 by default)
 #   hack/bench.sh resync        (BENCH_OBJECTS=10000 by default)
 #   hack/bench.sh claims        (BENCH_BINDINGS=5000 by default)
+#   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60 BENCH_CONCURRENCY=16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}
@@ -15,4 +16,5 @@ trap 'exit 130' INT TERM
 hack/testenv.sh up "$dir"
 # shellcheck disable=SC1091
 source "$dir/env"
-KBIND_BIN=$PWD/target/release/kbind "target/release/examples/bench_$what"
+target=${CARGO_TARGET_DIR:-$PWD/target}
+KBIND_BIN=$target/release/kbind "$target/release/examples/bench_$what"

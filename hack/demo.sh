@@ -7,10 +7,13 @@ cd "$(dirname "$0")/.."
 
 hack/build-servers.sh
 cargo build --quiet --bin kbind
-kbind=$PWD/target/debug/kbind
+cargo build --quiet --bin kbind-fake-upstreams --features fakes
+target=${CARGO_TARGET_DIR:-$PWD/target}
+kbind=$target/debug/kbind
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-demo.XXXXXX")
-cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }
+fakes_pid=
+cleanup() { [ -n "$fakes_pid" ] && kill "$fakes_pid" 2>/dev/null; hack/testenv.sh down "$dir"; rm -rf "$dir"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 hack/testenv.sh up "$dir" --spicedb-mode serve
@@ -92,4 +95,57 @@ step "the provider grows a requirement (secrets); the next run brings every bind
 show_claims
 "${provider[@]}" get catalogentry compute -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}) {.message}{"\n"}{end}'
 
-printf '\nkbind relsync is not implemented yet; the demo runs the passes that exist.\n'
+step "relsync: local Slack and SCIM stand-ins, the SpiceDB schema, two RelationshipSources"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+slack_port=$(free_port); scim_port=$(free_port)
+"$target/debug/kbind-fake-upstreams" --slack-port "$slack_port" --scim-port "$scim_port" \
+  --slack-token xoxb-demo --scim-token scim-demo 2>"$dir/fakes.log" &
+fakes_pid=$!
+printf '%s' "$KBIND_TEST_SPICEDB_KEY" > "$dir/spicedb.key"
+python3 -c 'import json,sys; print(json.dumps({"schema": open(sys.argv[1]).read()}))' config/samples/spicedb-schema.zed |
+  curl -sf -X POST -H "Authorization: Bearer $KBIND_TEST_SPICEDB_KEY" "$KBIND_TEST_SPICEDB_URL/v1/schema/write" -d @- >/dev/null
+"${consumer[@]}" -n team-a create secret generic directory-tokens \
+  --from-literal=slack=xoxb-demo --from-literal=scim=scim-demo >/dev/null
+cat <<YAML | "${consumer[@]}" apply -f -
+apiVersion: agentprimitives.authzed.com/v1alpha1
+kind: AgentIdentity
+metadata: {name: directory-sync, namespace: team-a}
+spec:
+  credentials:
+  - {name: slack-bot, secretRef: {name: directory-tokens, key: slack}}
+  - {name: scim, secretRef: {name: directory-tokens, key: scim}, allowedHosts: ["127.0.0.1:$scim_port"]}
+---
+apiVersion: agentprimitives.authzed.com/v1alpha1
+kind: RelationshipSource
+metadata: {name: slack, namespace: team-a}
+spec: {kind: slack, auth: {agentIdentity: directory-sync, credential: slack-bot}}
+---
+apiVersion: agentprimitives.authzed.com/v1alpha1
+kind: RelationshipSource
+metadata: {name: onepassword, namespace: team-a}
+spec:
+  kind: onepassword
+  baseURL: http://127.0.0.1:$scim_port
+  auth: {agentIdentity: directory-sync, credential: scim}
+YAML
+
+step "kbind relsync: memberships into SpiceDB"
+relsync=("$kbind" relsync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system
+  --spicedb-url "$KBIND_TEST_SPICEDB_URL" --spicedb-token-file "$dir/spicedb.key"
+  --slack-api-url "http://127.0.0.1:$slack_port/api" -o text --log-format text)
+"${relsync[@]}"
+"${consumer[@]}" get relationshipsources -n team-a
+"${consumer[@]}" get relationshipsource slack -n team-a \
+  -o jsonpath='slack lastPass: written={.status.sync.lastPass.written} joinMisses={.status.sync.lastPass.joinMisses}{"\n"}'
+for t in slack_channel scim_group; do
+  curl -sf -X POST -H "Authorization: Bearer $KBIND_TEST_SPICEDB_KEY" "$KBIND_TEST_SPICEDB_URL/v1/relationships/read" \
+    -d "{\"consistency\":{\"fullyConsistent\":true},\"relationshipFilter\":{\"resourceType\":\"$t\"}}" |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    r=json.loads(l)["result"]["relationship"]
+    print("  %s:%s#%s@%s:%s" % (r["resource"]["objectType"], r["resource"]["objectId"], r["relation"], r["subject"]["object"]["objectType"], r["subject"]["object"]["objectId"]))'
+done
+
+step "kbind relsync again: not due before its interval, nothing written"
+"${relsync[@]}"
+

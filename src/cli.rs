@@ -35,6 +35,9 @@ pub enum Command {
     /// requirements and the workspace's Grant call for (core bindings first). --max-items bounds
     /// binding writes in one run. `kbind claims export <entry>` renders the export's claims.
     Claims(Box<crate::claims::ClaimsArgs>),
+    /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
+    /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
+    Relsync(RelsyncArgs),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -60,4 +63,40 @@ pub struct ResyncArgs {
     /// over all bindings, ClusterBindings first).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelsyncArgs {
+    /// Only this RelationshipSource (`namespace/name`), due or not.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only these scopes of --source (e.g. `channel/C024BE91L`, `group/abc`), for maintenance
+    /// windows. A scoped pass never moves the cursor and never reaps.
+    #[arg(long = "scope", requires = "source")]
+    pub scopes: Vec<String>,
+    /// Only RelationshipSources in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only RelationshipSources matching this label selector.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// SpiceDB HTTP gateway URL (operator-level; tenants cannot choose it).
+    #[arg(long, env = "KBIND_SPICEDB_URL")]
+    pub spicedb_url: Option<String>,
+    /// File holding the SpiceDB preshared key.
+    #[arg(long, conflicts_with = "spicedb_token_secret")]
+    pub spicedb_token_file: Option<std::path::PathBuf>,
+    /// Secret holding the SpiceDB preshared key, as `namespace/name/key`.
+    #[arg(long)]
+    pub spicedb_token_secret: Option<String>,
+    /// Slack Web API root. The Slack kind ignores spec.baseURL.
+    #[arg(long, default_value = "https://slack.com/api")]
+    pub slack_api_url: String,
+    /// Scopes fetched concurrently per source (requests stay paced per upstream method).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Multiply the upstream's published rate limits (tests and benchmarks against local
+    /// stand-ins that enforce scaled limits; keep 1 against real services).
+    #[arg(long, default_value_t = 1.0, hide = true)]
+    pub upstream_rate_scale: f64,
 }

@@ -9,6 +9,7 @@ pub mod crds;
 #[cfg(feature = "fakes")]
 pub mod fakes;
 pub mod pass;
+pub mod relsync;
 pub mod resync;
 pub mod schema;
 pub mod scrub;

@@ -58,6 +58,11 @@ fn main() {
                 kbind::claims::run(ctx, *args)
             })),
         },
+        Command::Relsync(args) => {
+            block_on(kbind::pass::run(kbind::relsync::PASS, cli.common, |ctx| {
+                kbind::relsync::run(ctx, args)
+            }))
+        }
         Command::Crds { kcp } => {
             let crds = if kcp {
                 kbind::crds::kcp_crds()

@@ -29,6 +29,10 @@ pub struct Control {
     /// Faults keyed by method (Slack method name or SCIM path kind); `*` matches any.
     faults: BTreeMap<String, VecDeque<Fault>>,
     calls: BTreeMap<String, u64>,
+    /// First and last call per method, for achieved-rate figures.
+    spans: BTreeMap<String, (std::time::Instant, std::time::Instant)>,
+    /// Requests refused by tier-limit emulation, per method.
+    tier_rejections: BTreeMap<String, u64>,
     /// Authorization headers seen, to assert what a client sent where.
     pub seen_auth: Vec<String>,
 }
@@ -52,6 +56,28 @@ impl Control {
 
     fn count(&mut self, method: &str) {
         *self.calls.entry(method.to_string()).or_default() += 1;
+        let now = std::time::Instant::now();
+        self.spans
+            .entry(method.to_string())
+            .and_modify(|s| s.1 = now)
+            .or_insert((now, now));
+    }
+
+    /// Time between the first and the last call of `method`.
+    pub fn span(&self, method: &str) -> std::time::Duration {
+        self.spans
+            .get(method)
+            .map(|(a, b)| b.duration_since(*a))
+            .unwrap_or_default()
+    }
+
+    /// Requests of `method` refused by the tier-limit emulation (429).
+    pub fn tier_rejections(&self, method: &str) -> u64 {
+        self.tier_rejections.get(method).copied().unwrap_or(0)
+    }
+
+    pub fn total_tier_rejections(&self) -> u64 {
+        self.tier_rejections.values().sum()
     }
 
     pub fn calls(&self, method: &str) -> u64 {

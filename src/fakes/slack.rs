@@ -161,6 +161,12 @@ async fn handle(
         let n = w.1.entry(method.clone()).or_default();
         *n += 1;
         if *n > limit {
+            drop(w);
+            *state
+                .control()
+                .tier_rejections
+                .entry(method.clone())
+                .or_default() += 1;
             return fault_response(Fault::TooManyRequests {
                 retry_after: Some(1),
             });

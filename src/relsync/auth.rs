@@ -1,0 +1,149 @@
+//! Resolve a source's credential: its AgentIdentity (same namespace), the named credential, the
+//! Secret key holding the token, and — when the source sets `baseURL` — the credential's
+//! `allowedHosts` admitting that destination. Nothing is sent anywhere until this succeeds.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+
+use super::hosts::{self, Destination, HostError};
+use crate::api::relsync::{AgentIdentity, RelationshipSource};
+
+/// A token read from a Secret. Its Debug form never shows the value.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token([REDACTED])")
+    }
+}
+
+/// What a source may use to read its upstream.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    pub token: Token,
+    /// The admitted baseURL, when the source sets one.
+    pub base_url: Option<Destination>,
+}
+
+/// Why the credential could not be used; each names the object at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("AgentIdentity {0:?} not found in the source's namespace")]
+    IdentityNotFound(String),
+    #[error("AgentIdentity {identity:?} has no credential named {credential:?}")]
+    CredentialNotFound {
+        identity: String,
+        credential: String,
+    },
+    #[error("Secret {0:?} (credential secretRef) not found")]
+    SecretNotFound(String),
+    #[error("Secret {secret:?} has no key {key:?} (or it is empty)")]
+    SecretKeyMissing { secret: String, key: String },
+    #[error("{0}")]
+    Host(#[from] HostError),
+    #[error("reading {what}: {message}")]
+    Kube { what: String, message: String },
+}
+
+impl AuthError {
+    /// The Ready condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::IdentityNotFound(_) => "AgentIdentityNotFound",
+            Self::CredentialNotFound { .. } => "CredentialNotFound",
+            Self::SecretNotFound(_) | Self::SecretKeyMissing { .. } => "SecretNotFound",
+            Self::Host(HostError::NoAllowlist { .. } | HostError::NotAllowed { .. }) => {
+                "HostNotAllowed"
+            }
+            Self::Host(_) => "InvalidBaseURL",
+            Self::Kube { .. } => "CredentialUnreadable",
+        }
+    }
+}
+
+fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
+    move |e| AuthError::Kube {
+        what,
+        message: crate::scrub::scrub(&e.to_string()),
+    }
+}
+
+/// Resolve the credential of `src` (namespaced; the caller checked `metadata.namespace`).
+pub async fn resolve(
+    client: &Client,
+    ns: &str,
+    src: &RelationshipSource,
+) -> Result<Credential, AuthError> {
+    let auth = &src.spec.auth;
+    let identity = Api::<AgentIdentity>::namespaced(client.clone(), ns)
+        .get_opt(&auth.agent_identity)
+        .await
+        .map_err(kube_err(format!(
+            "AgentIdentity {ns}/{}",
+            auth.agent_identity
+        )))?
+        .ok_or_else(|| AuthError::IdentityNotFound(auth.agent_identity.clone()))?;
+    let cred = identity
+        .spec
+        .credentials
+        .iter()
+        .find(|c| c.name == auth.credential)
+        .ok_or_else(|| AuthError::CredentialNotFound {
+            identity: auth.agent_identity.clone(),
+            credential: auth.credential.clone(),
+        })?;
+    // The destination is checked before the Secret is even read.
+    let base_url = match src
+        .spec
+        .base_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+    {
+        Some(u) => Some(hosts::admit(u, &cred.name, &cred.allowed_hosts)?),
+        None => None,
+    };
+    let secret_name = &cred.secret_ref.name;
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(secret_name)
+        .await
+        .map_err(kube_err(format!("Secret {ns}/{secret_name}")))?
+        .ok_or_else(|| AuthError::SecretNotFound(secret_name.clone()))?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&cred.secret_ref.key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| AuthError::SecretKeyMissing {
+            secret: secret_name.clone(),
+            key: cred.secret_ref.key.clone(),
+        })?;
+    Ok(Credential {
+        token: Token::new(token),
+        base_url,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_debug_is_redacted() {
+        let c = Credential {
+            token: Token::new("xoxb-secret"),
+            base_url: None,
+        };
+        assert!(!format!("{c:?}").contains("xoxb-secret"));
+    }
+}

@@ -1,0 +1,390 @@
+//! The registry of upstream kinds. A kind parses its own `spec.config` (unknown keys refused),
+//! lists its scopes, fetches one scope's whole membership, and names the cross-resource edges
+//! it asserts. The pass never knows which service it talks to.
+
+pub mod onepassword;
+pub mod slack;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use reqwest::Url;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::auth::{Credential, Token};
+use super::ratelimit::{Pacer, Throttled, parse_retry_after};
+
+/// One unit of sync: an upstream object whose membership is diffed as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Scope {
+    /// Stable, sortable id: `<what>/<upstream id>`, e.g. `channel/C024BE91L`. The cursor
+    /// (`status.sync.resumeAfter`) compares these as strings.
+    pub id: String,
+    /// SpiceDB object type written for this scope.
+    pub object_type: &'static str,
+    /// The upstream object's id.
+    pub upstream_id: String,
+}
+
+/// An upstream member as the kind sees it, before the identity join.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub email: Option<String>,
+    pub bot: bool,
+    pub deleted: bool,
+    /// The upstream could not describe this member (unknown user).
+    pub unknown: bool,
+}
+
+/// A scope's membership, or the news that the scope no longer exists upstream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fetched {
+    Members(Vec<Member>),
+    Gone,
+}
+
+/// A relationship from a scope's object to another object this source writes (e.g. a
+/// channel's workspace): `(relation, subject object type, subject upstream id)`.
+pub type Link = (&'static str, &'static str, String);
+
+/// Edges that no single scope owns (workspace membership): written every pass, pruned only
+/// when a pass covered every scope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrossSet {
+    pub object_type: &'static str,
+    pub upstream_id: String,
+    pub relation: &'static str,
+    pub members: Vec<Member>,
+}
+
+/// What went wrong talking to the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum KindError {
+    /// The credential was refused.
+    #[error("{method}: credential refused: {message}")]
+    Auth { method: String, message: String },
+    /// The upstream answered with an error.
+    #[error("{method}: {message}")]
+    Upstream { method: String, message: String },
+    /// The request did not complete.
+    #[error("{method}: {message}")]
+    Transport { method: String, message: String },
+    /// A page did not advance (repeated cursor, or a page of ids already seen).
+    #[error("{method}: pagination stalled: {message}")]
+    Stalled { method: String, message: String },
+    #[error(transparent)]
+    Throttled(#[from] Throttled),
+}
+
+impl KindError {
+    /// Whether the pass must stop here (cursor saved) rather than count a scope error.
+    pub fn stops_pass(&self) -> bool {
+        matches!(self, Self::Throttled(Throttled::Deadline { .. }))
+    }
+}
+
+/// A registered upstream kind.
+pub trait Kind: Send + Sync {
+    /// Every current scope, sorted by id. An error means the enumeration is incomplete.
+    fn enumerate(&self) -> BoxFuture<'_, Result<Vec<Scope>, KindError>>;
+    /// The scope named by a `--scope` argument (a scope id such as `channel/C1`).
+    fn scope(&self, id: &str) -> Option<Scope>;
+    /// The scope's whole membership; never a partial list.
+    fn fetch<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Fetched, KindError>>;
+    /// Edges from the scope's object to other objects of this source.
+    fn links<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Vec<Link>, KindError>>;
+    /// Cross-resource edge sets (empty for kinds without any).
+    fn cross(&self) -> BoxFuture<'_, Result<Vec<CrossSet>, KindError>>;
+    /// Throttle responses seen so far.
+    fn throttles(&self) -> u64;
+    /// Every object type this kind writes (scope objects and cross-resource objects), for the
+    /// reap scan.
+    fn object_types(&self) -> &'static [&'static str];
+}
+
+/// The relations kbind writes on an object type; no other relation is ever diffed or deleted.
+pub fn relations(object_type: &str) -> &'static [&'static str] {
+    match object_type {
+        slack::CHANNEL => &["member", "workspace"],
+        _ => &["member"],
+    }
+}
+
+/// `spec.config.join`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JoinConfig {
+    /// Only `email`.
+    #[serde(default = "email")]
+    pub by: String,
+    #[serde(default)]
+    pub directory: Option<DirectoryRef>,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        Self {
+            by: email(),
+            directory: None,
+        }
+    }
+}
+
+fn email() -> String {
+    "email".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DirectoryRef {
+    pub config_map_ref: ConfigMapKey,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigMapKey {
+    pub name: String,
+    pub key: String,
+}
+
+/// A kind's parsed configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KindConfig {
+    Slack(slack::Config),
+    OnePassword(onepassword::Config),
+}
+
+/// Why a source's kind or config was refused (Ready=False).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("kind {0:?} is not registered (known kinds: slack, onepassword)")]
+    UnknownKind(String),
+    #[error("spec.config for kind {kind}: {message}")]
+    Invalid { kind: String, message: String },
+    #[error("kind {0} needs spec.baseURL (its service has no fixed address)")]
+    BaseUrlRequired(String),
+}
+
+impl ConfigError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnknownKind(_) => "UnknownKind",
+            Self::Invalid { .. } => "InvalidConfig",
+            Self::BaseUrlRequired(_) => "BaseURLRequired",
+        }
+    }
+}
+
+impl KindConfig {
+    /// Parse `spec.config` for `kind`; unknown keys are refused by name.
+    pub fn parse(
+        kind: &str,
+        config: Option<&Value>,
+        base_url: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let value = config
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
+        let invalid = |e: serde_json::Error| ConfigError::Invalid {
+            kind: kind.to_string(),
+            message: e.to_string(),
+        };
+        let cfg = match kind {
+            "slack" => Self::Slack(serde_json::from_value(value).map_err(invalid)?),
+            "onepassword" => {
+                if base_url.is_none_or(|u| u.trim().is_empty()) {
+                    return Err(ConfigError::BaseUrlRequired(kind.to_string()));
+                }
+                Self::OnePassword(serde_json::from_value(value).map_err(invalid)?)
+            }
+            other => return Err(ConfigError::UnknownKind(other.to_string())),
+        };
+        let join = cfg.join();
+        if join.by != "email" {
+            return Err(ConfigError::Invalid {
+                kind: kind.to_string(),
+                message: format!("join.by {:?} is not supported (only \"email\")", join.by),
+            });
+        }
+        Ok(cfg)
+    }
+
+    pub fn join(&self) -> &JoinConfig {
+        match self {
+            Self::Slack(c) => &c.join,
+            Self::OnePassword(c) => &c.join,
+        }
+    }
+}
+
+/// Operator-level settings every kind may need.
+#[derive(Clone, Debug)]
+pub struct Upstreams {
+    /// Slack Web API root (`--slack-api-url`).
+    pub slack_api_url: String,
+    /// Multiplier on published rate limits (tests and benchmarks only).
+    pub rate_scale: f64,
+}
+
+/// Build the kind for a source whose config parsed and whose credential was admitted.
+pub fn build(
+    config: &KindConfig,
+    cred: &Credential,
+    upstreams: &Upstreams,
+    budget: Arc<crate::pass::Budget>,
+) -> Result<Box<dyn Kind>, KindError> {
+    let http = reqwest::Client::builder()
+        // A redirect would carry the credential to a host allowedHosts never admitted.
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| KindError::Transport {
+            method: "client".into(),
+            message: e.to_string(),
+        })?;
+    Ok(match config {
+        KindConfig::Slack(c) => Box::new(slack::Slack::new(
+            c.clone(),
+            http,
+            cred.token.clone(),
+            &upstreams.slack_api_url,
+            upstreams.rate_scale,
+            budget,
+        )?),
+        KindConfig::OnePassword(c) => {
+            let base = cred.base_url.as_ref().ok_or_else(|| KindError::Upstream {
+                method: "config".into(),
+                message: "baseURL required".into(),
+            })?;
+            Box::new(onepassword::OnePassword::new(
+                c.clone(),
+                http,
+                cred.token.clone(),
+                base.url.clone(),
+                upstreams.rate_scale,
+                budget,
+            ))
+        }
+    })
+}
+
+/// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
+/// token rides in the Authorization header only; error text names the URL without its query.
+pub(crate) async fn get_json(
+    http: &reqwest::Client,
+    pacer: &Pacer,
+    method: &str,
+    url: Url,
+    token: &Token,
+    slack_style: bool,
+) -> Result<(u16, Value), KindError> {
+    let mut bare = url.clone();
+    bare.set_query(None);
+    let mut attempt = 0;
+    loop {
+        pacer.pace(method).await?;
+        let resp = http
+            .get(url.clone())
+            .bearer_auth(token.expose())
+            .send()
+            .await
+            .map_err(|e| KindError::Transport {
+                method: method.to_string(),
+                message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
+            })?;
+        let status = resp.status().as_u16();
+        if status == 429 {
+            let ra = parse_retry_after(
+                resp.headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+            );
+            pacer.throttled(method, attempt, ra).await?;
+            attempt += 1;
+            continue;
+        }
+        if resp.status().is_redirection() {
+            return Err(KindError::Upstream {
+                method: method.to_string(),
+                message: format!("GET {bare}: HTTP {status} redirect not followed"),
+            });
+        }
+        let text = resp.text().await.map_err(|e| KindError::Transport {
+            method: method.to_string(),
+            message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
+        })?;
+        let body: Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(_) => {
+                return Err(KindError::Upstream {
+                    method: method.to_string(),
+                    message: format!("GET {bare}: HTTP {status}, body is not JSON"),
+                });
+            }
+        };
+        if slack_style
+            && body.get("ok") == Some(&Value::Bool(false))
+            && body.get("error").and_then(Value::as_str) == Some("ratelimited")
+        {
+            pacer.throttled(method, attempt, None).await?;
+            attempt += 1;
+            continue;
+        }
+        return Ok((status, body));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn config_table() {
+        let ok = KindConfig::parse(
+            "slack",
+            Some(
+                &json!({"types": ["public_channel"], "usergroups": true, "join": {"by": "email"}}),
+            ),
+            None,
+        );
+        assert!(matches!(ok, Ok(KindConfig::Slack(_))), "{ok:?}");
+        assert!(matches!(
+            KindConfig::parse("slack", None, None),
+            Ok(KindConfig::Slack(_))
+        ));
+        let unknown_key = KindConfig::parse("slack", Some(&json!({"channelz": true})), None);
+        match unknown_key {
+            Err(e @ ConfigError::Invalid { .. }) => {
+                assert!(e.to_string().contains("channelz"), "{e}");
+                assert_eq!(e.reason(), "InvalidConfig");
+            }
+            other => panic!("{other:?}"),
+        }
+        let nested = KindConfig::parse(
+            "slack",
+            Some(&json!({"join": {"by": "email", "dir": {}}})),
+            None,
+        );
+        assert!(nested.unwrap_err().to_string().contains("dir"));
+        assert_eq!(
+            KindConfig::parse("slack", Some(&json!({"join": {"by": "name"}})), None)
+                .unwrap_err()
+                .reason(),
+            "InvalidConfig"
+        );
+        assert_eq!(
+            KindConfig::parse("github", None, None).unwrap_err(),
+            ConfigError::UnknownKind("github".into())
+        );
+        assert_eq!(
+            KindConfig::parse("onepassword", None, None)
+                .unwrap_err()
+                .reason(),
+            "BaseURLRequired"
+        );
+        assert!(KindConfig::parse("onepassword", None, Some("https://scim.example.com")).is_ok());
+    }
+}

@@ -1,0 +1,267 @@
+//! `kbind relsync`: one bounded pass that syncs upstream directory memberships (Slack, a 1Password
+//! SCIM bridge) into SpiceDB, per RelationshipSource (spec 002).
+//!
+//! observe  list RelationshipSources (this shard, namespace, selector); pick the due ones,
+//!          least-recently-synced first
+//! per source: resolve kind + config + credential (allowedHosts before any request), enumerate
+//!          scopes (sorted), take those after `status.sync.resumeAfter` up to the budget
+//! apply    per scope: whole membership → join → diff against SpiceDB → batched writes
+//!          (bounded concurrency, paced below the upstream's limits); cross-resource edges;
+//!          the reap, only on a pass that covered every enumerated scope
+//! record   status (cursor, lastPass, conditions) under `kbind-relsync`
+
+pub mod apply;
+pub mod auth;
+pub mod encode;
+pub mod hosts;
+pub mod join;
+pub mod kinds;
+pub mod plan;
+pub mod ratelimit;
+pub mod record;
+mod source;
+pub mod spicedb;
+
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use crate::api::relsync::RelationshipSource;
+use crate::cli::RelsyncArgs;
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, Summary, list, shard};
+use auth::Token;
+use join::Directory;
+use kinds::{KindConfig, Upstreams};
+use record::Outcome;
+use spicedb::HttpStore;
+
+pub const PASS: &str = "relsync";
+
+/// Windows of at least this many scopes read SpiceDB in bulk (see `apply::prefetch`).
+const PREFETCH_MIN: usize = 32;
+
+/// Why a source could not even start (Ready=False), phrased for the condition.
+struct Refusal {
+    reason: &'static str,
+    message: String,
+}
+
+/// Read the SpiceDB preshared key from `--spicedb-token-file` or `--spicedb-token-secret`.
+async fn spicedb_token(client: &Client, args: &RelsyncArgs) -> Result<Token, PassError> {
+    if let Some(path) = &args.spicedb_token_file {
+        let t = std::fs::read_to_string(path).map_err(|e| {
+            PassError::Config(format!("--spicedb-token-file {}: {e}", path.display()))
+        })?;
+        return Ok(Token::new(t.trim()));
+    }
+    if let Some(r) = &args.spicedb_token_secret {
+        let parts: Vec<&str> = r.split('/').collect();
+        let [ns, name, key] = parts.as_slice() else {
+            return Err(PassError::Config(format!(
+                "--spicedb-token-secret {r:?}: expected namespace/name/key"
+            )));
+        };
+        let s = Api::<Secret>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .map_err(|e| PassError::kube(format!("reading Secret {ns}/{name}"), &e))?;
+        let v = s
+            .data
+            .and_then(|d| {
+                d.get(*key)
+                    .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+            })
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| PassError::Config(format!("Secret {ns}/{name} has no key {key:?}")))?;
+        return Ok(Token::new(v));
+    }
+    Err(PassError::Config(
+        "the SpiceDB preshared key is required: --spicedb-token-file or --spicedb-token-secret"
+            .into(),
+    ))
+}
+
+/// Load the join directory, if the config names one.
+async fn directory(client: &Client, ns: &str, cfg: &KindConfig) -> Result<Directory, Refusal> {
+    let Some(d) = &cfg.join().directory else {
+        return Ok(Directory::Derived);
+    };
+    let r = &d.config_map_ref;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(&r.name)
+        .await
+        .map_err(|e| Refusal {
+            reason: "DirectoryUnreadable",
+            message: format!(
+                "reading ConfigMap {:?}: {}",
+                r.name,
+                crate::scrub::scrub(&e.to_string())
+            ),
+        })?
+        .ok_or_else(|| Refusal {
+            reason: "DirectoryNotFound",
+            message: format!("join directory ConfigMap {:?} not found", r.name),
+        })?;
+    let text = cm
+        .data
+        .and_then(|d| d.get(&r.key).cloned())
+        .ok_or_else(|| Refusal {
+            reason: "DirectoryNotFound",
+            message: format!(
+                "join directory ConfigMap {:?} has no key {:?}",
+                r.name, r.key
+            ),
+        })?;
+    Directory::parse(&text).map_err(|e| Refusal {
+        reason: "InvalidDirectory",
+        message: format!("ConfigMap {:?} key {:?}: {e}", r.name, r.key),
+    })
+}
+
+fn key(s: &RelationshipSource) -> String {
+    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
+}
+
+pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassError> {
+    let mut summary = Summary::new(PASS, ctx.args.dry_run);
+    let url = args
+        .spicedb_url
+        .clone()
+        .ok_or_else(|| PassError::Config("--spicedb-url is required".into()))?;
+    let token = spicedb_token(&ctx.client, &args).await?;
+    let store = HttpStore::new(&url, token)
+        .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?;
+    store.ping().await.map_err(|e| PassError::Unreachable {
+        what: "SpiceDB".into(),
+        message: crate::scrub::scrub(&e.to_string()),
+    })?;
+
+    // Observe.
+    let api: Api<RelationshipSource> = match &args.namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let mut lp = ListParams::default();
+    if let Some(sel) = &args.selector {
+        lp = lp.labels(sel);
+    }
+    let sources = list::all(&api, &lp).await.map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 400 => {
+            PassError::Config(format!("--selector: {}", s.message))
+        }
+        _ => PassError::kube("listing RelationshipSources", &e),
+    })?;
+    let now = Timestamp::now().as_second();
+    let mut due = Vec::new();
+    for s in &sources {
+        let k = key(s);
+        if !shard::owns(ctx.args.shard, &k) {
+            continue;
+        }
+        if let Some(only) = &args.source {
+            if &k == only {
+                due.push((k, None));
+            }
+            continue;
+        }
+        let interval =
+            plan::parse_interval(s.spec.sync.as_ref().and_then(|x| x.interval.as_deref()))
+                .unwrap_or(plan::DEFAULT_INTERVAL);
+        if plan::is_due(s.status.as_ref(), s.metadata.generation, interval, now) {
+            let last = s
+                .status
+                .as_ref()
+                .and_then(|st| st.sync.as_ref())
+                .and_then(|y| y.last_sync_time.as_ref())
+                .map(|t| t.0.as_second());
+            due.push((k, last));
+        }
+    }
+    if let Some(only) = &args.source
+        && due.is_empty()
+    {
+        return Err(PassError::Config(format!(
+            "--source {only}: no such RelationshipSource (in this shard)"
+        )));
+    }
+    summary.count("sources", sources.len() as i64);
+    summary.count("sourcesDue", due.len() as i64);
+    let order = plan::order_due(due);
+    let upstreams = Upstreams {
+        slack_api_url: args.slack_api_url.clone(),
+        rate_scale: args.upstream_rate_scale,
+    };
+    let writes = Mutex::new(Writes::new(ctx.args.dry_run));
+    let mut stopped = None;
+    for k in order {
+        if let Err(why) = ctx.budget.check() {
+            stopped = Some(format!("{why:?}"));
+            summary.count("sourcesDeferred", 1);
+            continue;
+        }
+        let Some(src) = sources.iter().find(|s| key(s) == k) else {
+            continue;
+        };
+        let (rec, throttles) =
+            source::sync_source(&ctx, &args, &store, &upstreams, src, &writes).await?;
+        summary.count("upstreamThrottles", throttles as i64);
+        let c = &rec.counts;
+        summary.count("scopesProcessed", i64::from(c.scopes_processed));
+        summary.count("relationshipsWritten", i64::from(c.written));
+        summary.count("relationshipsPruned", i64::from(c.pruned));
+        summary.count("reapedScopes", i64::from(c.reaped_scopes));
+        summary.count("joinMisses", i64::from(c.join_misses));
+        summary.count("scopeErrors", rec.errors.len() as i64);
+        if !rec.reached_end && rec.outcome == Outcome::Ran && !rec.scoped {
+            summary.count("sourcesIncomplete", 1);
+        }
+        if let Outcome::Refused { reason, .. } | Outcome::EnumerationFailed { reason, .. } =
+            &rec.outcome
+        {
+            summary.count("sourcesNotReady", 1);
+            tracing::warn!(source = %k, reason, "source not synced");
+        }
+        let ns = src.namespace().unwrap_or_default();
+        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+        let go = lock(&writes).will(
+            "apply-status",
+            format!("RelationshipSource {k}"),
+            "sync progress, lastPass, conditions",
+        );
+        if go {
+            record::write(&sapi, &src.name_any(), src, &rec, &ctx.field_manager())
+                .await
+                .map_err(|e| {
+                    PassError::kube(format!("recording status of RelationshipSource {k}"), &e)
+                })?;
+            lock(&writes).bookkeeping_done();
+        }
+    }
+    let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
+    summary.data_writes = w.data;
+    summary.bookkeeping_writes = w.bookkeeping;
+    summary.planned = w.planned;
+    summary.outcome = if ctx.args.dry_run {
+        "dry-run".into()
+    } else {
+        "completed".into()
+    };
+    if stopped.is_none()
+        && let Err(why) = ctx.budget.check()
+    {
+        stopped = Some(format!("{why:?}"));
+    }
+    if let Some(why) = stopped {
+        summary.outcome = "partial".into();
+        summary.message = format!("stopped early ({why}); the next run continues");
+    }
+    Ok(summary)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

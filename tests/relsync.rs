@@ -1,0 +1,752 @@
+//! `kbind relsync` run as the real binary against a real SpiceDB (serve-testing, one store per
+//! test) and the local Slack/SCIM stand-ins started in this process.
+
+#[path = "support/relsync_fx.rs"]
+mod relsync_fx;
+mod support;
+
+use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
+use kbind::fakes::{Fault, scim, slack};
+use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
+use serde_json::json;
+use support::fx::cond;
+
+/// A Slack source `s` reading workspace `ws` through a fresh fake.
+async fn slack_setup(
+    prefix: &str,
+    ws: slack::Workspace,
+    spec: serde_json::Value,
+) -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
+    let rx = Rx::new(prefix).await?;
+    let fake = slack::start(ws, 0).await.unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    let mut spec = spec;
+    spec["kind"] = json!("slack");
+    rx.source("s", spec).await;
+    Some((rx, fake))
+}
+
+fn members(ch: &str, users: &[&str]) -> Vec<String> {
+    users
+        .iter()
+        .map(|u| format!("{ch}#member@{}@example.com", u.to_lowercase()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_sync_then_exact_diffs_then_nothing() {
+    let ws = workspace(
+        vec![
+            user("U1"),
+            user("U2"),
+            user("U3"),
+            slack::User {
+                id: "U4".into(),
+                email: None,
+                ..Default::default()
+            },
+            slack::User {
+                id: "B1".into(),
+                email: Some("bot@example.com".into()),
+                is_bot: true,
+                ..Default::default()
+            },
+            slack::User {
+                id: "USLACKBOT".into(),
+                ..Default::default()
+            },
+            slack::User {
+                id: "U9".into(),
+                email: Some("gone@example.com".into()),
+                deleted: true,
+                ..Default::default()
+            },
+        ],
+        vec![
+            channel("C1", &["U1", "U2", "U4", "B1", "USLACKBOT", "U9"]),
+            channel("C2", &["U2"]),
+            slack::Channel {
+                is_private: true,
+                ..channel("C3", &["U3"])
+            },
+        ],
+    );
+    let Some((rx, fake)) = slack_setup("rs-first", ws, json!({})).await else {
+        return;
+    };
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["sourcesDue"], 1, "{s}");
+    let mut want: Vec<String> = [
+        members("C1", &["U1", "U2"]),
+        members("C2", &["U2"]),
+        members("C3", &["U3"]),
+    ]
+    .concat();
+    want.extend(["C1#workspace@T1", "C2#workspace@T1", "C3#workspace@T1"].map(String::from));
+    want.sort();
+    assert_eq!(rx.held("slack_channel").await, want);
+    assert_eq!(
+        rx.held("slack_workspace").await,
+        members("T1", &["U1", "U2", "U3"])
+    );
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True");
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED), ("False", "Reaped", ""));
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "False");
+    let lp = rx.last_pass("s").await;
+    // U4 (no email), B1 (bot), USLACKBOT and U9 (deleted) are misses, never written.
+    assert_eq!(
+        (lp.join_misses, lp.scopes_processed, lp.written, lp.pruned),
+        (4, 3, 10, 0)
+    );
+    let sync = st.sync.unwrap();
+    assert!(sync.enum_complete && sync.resume_after.is_empty() && sync.last_sync_time.is_some());
+    // The token only ever travelled in the Authorization header.
+    assert!(
+        fake.state
+            .control()
+            .seen_auth
+            .iter()
+            .all(|a| a == &format!("Bearer {SLACK_TOKEN}"))
+    );
+
+    // Not due again before its interval.
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(
+        (s["counts"]["sourcesDue"].clone(), s["data_writes"].clone()),
+        (json!(0), json!(0)),
+        "{s}"
+    );
+
+    // One member joins C2, one leaves C1: exactly that diff.
+    {
+        let mut w = fake.state.workspace();
+        w.channels[1].members.push("U3".into());
+        w.channels[0].members.retain(|m| m != "U2");
+    }
+    let before = fake.state.control().total_calls();
+    let s = rx
+        .run(&fake.url(), &["--source", &format!("{}/s", rx.ns)])
+        .await;
+    assert!(fake.state.control().total_calls() > before);
+    let lp = rx.last_pass("s").await;
+    assert_eq!((lp.written, lp.pruned), (1, 1), "{s}");
+    let held = rx.held("slack_channel").await;
+    assert!(held.contains(&"C2#member@u3@example.com".to_string()));
+    assert!(!held.contains(&"C1#member@u2@example.com".to_string()));
+
+    // Unchanged: zero data writes, one status write (plus the Lease).
+    let s = rx
+        .run(&fake.url(), &["--source", &format!("{}/s", rx.ns)])
+        .await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(
+        s["bookkeeping_writes"], 3,
+        "Lease take, release, one status: {s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgeted_passes_resume_and_finish_the_cycle_without_reaping() {
+    let chans: Vec<_> = (1..=5)
+        .map(|i| channel(&format!("C{i}"), &["U1"]))
+        .collect();
+    let ws = workspace(vec![user("U1")], chans);
+    let Some((rx, fake)) =
+        slack_setup("rs-budget", ws, json!({"sync": {"maxScopesPerPass": 2}})).await
+    else {
+        return;
+    };
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    let sync = st.sync.clone().unwrap();
+    assert_eq!(
+        (sync.resume_after.as_str(), sync.enum_complete),
+        ("channel/C2", false)
+    );
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "PartialCoverage");
+    assert_eq!(cond(&st.conditions, READY).0, "True");
+    let started = sync.cycle_started_at.clone();
+    // A cycle in progress is due on the next run without --source.
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["sourcesDue"], 1, "{s}");
+    let sync = rx.status("s").await.sync.unwrap();
+    assert_eq!(
+        (sync.resume_after.as_str(), sync.enum_complete),
+        ("channel/C4", false)
+    );
+    assert_eq!(sync.cycle_started_at, started, "same cycle");
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    let sync = st.sync.clone().unwrap();
+    assert_eq!((sync.resume_after.as_str(), sync.enum_complete), ("", true));
+    assert_eq!(
+        cond(&st.conditions, REAP_DEFERRED).1,
+        "PartialCoverage",
+        "no single pass covered every scope"
+    );
+    let held = rx.held("slack_channel").await;
+    for i in 1..=5 {
+        assert!(
+            held.contains(&format!("C{i}#member@u1@example.com")),
+            "{held:?}"
+        );
+    }
+    // C5 vanishes upstream; a whole new budgeted cycle never reaps it.
+    fake.state.workspace().channels.retain(|c| c.id != "C5");
+    let src = format!("{}/s", rx.ns);
+    for _ in 0..2 {
+        rx.run(&fake.url(), &["--source", &src]).await;
+    }
+    assert!(rx.status("s").await.sync.unwrap().enum_complete);
+    assert!(
+        rx.held("slack_channel")
+            .await
+            .iter()
+            .any(|h| h.starts_with("C5#")),
+        "never reaped by a budgeted pass"
+    );
+    // Lifting the bound: one pass covers everything and reaps C5.
+    rx.patch_spec("s", json!({"sync": {"maxScopesPerPass": null}}))
+        .await;
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "Reaped");
+    assert!(
+        !rx.held("slack_channel")
+            .await
+            .iter()
+            .any(|h| h.starts_with("C5#"))
+    );
+    assert_eq!(rx.last_pass("s").await.reaped_scopes, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_items_bounds_scopes_across_sources_least_recently_synced_first() {
+    let chans: Vec<_> = (1..=3)
+        .map(|i| channel(&format!("C{i}"), &["U1"]))
+        .collect();
+    let ws = workspace(vec![user("U1")], chans);
+    let Some((rx, fake)) = slack_setup("rs-items", ws, json!({})).await else {
+        return;
+    };
+    rx.source("t", json!({"kind": "slack"})).await;
+    let s = rx.run(&fake.url(), &["--max-items", "4"]).await;
+    assert_eq!(s["counts"]["scopesProcessed"], 4, "{s}");
+    // "s" sorts first among never-synced sources; "t" got the one scope left.
+    assert_eq!(rx.last_pass("s").await.scopes_processed, 3);
+    assert_eq!(
+        rx.status("t").await.sync.unwrap().resume_after,
+        "channel/C1"
+    );
+    let s = rx.run(&fake.url(), &["--max-items", "4"]).await;
+    assert_eq!(
+        s["counts"]["sourcesDue"], 1,
+        "only t is still mid-cycle: {s}"
+    );
+    assert!(rx.status("t").await.sync.unwrap().enum_complete);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_channel_is_swept_and_an_empty_enumeration_prunes_nothing() {
+    let ws = workspace(
+        vec![user("U1"), user("U2")],
+        vec![channel("C1", &["U1"]), channel("C2", &["U1", "U2"])],
+    );
+    let Some((rx, fake)) = slack_setup("rs-gone", ws, json!({})).await else {
+        return;
+    };
+    let src = format!("{}/s", rx.ns);
+    rx.run(&fake.url(), &[]).await;
+    // A scoped pass on a channel Slack no longer knows (channel_not_found) sweeps its object.
+    fake.state.workspace().channels.retain(|c| c.id != "C2");
+    rx.run(&fake.url(), &["--source", &src, "--scope", "channel/C2"])
+        .await;
+    let lp = rx.last_pass("s").await;
+    assert!(lp.scoped);
+    assert_eq!((lp.reaped_scopes, lp.pruned), (1, 3));
+    assert!(
+        !rx.held("slack_channel")
+            .await
+            .iter()
+            .any(|h| h.starts_with("C2#"))
+    );
+    // Every channel gone: a complete enumeration of zero scopes refuses to prune.
+    fake.state.workspace().channels.clear();
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "EmptyEnumeration");
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C1#member@u1@example.com", "C1#workspace@T1"]
+    );
+    assert_eq!(rx.held("slack_workspace").await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_throttle_shape_backs_off_and_the_pass_completes() {
+    let ws = workspace(
+        vec![user("U1")],
+        vec![channel("C1", &["U1"]), channel("C2", &["U1"])],
+    );
+    let Some((rx, fake)) = slack_setup("rs-throttle", ws, json!({})).await else {
+        return;
+    };
+    {
+        let mut c = fake.state.control();
+        c.push_fault(
+            "conversations.members",
+            Fault::TooManyRequests {
+                retry_after: Some(1),
+            },
+        );
+        c.push_fault(
+            "conversations.members",
+            Fault::TooManyRequests { retry_after: None },
+        );
+        c.push_fault("users.list", Fault::OkFalseRatelimited);
+    }
+    let s = rx.run(&fake.url(), &["--concurrency", "1"]).await;
+    assert_eq!(s["counts"]["upstreamThrottles"], 3, "{s}");
+    assert_eq!(s["counts"]["scopeErrors"], 0, "{s}");
+    assert_eq!(rx.held("slack_channel").await.len(), 4);
+    assert_eq!(
+        fake.state.control().calls("conversations.members"),
+        4,
+        "two throttled, two served"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_wait_past_the_deadline_ends_the_pass_with_the_cycle_open() {
+    let ws = workspace(
+        vec![user("U1")],
+        (1..=3)
+            .map(|i| channel(&format!("C{i}"), &["U1"]))
+            .collect(),
+    );
+    let Some((rx, fake)) = slack_setup("rs-deadline", ws, json!({})).await else {
+        return;
+    };
+    // The first conversations.members asks for an hour: far past a 20 s deadline.
+    fake.state.control().push_fault(
+        "conversations.members",
+        Fault::TooManyRequests {
+            retry_after: Some(3600),
+        },
+    );
+    let t = std::time::Instant::now();
+    let s = rx
+        .run(&fake.url(), &["--concurrency", "1", "--deadline", "20s"])
+        .await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(15),
+        "did not wait out the hour"
+    );
+    let st = rx.status("s").await;
+    let sync = st.sync.clone().unwrap();
+    assert!(!sync.enum_complete, "{s}");
+    assert_eq!(sync.resume_after, "", "stopped before the first scope");
+    assert!(
+        sync.cycle_started_at.is_some(),
+        "the cycle stays open: due on the next run"
+    );
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "PartialCoverage");
+    assert!(
+        rx.held("slack_channel").await.is_empty(),
+        "no half-fetched scope written"
+    );
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["sourcesDue"], 1, "{s}");
+    let sync = rx.status("s").await.sync.unwrap();
+    assert!(sync.enum_complete);
+    assert_eq!(rx.held("slack_channel").await.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_of_2500_members_is_written_in_batches() {
+    let users: Vec<_> = (0..2500).map(|i| user(&format!("U{i:05}"))).collect();
+    let ids: Vec<String> = users.iter().map(|u| u.id.clone()).collect();
+    let mut ws = workspace(
+        users,
+        vec![slack::Channel {
+            id: "C1".into(),
+            name: "all".into(),
+            members: ids,
+            ..Default::default()
+        }],
+    );
+    ws.max_page = 1000;
+    let Some((rx, fake)) = slack_setup("rs-big", ws, json!({"config": {"pageSize": 1000}})).await
+    else {
+        return;
+    };
+    let s = rx.run(&fake.url(), &[]).await;
+    // 2500 members + the workspace link in one scope, 2500 workspace members: 3 + 3 batches.
+    assert_eq!(s["data_writes"], 6, "{s}");
+    assert_eq!(rx.held("slack_channel").await.len(), 2501);
+    let lp = rx.last_pass("s").await;
+    assert_eq!(lp.written, 5001);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_url_not_in_allowed_hosts_receives_nothing() {
+    let Some(rx) = Rx::new("rs-hosts").await else {
+        return;
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let h = hits.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((_s, _)) = listener.accept().await {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    rx.identity("scim", "scim-secret", &["scim.example.com", "localhost"])
+        .await;
+    rx.source(
+        "op",
+        json!({"kind": "onepassword", "baseURL": format!("http://127.0.0.1:{port}"),
+        "auth": {"agentIdentity": "agent", "credential": "scim"}}),
+    )
+    .await;
+    rx.run("http://127.0.0.1:9", &[]).await;
+    let st = rx.status("op").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!((status, reason), ("False", "HostNotAllowed"));
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the listener received a connection"
+    );
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onepassword_over_an_allowed_loopback_bridge() {
+    let Some(rx) = Rx::new("rs-scim").await else {
+        return;
+    };
+    let u = |id: &str, email: &str, active| scim::ScimUser {
+        id: id.into(),
+        user_name: id.into(),
+        emails: vec![(email.into(), true)],
+        active,
+    };
+    let dir = scim::Directory {
+        token: "scim-secret".into(),
+        users: vec![
+            u("u1", "Ada@Example.com", true),
+            u("u2", "grace@example.com", true),
+            u("u3", "old@example.com", false),
+        ],
+        groups: (1..=3)
+            .map(|i| scim::ScimGroup {
+                id: format!("g{i}"),
+                display_name: format!("g{i}"),
+                members: vec!["u1".into(), "u2".into(), "u3".into()],
+            })
+            .collect(),
+        max_results: 2,
+        ..Default::default()
+    };
+    let bridge = scim::start(dir, 0).await.unwrap();
+    rx.identity("scim", "scim-secret", &[&bridge.addr.to_string()])
+        .await;
+    rx.source(
+        "op",
+        json!({"kind": "onepassword", "baseURL": bridge.url(),
+        "auth": {"agentIdentity": "agent", "credential": "scim"}, "config": {"pageSize": 2}}),
+    )
+    .await;
+    rx.run("http://127.0.0.1:9", &[]).await;
+    let st = rx.status("op").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True", "{:?}", st.conditions);
+    let want: Vec<String> = (1..=3)
+        .flat_map(|i| {
+            [
+                format!("g{i}#member@ada@example.com"),
+                format!("g{i}#member@grace@example.com"),
+            ]
+        })
+        .collect();
+    assert_eq!(rx.held("scim_group").await, want);
+    assert_eq!(rx.last_pass("op").await.join_misses, 1, "the inactive user");
+
+    // A bridge that ignores startIndex: an error, never an endless loop or a false end.
+    bridge.state.directory().ignore_start_index = true;
+    rx.run(
+        "http://127.0.0.1:9",
+        &["--source", &format!("{}/op", rx.ns)],
+    )
+    .await;
+    let st = rx.status("op").await;
+    let (_, reason, message) = cond(&st.conditions, READY);
+    assert_eq!(reason, "EnumerationFailed");
+    assert!(message.contains("stalled"), "{message}");
+    assert_eq!(rx.held("scim_group").await, want, "nothing pruned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kind_and_unknown_config_key_say_so() {
+    let Some(rx) = Rx::new("rs-kind").await else {
+        return;
+    };
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    rx.source("k", json!({"kind": "github"})).await;
+    rx.source(
+        "c",
+        json!({"kind": "slack", "config": {"channelTypes": ["public_channel"]}}),
+    )
+    .await;
+    rx.run("http://127.0.0.1:9", &[]).await;
+    let st = rx.status("k").await;
+    let (s, reason, msg) = cond(&st.conditions, READY);
+    assert_eq!((s, reason), ("False", "UnknownKind"));
+    assert!(msg.contains("github"), "{msg}");
+    let st = rx.status("c").await;
+    let (s, reason, msg) = cond(&st.conditions, READY);
+    assert_eq!((s, reason), ("False", "InvalidConfig"));
+    assert!(msg.contains("channelTypes"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_samples_carry_no_token_or_query_string() {
+    let ws = workspace(
+        vec![user("U1")],
+        vec![channel("C1", &["U1"]), channel("C2", &["U1"])],
+    );
+    let Some((rx, fake)) = slack_setup("rs-scrub", ws, json!({})).await else {
+        return;
+    };
+    fake.state.control().push_fault(
+        "conversations.members",
+        Fault::OkFalse(format!(
+            "see https://slack.com/api/x?token={SLACK_TOKEN}#frag Bearer {SLACK_TOKEN}"
+        )),
+    );
+    rx.run(&fake.url(), &["--concurrency", "1"]).await;
+    let st = rx.status("s").await;
+    assert_eq!(
+        cond(&st.conditions, READY).0,
+        "True",
+        "a partial failure stays Ready"
+    );
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "True");
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "ScopeErrors");
+    let lp = rx.last_pass("s").await;
+    assert_eq!(lp.scope_errors, 1);
+    let sample = &lp.scope_error_samples[0];
+    assert_eq!(sample.scope, "channel/C1");
+    assert!(
+        sample.message.contains("slack.com/api/x"),
+        "{}",
+        sample.message
+    );
+    for bad in [SLACK_TOKEN, "?", "#frag"] {
+        assert!(!sample.message.contains(bad), "{bad} in {}", sample.message);
+    }
+    assert!(
+        rx.held("slack_channel")
+            .await
+            .contains(&"C2#member@u1@example.com".to_string())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_pass_neither_moves_the_cursor_nor_reaps() {
+    let chans: Vec<_> = (1..=4)
+        .map(|i| channel(&format!("C{i}"), &["U1"]))
+        .collect();
+    let ws = workspace(vec![user("U1"), user("U2")], chans);
+    let Some((rx, fake)) =
+        slack_setup("rs-scoped", ws, json!({"sync": {"maxScopesPerPass": 2}})).await
+    else {
+        return;
+    };
+    rx.run(&fake.url(), &[]).await;
+    let before = rx.status("s").await.sync.unwrap();
+    fake.state.workspace().channels[3].members.push("U2".into());
+    rx.run(
+        &fake.url(),
+        &["--source", &format!("{}/s", rx.ns), "--scope", "channel/C4"],
+    )
+    .await;
+    let after = rx.status("s").await.sync.unwrap();
+    assert_eq!(after.resume_after, before.resume_after);
+    assert_eq!(
+        (after.enum_complete, after.cycle_started_at.clone()),
+        (before.enum_complete, before.cycle_started_at.clone())
+    );
+    assert_eq!(after.last_sync_time, before.last_sync_time);
+    let lp = after.last_pass.unwrap();
+    assert!(lp.scoped);
+    assert_eq!(
+        (lp.scopes_processed, lp.written, lp.reaped_scopes),
+        (1, 3, 0),
+        "member, member, workspace link"
+    );
+    assert!(
+        rx.held("slack_channel")
+            .await
+            .contains(&"C4#member@u2@example.com".to_string())
+    );
+    // --scope without --source is a usage error.
+    let (code, _, _) = rx
+        .run_env(&fake.url(), &["--scope", "channel/C1"], &[])
+        .await;
+    assert_eq!(code, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_mid_way_converges_on_the_next_run() {
+    let users: Vec<_> = (1..=5).map(|i| user(&format!("U{i}"))).collect();
+    let chans: Vec<_> = (1..=6)
+        .map(|i| {
+            channel(
+                &format!("C{i}"),
+                &["U1", "U2", "U3", "U4", "U5"][..i.min(5)],
+            )
+        })
+        .collect();
+    let ws = workspace(users, chans);
+    let Some((rx, fake)) = slack_setup("rs-crash", ws, json!({})).await else {
+        return;
+    };
+    let (code, _, stderr) = rx
+        .run_env(
+            &fake.url(),
+            &["--concurrency", "2"],
+            &[("KBIND_CRASH_AFTER_WRITES", "3")],
+        )
+        .await;
+    assert_ne!(code, 0, "the crash knob aborts: {stderr}");
+    assert!(
+        stderr.contains("KBIND_CRASH_AFTER_WRITES=3 reached"),
+        "{stderr}"
+    );
+    let partial = rx.held("slack_channel").await.len();
+    assert!(partial > 0, "some writes landed before the crash");
+    // The aborted run never released its pass Lease; an operator (or its expiry) frees it.
+    let lease = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        rx.client.clone(),
+        &rx.ns,
+    );
+    let _ = lease.delete("kbind-relsync", &Default::default()).await;
+    rx.run(&fake.url(), &[]).await;
+    let held = rx.held("slack_channel").await;
+    let expected: usize = (1..=6).map(|i: usize| i.min(5) + 1).sum();
+    assert_eq!(held.len(), expected, "{held:?}");
+    assert_eq!(rx.held("slack_workspace").await.len(), 5);
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "Reaped");
+}
+
+/// deploy/rbac/relsync.yaml is enough: the pass, run as kbind-system/kbind-relsync, reads its
+/// sources, identity, Secret and directory ConfigMap, writes status, and takes its Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pass_runs_with_exactly_its_rbac() {
+    let ws = workspace(
+        vec![user("U1"), user("U2")],
+        vec![channel("C1", &["U1", "U2"])],
+    );
+    let Some((rx, fake)) = slack_setup(
+        "rs-rbac",
+        ws,
+        json!({"config": {"join": {"by": "email", "directory": {"configMapRef": {"name": "people", "key": "map"}}}}}),
+    )
+    .await
+    else {
+        return;
+    };
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "people"}, "data": {"map": "u1@example.com: ada\n"}}))
+    .unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(rx.client.clone(), &rx.ns)
+        .create(&Default::default(), &cm)
+        .await
+        .unwrap();
+    rx.kubectl_apply("deploy/namespace.yaml");
+    rx.kubectl_apply("deploy/rbac/relsync.yaml");
+    let kc = rx
+        .service_account_kubeconfig("kbind-system", "kbind-relsync")
+        .await;
+    let kc = kc.to_string_lossy().to_string();
+    let src = format!("{}/s", rx.ns);
+    // RBAC reaches the authorizer a moment late, and a concurrent run may hold the shared Lease.
+    let mut last = (0, json!(null), String::new());
+    for _ in 0..40 {
+        last = rx
+            .run_env(
+                &fake.url(),
+                &[
+                    "--kubeconfig",
+                    &kc,
+                    "--lease-namespace",
+                    "kbind-system",
+                    "--source",
+                    &src,
+                    "--deadline",
+                    "1m",
+                ],
+                &[],
+            )
+            .await;
+        if last.0 == 0 && last.1["outcome"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let (code, summary, stderr) = last;
+    assert_eq!(
+        (code, summary["outcome"].clone()),
+        (0, json!("completed")),
+        "{summary}\n{stderr}"
+    );
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C1#member@ada", "C1#workspace@T1"]
+    );
+    let lp = rx.last_pass("s").await;
+    assert_eq!(lp.join_misses, 1, "u2 is not in the directory");
+}
+
+/// A window of 32+ scopes reads SpiceDB in bulk (one export stream) instead of per scope: the
+/// diffs must be just as exact, and another source's objects must stay invisible to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_read_windows_diff_exactly_and_see_only_their_source() {
+    let chans: Vec<_> = (0..40)
+        .map(|i| channel(&format!("C{i:02}"), &["U1", "U2"]))
+        .collect();
+    let ws = workspace(vec![user("U1"), user("U2"), user("U3")], chans);
+    let Some((rx, fake)) = slack_setup("rs-bulk", ws, json!({})).await else {
+        return;
+    };
+    // A second source on the same workspace: its own objects, never pruned by "s".
+    rx.source("other", json!({"kind": "slack"})).await;
+    rx.run(&fake.url(), &[]).await;
+    assert_eq!(rx.held("slack_channel").await.len(), 2 * 40 * 3);
+    {
+        let mut w = fake.state.workspace();
+        w.channels[3].members.push("U3".into());
+        w.channels[7].members.retain(|m| m != "U1");
+        w.channels.retain(|c| c.id != "C09");
+    }
+    let src = format!("{}/s", rx.ns);
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let lp = rx.last_pass("s").await;
+    // +U3 in C03; -U1 in C07; C09 reaped (two members and its workspace link).
+    assert_eq!(
+        (lp.written, lp.pruned, lp.reaped_scopes),
+        (1, 4, 1),
+        "{lp:?}"
+    );
+    let s = rx.run(&fake.url(), &["--source", &src]).await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    // "other" was not run again: all of its 120 relationships are intact.
+    let all = rx.held("slack_channel").await;
+    assert_eq!(all.len(), 120 + 120 + 1 - 4, "{}", all.len());
+}

@@ -1,0 +1,319 @@
+//! A relsync fixture: its own namespace, its own SpiceDB store (a unique serve-testing token),
+//! the SpiceDB schema from config/samples, and local Slack/SCIM stand-ins started in this test
+//! process on 127.0.0.1:0.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Secret;
+use kbind::api::relsync::{AgentIdentity, RelationshipSource};
+use kbind::fakes::slack;
+use kbind::relsync::auth::Token;
+use kbind::relsync::spicedb::{Filter, HttpStore, Rel, RelationshipStore};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::support;
+
+pub const SLACK_TOKEN: &str = "xoxb-test-0000-secret";
+
+pub struct Rx {
+    pub env: support::Env,
+    pub client: Client,
+    pub ns: String,
+    pub spicedb: HttpStore,
+    pub spicedb_token_file: PathBuf,
+}
+
+/// A Slack user with an email derived from its id.
+pub fn user(id: &str) -> slack::User {
+    slack::User {
+        id: id.into(),
+        email: Some(format!("{}@example.com", id.to_lowercase())),
+        ..Default::default()
+    }
+}
+
+pub fn channel(id: &str, members: &[&str]) -> slack::Channel {
+    slack::Channel {
+        id: id.into(),
+        name: id.to_lowercase(),
+        members: members.iter().map(|m| m.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+pub fn workspace(users: Vec<slack::User>, channels: Vec<slack::Channel>) -> slack::Workspace {
+    slack::Workspace {
+        team_id: "T1".into(),
+        token: SLACK_TOKEN.into(),
+        users,
+        channels,
+        max_page: 100,
+        ..Default::default()
+    }
+}
+
+impl Rx {
+    pub async fn new(prefix: &str) -> Option<Self> {
+        let env = support::env()?;
+        let client = env.consumer().await;
+        support::kbind_crds(&client).await;
+        let ns = support::namespace(&client, prefix).await;
+        let token = support::unique("relsync-store");
+        let spicedb = HttpStore::new(&env.spicedb_url, Token::new(token.clone())).unwrap();
+        let schema = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/samples/spicedb-schema.zed"
+        ))
+        .unwrap();
+        spicedb.write_schema(&schema).await.expect("write schema");
+        let spicedb_token_file = std::env::temp_dir().join(format!("{token}.key"));
+        std::fs::write(&spicedb_token_file, &token).unwrap();
+        Some(Self {
+            env,
+            client,
+            ns,
+            spicedb,
+            spicedb_token_file,
+        })
+    }
+
+    pub async fn secret(&self, name: &str, value: &str) {
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([("token".to_string(), value.to_string())])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(self.client.clone(), &self.ns)
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+
+    /// An AgentIdentity `agent` with one credential `cred` (Secret `cred`, key `token`).
+    pub async fn identity(&self, cred: &str, token: &str, allowed_hosts: &[&str]) {
+        self.secret(cred, token).await;
+        let id: AgentIdentity = serde_json::from_value(json!({
+            "apiVersion": "agentprimitives.authzed.com/v1alpha1", "kind": "AgentIdentity",
+            "metadata": {"name": "agent", "namespace": self.ns},
+            "spec": {"credentials": [{"name": cred, "secretRef": {"name": cred, "key": "token"}, "allowedHosts": allowed_hosts}]}
+        }))
+        .unwrap();
+        Api::<AgentIdentity>::namespaced(self.client.clone(), &self.ns)
+            .patch(
+                "agent",
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&id),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// A RelationshipSource `name` with this spec (auth defaults to agent/`cred`).
+    pub async fn source(&self, name: &str, spec: Value) {
+        let mut spec = spec;
+        if spec.get("auth").is_none() {
+            spec["auth"] = json!({"agentIdentity": "agent", "credential": "slack"});
+        }
+        let s: RelationshipSource = serde_json::from_value(json!({
+            "apiVersion": "agentprimitives.authzed.com/v1alpha1", "kind": "RelationshipSource",
+            "metadata": {"name": name, "namespace": self.ns}, "spec": spec
+        }))
+        .unwrap();
+        Api::<RelationshipSource>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &s)
+            .await
+            .unwrap();
+    }
+
+    pub async fn patch_spec(&self, name: &str, spec: Value) {
+        Api::<RelationshipSource>::namespaced(self.client.clone(), &self.ns)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn status(&self, name: &str) -> kbind::api::relsync::RelationshipSourceStatus {
+        Api::<RelationshipSource>::namespaced(self.client.clone(), &self.ns)
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    }
+
+    pub async fn last_pass(&self, name: &str) -> kbind::api::relsync::LastPass {
+        self.status(name)
+            .await
+            .sync
+            .unwrap_or_default()
+            .last_pass
+            .unwrap_or_default()
+    }
+
+    /// Run `kbind relsync` on this fixture's namespace with `env` set; returns (exit code,
+    /// summary, stderr). Runs on a blocking thread so the in-process fakes keep serving.
+    pub async fn run_env(
+        &self,
+        slack_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (i32, Value, String) {
+        let kc = self.env.consumer.to_string_lossy().to_string();
+        let mut args: Vec<String> = vec!["relsync".to_string()];
+        // The caller may run as another identity, with its own Lease namespace.
+        if !extra.contains(&"--kubeconfig") {
+            args.extend([
+                "--kubeconfig".to_string(),
+                kc.clone(),
+                "--lease-namespace".to_string(),
+                self.ns.clone(),
+            ]);
+        }
+        args.extend(
+            [
+                "--namespace",
+                &self.ns,
+                "--spicedb-url",
+                &self.env.spicedb_url,
+                "--spicedb-token-file",
+                &self.spicedb_token_file.to_string_lossy(),
+                "--slack-api-url",
+                &format!("{slack_url}/api"),
+                "--upstream-rate-scale",
+                "60",
+                "-o",
+                "json",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+                .args(&args)
+                .envs(env)
+                .env("RUST_LOG", "info")
+                .env_remove("KUBECONFIG")
+                .output()
+                .expect("run kbind");
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            let summary = stdout
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+                .unwrap_or_else(|| json!({"unparsed": stdout}));
+            (
+                out.status.code().unwrap_or(-1),
+                summary,
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Run and require exit 0.
+    pub async fn run(&self, slack_url: &str, extra: &[&str]) -> Value {
+        let (code, summary, stderr) = self.run_env(slack_url, extra, &[]).await;
+        assert_eq!(code, 0, "kbind relsync failed: {summary}\n{stderr}");
+        summary
+    }
+
+    /// Every relationship of `object_type` this fixture's store holds, as `id#rel@user` strings
+    /// with the source prefix removed.
+    pub async fn held(&self, object_type: &str) -> Vec<String> {
+        let rels: Vec<Rel> = self
+            .spicedb
+            .read(&Filter {
+                resource_type: object_type.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut out: Vec<String> = rels
+            .iter()
+            .map(|r| {
+                let obj = r.resource.id.rsplit('/').next().unwrap_or_default();
+                let subj = r.subject.id.rsplit('/').next().unwrap_or_default();
+                let subj = kbind::relsync::encode::decode(subj).unwrap_or(subj.to_string());
+                format!("{obj}#{}@{subj}", r.relation)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+impl Rx {
+    /// Server-side apply a repository manifest on the consumer apiserver with kubectl.
+    pub fn kubectl_apply(&self, file: &str) {
+        let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new("kubectl")
+            .args(["--kubeconfig", &self.env.consumer.to_string_lossy()])
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=kbind-relsync-tests",
+                "-f",
+                &path,
+            ])
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply {file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A kubeconfig file for the existing ServiceAccount `namespace/name` (TokenRequest).
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+        let req = http::Request::post(format!(
+            "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+        ))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+        let tr: Value = self.client.request(req).await.expect("token request");
+        let token = tr["status"]["token"].as_str().expect("token").to_string();
+        let kc: String = std::fs::read_to_string(&self.env.consumer)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("token:") {
+                    format!("    token: {token}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path =
+            std::env::temp_dir().join(format!("{}.kubeconfig", support::unique("relsync-sa")));
+        std::fs::write(&path, kc).unwrap();
+        path
+    }
+}
+
+impl Drop for Rx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.spicedb_token_file);
+    }
+}
