@@ -750,3 +750,118 @@ async fn bulk_read_windows_diff_exactly_and_see_only_their_source() {
     let all = rx.held("slack_channel").await;
     assert_eq!(all.len(), 120 + 120 + 1 - 4, "{}", all.len());
 }
+
+/// Without its rule on Secrets (deploy/rbac/relsync.yaml minus `secrets`), the pass reports
+/// PermissionDenied on the source, naming the Secret, and sends nothing upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
+    let ws = workspace(vec![user("U1")], vec![channel("C1", &["U1"])]);
+    let Some((rx, fake)) = slack_setup("rs-norbac", ws, json!({})).await else {
+        return;
+    };
+    let rbac: Vec<serde_json::Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(format!(
+            "{}/deploy/rbac/relsync.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let find = |kind: &str| rbac.iter().find(|d| d["kind"] == kind).cloned().unwrap();
+    let sa = "kbind-relsync";
+    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": rx.ns}]);
+    let name = support::unique("rs-norbac");
+    let mut role = find("ClusterRole");
+    role["metadata"] = json!({"name": name});
+    let rules = role["rules"].as_array_mut().unwrap();
+    let before = rules.len();
+    rules.retain(|r| r["resources"] != json!(["secrets"]));
+    assert_eq!(
+        rules.len(),
+        before - 1,
+        "deploy/rbac/relsync.yaml has a rule on secrets"
+    );
+    let mut lease_role = find("Role");
+    lease_role["metadata"] = json!({"name": "kbind-relsync-lease", "namespace": rx.ns});
+    let docs = [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": rx.ns}}),
+        role,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subject}),
+        lease_role,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "kbind-relsync-lease", "namespace": rx.ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-relsync-lease"}, "subjects": subject}),
+    ];
+    for doc in docs {
+        let ar = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            doc["apiVersion"]
+                .as_str()
+                .unwrap()
+                .rsplit_once('/')
+                .map_or("", |(g, _)| g),
+            doc["apiVersion"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap(),
+            doc["kind"].as_str().unwrap(),
+        ));
+        let api: kube::Api<kube::api::DynamicObject> = match doc["metadata"]["namespace"].as_str() {
+            Some(ns) => kube::Api::namespaced_with(rx.client.clone(), ns, &ar),
+            None => kube::Api::all_with(rx.client.clone(), &ar),
+        };
+        api.create(&Default::default(), &serde_json::from_value(doc).unwrap())
+            .await
+            .unwrap();
+    }
+    let kc = rx.service_account_kubeconfig(&rx.ns, sa).await;
+    let kc = kc.to_string_lossy().to_string();
+    let src = format!("{}/s", rx.ns);
+    // RBAC reaches the authorizer a moment late: retry until the run gets past its Lease.
+    let mut reason = String::new();
+    for _ in 0..40 {
+        let (code, _, _) = rx
+            .run_env(
+                &fake.url(),
+                &[
+                    "--kubeconfig",
+                    &kc,
+                    "--lease-namespace",
+                    &rx.ns,
+                    "--source",
+                    &src,
+                ],
+                &[],
+            )
+            .await;
+        if code == 0
+            && let Some(c) = rx
+                .status("s")
+                .await
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+        {
+            reason = c.reason.clone();
+            if reason == "PermissionDenied" {
+                assert!(c.message.contains("Secret"), "{}", c.message);
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert_eq!(reason, "PermissionDenied");
+    assert_eq!(
+        fake.state.control().total_calls(),
+        0,
+        "nothing sent upstream"
+    );
+    let _ = kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(rx.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+    let _ = kube::Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(rx.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+}

@@ -52,7 +52,12 @@ pub enum AuthError {
     #[error("{0}")]
     Host(#[from] HostError),
     #[error("reading {what}: {message}")]
-    Kube { what: String, message: String },
+    Kube {
+        what: String,
+        message: String,
+        /// The job's identity may not read it (403): an RBAC problem, not a bad credential.
+        forbidden: bool,
+    },
 }
 
 impl AuthError {
@@ -66,6 +71,9 @@ impl AuthError {
                 "HostNotAllowed"
             }
             Self::Host(_) => "InvalidBaseURL",
+            Self::Kube {
+                forbidden: true, ..
+            } => "PermissionDenied",
             Self::Kube { .. } => "CredentialUnreadable",
         }
     }
@@ -74,6 +82,7 @@ impl AuthError {
 fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
     move |e| AuthError::Kube {
         what,
+        forbidden: matches!(&e, kube::Error::Api(s) if s.code == 403),
         message: crate::scrub::scrub(&e.to_string()),
     }
 }
