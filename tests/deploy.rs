@@ -110,33 +110,9 @@ fn apply_for_real(env: &support::Env, file: &str) {
     );
 }
 
-/// A kubeconfig file for the existing ServiceAccount `namespace/name`: the admin kubeconfig with
-/// its token replaced by a fresh ServiceAccount token (TokenRequest).
+/// A kubeconfig file for the existing ServiceAccount `namespace/name`.
 async fn token_kubeconfig(env: &support::Env, namespace: &str, name: &str) -> PathBuf {
-    let admin = env.consumer().await;
-    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}});
-    let req = http::Request::post(format!(
-        "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
-    ))
-    .header("content-type", "application/json")
-    .body(serde_json::to_vec(&body).expect("token request body"))
-    .expect("token request");
-    let tr: Value = admin.request(req).await.expect("token request");
-    let token = tr["status"]["token"].as_str().expect("token").to_string();
-    let kubeconfig = std::fs::read_to_string(&env.consumer)
-        .expect("admin kubeconfig")
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("token:") {
-                format!("    token: {token}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    write_kubeconfig(&kubeconfig)
+    write_kubeconfig(&support::token_kubeconfig(&env.consumer, namespace, name).await)
 }
 
 fn write_kubeconfig(content: &str) -> PathBuf {

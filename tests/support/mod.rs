@@ -221,6 +221,13 @@ pub async fn service_account_kubeconfig(
         .create(&PostParams::default(), &sa)
         .await
         .expect("service account");
+    token_kubeconfig(admin_kubeconfig, namespace, name).await
+}
+
+/// The admin kubeconfig with its token replaced by a fresh token (TokenRequest) of the existing
+/// ServiceAccount `namespace/name`.
+pub async fn token_kubeconfig(admin_kubeconfig: &PathBuf, namespace: &str, name: &str) -> String {
+    let c = client(admin_kubeconfig).await;
     let body = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
     let req = http::Request::post(format!(
         "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"

@@ -284,27 +284,7 @@ impl Rx {
 
     /// A kubeconfig file for the existing ServiceAccount `namespace/name` (TokenRequest).
     pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
-        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
-        let req = http::Request::post(format!(
-            "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
-        ))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body).unwrap())
-        .unwrap();
-        let tr: Value = self.client.request(req).await.expect("token request");
-        let token = tr["status"]["token"].as_str().expect("token").to_string();
-        let kc: String = std::fs::read_to_string(&self.env.consumer)
-            .unwrap()
-            .lines()
-            .map(|l| {
-                if l.trim_start().starts_with("token:") {
-                    format!("    token: {token}")
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
+        let kc = support::token_kubeconfig(&self.env.consumer, namespace, name).await;
         let path =
             std::env::temp_dir().join(format!("{}.kubeconfig", support::unique("relsync-sa")));
         std::fs::write(&path, kc).unwrap();
