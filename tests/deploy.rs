@@ -1158,3 +1158,148 @@ async fn claims_missing_export_read_rule_is_reported_as_permission_denied() {
     assert_eq!(ready, ("False".to_string(), "PermissionDenied".to_string()));
     assert!(states.is_empty(), "{states:?}");
 }
+
+/// b3. The resync RBAC without its rule on Secrets: the pass exits 0, syncs nothing through that
+/// Connection, and says why in a PermissionDenied Event on the Connection (not "not found").
+#[tokio::test]
+async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
+    let Some(env) = support::env() else { return };
+    let consumer = env.consumer().await;
+    let s = setup(&env, &consumer, "deploy-resync-rbac").await;
+    let selector = format!("kbind-test={}", s.label);
+    let admin = env.consumer.to_string_lossy().to_string();
+    let schema_args = [
+        "schema",
+        "--kubeconfig",
+        &admin,
+        "--lease-namespace",
+        &s.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ];
+    let conns: Api<Connection> = Api::all(consumer.clone());
+    let (code, summary, stderr) = run_until(&schema_args, || async {
+        conns
+            .get(&s.connection)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+    })
+    .await;
+    assert_eq!(code, 0, "kbind schema as admin: {summary}\n{stderr}");
+    Api::<ClusterBinding>::all(consumer.clone())
+        .patch(
+            &s.binding,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kbind-test": s.label}}})),
+        )
+        .await
+        .expect("label ClusterBinding");
+
+    let sa = "kbind-resync";
+    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": s.ns}]);
+    let kubeconfig =
+        write_kubeconfig(&support::service_account_kubeconfig(&env.consumer, &s.ns, sa).await);
+    let rbac = documents(&read("deploy/rbac/resync.yaml"), "deploy/rbac/resync.yaml");
+    let mut role = rbac
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "kbind-resync")
+        .cloned()
+        .expect("ClusterRole kbind-resync");
+    let role_name = format!("{}-no-secrets", s.label);
+    role["metadata"] = json!({"name": role_name});
+    let rules = role["rules"].as_array_mut().expect("rules");
+    let before = rules.len();
+    rules.retain(|r| r["resources"] != json!(["secrets"]));
+    assert_eq!(
+        rules.len(),
+        before - 1,
+        "deploy/rbac/resync.yaml has a rule on secrets"
+    );
+    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
+    cluster_roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).expect("role"),
+        )
+        .await
+        .expect("create ClusterRole");
+    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
+    crbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": role_name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            "subjects": subject}))
+        .expect("binding"),
+    )
+    .await
+    .expect("create ClusterRoleBinding");
+    let mut lease = rbac
+        .iter()
+        .find(|d| d["kind"] == "Role")
+        .cloned()
+        .expect("Lease Role");
+    lease["metadata"] = json!({"name": "kbind-resync-lease", "namespace": s.ns});
+    Api::<Role>::namespaced(consumer.clone(), &s.ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(lease).expect("Role"),
+        )
+        .await
+        .expect("create Role");
+    Api::<RoleBinding>::namespaced(consumer.clone(), &s.ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "kbind-resync-lease", "namespace": s.ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-resync-lease"},
+                "subjects": subject}))
+            .expect("RoleBinding"),
+        )
+        .await
+        .expect("create RoleBinding");
+
+    let kc = kubeconfig.to_string_lossy().to_string();
+    let args = [
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &s.ns,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ];
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(consumer.clone(), "default");
+    let denied = || async {
+        events.list(&Default::default()).await.ok().and_then(|l| {
+            l.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PermissionDenied")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(s.connection.as_str())
+            })
+        })
+    };
+    let (code, summary, stderr) = run_until(&args, || async { denied().await.is_some() }).await;
+    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
+    let _ = cluster_roles
+        .delete(&role_name, &DeleteParams::default())
+        .await;
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    let event = denied()
+        .await
+        .unwrap_or_else(|| panic!("no PermissionDenied Event: {summary}\n{stderr}"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("Secret") && note.contains("forbidden"),
+        "{note}"
+    );
+}

@@ -296,11 +296,37 @@ async fn connect(
         return None;
     };
     let r = &conn.spec.kubeconfig_secret_ref;
-    let secret = Api::<Secret>::namespaced(client.clone(), &r.namespace)
+    let secret = match Api::<Secret>::namespaced(client.clone(), &r.namespace)
         .get_opt(&r.name)
         .await
-        .ok()
-        .flatten();
+    {
+        Ok(s) => s,
+        Err(e) => {
+            // Not "Secret not found": an RBAC gap must say so, on the Connection.
+            let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
+            let reason = if forbidden {
+                "PermissionDenied"
+            } else {
+                "SecretUnreadable"
+            };
+            let note = format!(
+                "kbind resync could not read Secret {}/{}: {}",
+                r.namespace,
+                r.name,
+                crate::scrub::scrub(&e.to_string())
+            );
+            tracing::warn!(connection = %name, reason, note = %note, "not syncing");
+            ctx.recorder
+                .publish(
+                    &kube::Resource::object_ref(conn, &()),
+                    crate::pass::events::EventType::Warning,
+                    reason,
+                    &note,
+                )
+                .await;
+            return None;
+        }
+    };
     let pk =
         match credentials::kubeconfig_from_secret(secret.as_ref(), &r.namespace, &r.name, &r.key) {
             Ok(pk) => pk,
