@@ -90,7 +90,10 @@ async fn main() {
         .unwrap_or(5000);
     let kubeconfig = env("KBIND_TEST_PROVIDER_KUBECONFIG");
     let hub = client(&kubeconfig).await;
-    let crds = [kbind::crds::kbind_crds(), kbind::crds::kcp_crds()].concat();
+    let kcp = kbind::crds::kcp_crds()
+        .into_iter()
+        .filter(|c| c.spec.group == "apis.kcp.io");
+    let crds: Vec<_> = kbind::crds::kbind_crds().into_iter().chain(kcp).collect();
     let crd_api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(hub.clone());
     for crd in &crds {
