@@ -175,7 +175,20 @@ pub async fn kbind_async(args: &[&str]) -> (i32, serde_json::Value, String) {
     outcome(out)
 }
 
+/// Keep what a kbind run printed, for the suite's secret scan (`hack/test.sh` sets
+/// `KBIND_TEST_EMIT_DIR` and scans it, with every status and Event, once the tests are done).
+pub fn keep_emitted(out: &std::process::Output) {
+    let Some(dir) = std::env::var_os("KBIND_TEST_EMIT_DIR") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("{}.log", unique("kbind-run")));
+    let mut text = out.stdout.clone();
+    text.extend_from_slice(&out.stderr);
+    let _ = std::fs::write(path, text);
+}
+
 fn outcome(out: std::process::Output) -> (i32, serde_json::Value, String) {
+    keep_emitted(&out);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let summary = stdout

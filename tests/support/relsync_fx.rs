@@ -211,6 +211,7 @@ impl Rx {
                 .env_remove("KUBECONFIG")
                 .output()
                 .expect("run kbind");
+            support::keep_emitted(&out);
             let stdout = String::from_utf8_lossy(&out.stdout).to_string();
             let summary = stdout
                 .lines()
