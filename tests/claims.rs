@@ -840,3 +840,86 @@ async fn kbind_objects_satisfy_kcps_published_crds() {
         .await
         .expect("kcp's APIExport schema accepts the rendered export");
 }
+
+/// Crash points: a run aborted right after each of its data writes (the crash knob), then an
+/// ordinary run, ends in exactly the state one uninterrupted run reaches, and a further run
+/// writes nothing.
+#[tokio::test]
+async fn a_run_killed_after_any_write_then_rerun_converges() {
+    let want_consented = pairs(&[
+        ("configmaps", "Accepted"),
+        ("secrets", "Accepted"),
+        ("storage.io/volumes", "Accepted"),
+    ]);
+    let want_other = pairs(&[
+        ("configmaps", "Accepted"),
+        ("secrets", "Accepted"),
+        ("storage.io/volumes", "Rejected"),
+    ]);
+    // Three core bindings and three provider bindings: six data writes in a cold run.
+    let mut points = 0;
+    for crash_after in 1..=6 {
+        let Some(fx) = ClaimsFx::new("cl-crash").await else {
+            return;
+        };
+        let (path, export) = provider(&fx).await;
+        let entry = unique("compute");
+        fx.entry(
+            &entry,
+            &path,
+            &export,
+            vec![
+                req("", "configmaps", None),
+                req("", "secrets", None),
+                req("storage.io", "volumes", Some("storage")),
+            ],
+        )
+        .await;
+        let mut workspaces = Vec::new();
+        for i in 0..3 {
+            let ws = fx.workspace(&format!("w{i}")).await;
+            fx.binding(&ws, "compute", &path, &export, vec![]).await;
+            workspaces.push(ws);
+        }
+        fx.grant(&workspaces[0], &entry, &[("storage.io", "volumes")])
+            .await;
+
+        let crashed = support::namespace(&fx.hub, "cl-crashed").await;
+        let n = crash_after.to_string();
+        let (code, _, stderr) = fx
+            .run_with(&crashed, &[("KBIND_CRASH_AFTER_WRITES", n.as_str())])
+            .await;
+        assert_ne!(
+            code, 0,
+            "crash point {crash_after} did not stop the run: {stderr}"
+        );
+        assert!(stderr.contains("reached"), "{stderr}");
+        points += 1;
+
+        let (code, summary, stderr) = fx.run_with(&fx.ns, &[]).await;
+        assert_eq!(
+            code, 0,
+            "rerun after crash point {crash_after}: {summary}\n{stderr}"
+        );
+        assert_eq!(fx.claims(&workspaces[0], "compute").await, want_consented);
+        for ws in &workspaces[1..] {
+            assert_eq!(
+                fx.claims(ws, "compute").await,
+                want_other,
+                "crash point {crash_after}"
+            );
+        }
+        for ws in &workspaces {
+            assert_eq!(
+                fx.claims(ws, "core").await,
+                pairs(&[("apis.kcp.io/apibindings", "Accepted")])
+            );
+        }
+        let again = fx.run(&[]).await;
+        assert_eq!(
+            again["data_writes"], 0,
+            "converged after crash point {crash_after}: {again}"
+        );
+    }
+    assert_eq!(points, 6);
+}

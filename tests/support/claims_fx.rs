@@ -12,7 +12,7 @@ use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::{Env, env, kbind_async, namespace, unique};
+use super::{Env, env, kbind_async, kbind_async_env, namespace, unique};
 
 pub const CORE_BINDING: &str = "core";
 
@@ -343,6 +343,20 @@ impl ClaimsFx {
         let (code, summary, stderr) = kbind_async(&refs).await;
         assert_eq!(code, 0, "kbind claims failed: {summary}\n{stderr}");
         summary
+    }
+
+    /// A pass with its Lease in `lease_ns` and extra environment, whatever its exit code (a
+    /// crashed run keeps its Lease until it expires, so a rerun needs another namespace).
+    pub async fn run_with(&self, lease_ns: &str, envs: &[(&str, &str)]) -> (i32, Value, String) {
+        let mut args = self.args();
+        let at = args
+            .iter()
+            .position(|a| a == "--lease-namespace")
+            .unwrap_or(0);
+        args[at + 1] = lease_ns.to_string();
+        args.extend(["--grant-namespace".to_string(), self.ns.clone()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        kbind_async_env(&refs, envs).await
     }
 
     pub fn kubeconfig(&self) -> String {

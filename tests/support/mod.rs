@@ -165,8 +165,17 @@ pub fn kbind(args: &[&str]) -> (i32, serde_json::Value, String) {
 /// [`kbind`] without blocking the test's runtime, for tests that serve something in-process (a
 /// fake the pass talks to would otherwise never be polled).
 pub async fn kbind_async(args: &[&str]) -> (i32, serde_json::Value, String) {
+    kbind_async_env(args, &[]).await
+}
+
+/// [`kbind_async`] with extra environment variables (e.g. the crash knob).
+pub async fn kbind_async_env(
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (i32, serde_json::Value, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
         .args(args)
+        .envs(envs.iter().copied())
         .env("RUST_LOG", "info")
         .env_remove("KUBECONFIG")
         .output()
