@@ -753,60 +753,67 @@ async fn cluster_scoped_objects_sync_under_a_cluster_binding_and_the_heartbeat_i
     );
 }
 
+/// Crash points: a run aborted right after each of its data writes (4 objects x (finalizer +
+/// create) = 8), then an ordinary run, redoes nothing and skips nothing.
 #[tokio::test]
 async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
-    let Some(s) = setup("resynccrash", "Fail").await else {
-        return;
-    };
-    for i in 0..4 {
-        s.create(
-            &s.consumer(),
-            &format!("w{i}"),
-            json!({"spec": {"size": i}}),
-        )
-        .await;
-    }
-    let kc = s.fx.env.consumer.to_string_lossy().to_string();
-    let selector = format!("kbind-test={}", s.fx.label);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
-        .args([
+    for crash_after in 1..=8u64 {
+        let Some(s) = setup("resynccrash", "Fail").await else {
+            return;
+        };
+        for i in 0..4 {
+            s.create(
+                &s.consumer(),
+                &format!("w{i}"),
+                json!({"spec": {"size": i}}),
+            )
+            .await;
+        }
+        let kc = s.fx.env.consumer.to_string_lossy().to_string();
+        let selector = format!("kbind-test={}", s.fx.label);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
+            .args([
+                "resync",
+                "--kubeconfig",
+                &kc,
+                "--lease-namespace",
+                &s.ns,
+                "--selector",
+                &selector,
+            ])
+            .env(kbind::pass::crash::ENV, crash_after.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "aborted at crash point {crash_after}"
+        );
+        let other = support::namespace(&s.fx.consumer, "resynccrash-rerun").await;
+        let (code, summary, _) = support::kbind(&[
             "resync",
             "--kubeconfig",
             &kc,
             "--lease-namespace",
-            &s.ns,
+            &other,
             "--selector",
             &selector,
-        ])
-        .env(kbind::pass::crash::ENV, "3")
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "aborted at the crash point");
-    let other = support::namespace(&s.fx.consumer, "resynccrash-rerun").await;
-    let (code, summary, _) = support::kbind(&[
-        "resync",
-        "--kubeconfig",
-        &kc,
-        "--lease-namespace",
-        &other,
-        "--selector",
-        &selector,
-        "-o",
-        "json",
-    ]);
-    assert_eq!(code, 0, "{summary}");
-    // 4 objects x (finalizer + create) = 8 writes in all; 3 happened before the crash.
-    assert_eq!(
-        summary["data_writes"], 5,
-        "nothing redone, nothing skipped: {summary}"
-    );
-    for i in 0..4 {
-        let c = s.consumer().get(&format!("w{i}")).await.unwrap();
-        let p = s.provider().get(&format!("w{i}")).await.unwrap();
-        assert_eq!(p.data["spec"]["size"], i);
+            "-o",
+            "json",
+        ]);
+        assert_eq!(code, 0, "{summary}");
         assert_eq!(
-            p.annotations()["core.kbind.io/consumer-object-uid"],
-            c.uid().unwrap()
+            summary["data_writes"],
+            8 - crash_after,
+            "crash point {crash_after}: nothing redone, nothing skipped: {summary}"
         );
+        for i in 0..4 {
+            let c = s.consumer().get(&format!("w{i}")).await.unwrap();
+            let p = s.provider().get(&format!("w{i}")).await.unwrap();
+            assert_eq!(p.data["spec"]["size"], i);
+            assert_eq!(
+                p.annotations()["core.kbind.io/consumer-object-uid"],
+                c.uid().unwrap()
+            );
+        }
     }
 }
