@@ -13,8 +13,10 @@ fn init_logging(format: Option<LogFormat>) {
         Some(LogFormat::Text) => false,
         None => !std::io::stderr().is_terminal(),
     };
+    // Colour only on a terminal: `--log-format=text` in a pod or a file must stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
