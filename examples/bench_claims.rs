@@ -6,46 +6,15 @@
 //! The baseline issues the same 5,000 precondition-carrying merge patches directly with a plain
 //! client, sequentially like the pass. Prints figures; asserts nothing about time.
 
+mod common;
+
 use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use kbind::api::kcp::APIBinding;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
-}
-
-async fn client(path: &str) -> Client {
-    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
-}
-
-fn kbind(args: &[&str]) -> Value {
-    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kbind");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no summary: {stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-}
 
 async fn apply(client: &Client, api_version: &str, plural: &str, body: Value) {
     let (group, version) = api_version.split_once('/').expect("group/version");
@@ -80,6 +49,8 @@ fn print(label: &str, s: &Value) {
         s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
     );
 }
+
+use common::{client, env, kbind};
 
 #[tokio::main]
 async fn main() {

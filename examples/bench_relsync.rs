@@ -9,20 +9,17 @@
 //! run, a baseline writing the same relationships straight into SpiceDB (batches of 1000,
 //! sequential) with the ratio. Prints figures; asserts nothing about time.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use kbind::fakes::slack;
 use kbind::relsync::auth::Token;
 use kbind::relsync::spicedb::{HttpStore, MAX_UPDATES, Obj, Op, Rel, RelationshipStore};
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
 use serde_json::{Value, json};
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
-}
 
 fn num(k: &str, default: usize) -> usize {
     std::env::var(k)
@@ -43,14 +40,6 @@ impl Lcg {
     }
 }
 
-async fn client(path: &str) -> Client {
-    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
-}
-
 /// Server-side apply one object given as JSON through its typed API.
 async fn apply<K>(api: Api<K>, v: Value)
 where
@@ -66,29 +55,7 @@ where
     .unwrap_or_else(|e| panic!("apply {name}: {e}"));
 }
 
-fn kbind(args: &[String]) -> Value {
-    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .output()
-        .expect("run kbind");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no summary: {stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-}
+use common::{client, env, kbind};
 
 #[tokio::main]
 async fn main() {

@@ -6,27 +6,16 @@
 //! pass, with a plain client — on a second, identical API in the same run. Then an unchanged
 //! pass: requests and writes. Prints figures; asserts nothing about time.
 
+mod common;
+
 use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
-use kube::{Api, Client, Config};
 use serde_json::{Value, json};
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
-}
-
-async fn client(path: &str) -> Client {
-    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
-}
 
 fn crd(group: &str, exported: bool) -> CustomResourceDefinition {
     let mut v = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -40,26 +29,6 @@ fn crd(group: &str, exported: bool) -> CustomResourceDefinition {
         v["metadata"]["labels"] = json!({"core.kbind.io/exported": "true"});
     }
     serde_json::from_value(v).expect("crd")
-}
-
-fn kbind(args: &[&str]) -> Value {
-    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kbind");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no summary: {stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
 }
 
 async fn wait_crd(api: &Api<CustomResourceDefinition>, name: &str) {
@@ -77,6 +46,8 @@ async fn wait_crd(api: &Api<CustomResourceDefinition>, name: &str) {
     }
     panic!("{name} not established");
 }
+
+use common::{client, env, kbind};
 
 #[tokio::main]
 async fn main() {

@@ -7,26 +7,15 @@
 //! the apiserver holds more CRDs.
 //! Prints figures; asserts nothing about time.
 
+mod common;
+
 use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
 use serde_json::{Value, json};
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run through hack/bench.sh"))
-}
-
-async fn client(path: &str) -> Client {
-    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
-}
 
 fn crd(group: &str, plural: &str, exported: bool) -> CustomResourceDefinition {
     let kind = format!("K{plural}");
@@ -44,34 +33,20 @@ fn crd(group: &str, plural: &str, exported: bool) -> CustomResourceDefinition {
 }
 
 fn kbind(consumer: &str) -> Value {
-    let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
-    let out = std::process::Command::new(bin)
-        .args([
-            "schema",
-            "--kubeconfig",
-            consumer,
-            "--lease-namespace",
-            "bench",
-            "-o",
-            "json",
-            "--deadline",
-            "60m",
-        ])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kbind");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no summary: {stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+    common::kbind(&[
+        "schema",
+        "--kubeconfig",
+        consumer,
+        "--lease-namespace",
+        "bench",
+        "-o",
+        "json",
+        "--deadline",
+        "60m",
+    ])
 }
+
+use common::{client, env};
 
 #[tokio::main]
 async fn main() {

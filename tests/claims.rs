@@ -5,7 +5,7 @@
 mod support;
 
 use kbind::api::kcp::APIBinding;
-use kbind::api::providers::CatalogEntry;
+use kbind::api::providers::{CatalogEntry, Requirement};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -53,15 +53,20 @@ async fn provider(fx: &ClaimsFx) -> (String, String) {
     (path, name)
 }
 
+/// [`provider`] and a CatalogEntry for it with `requires`: (path, export, entry name).
+async fn provider_entry(fx: &ClaimsFx, requires: Vec<Requirement>) -> (String, String, String) {
+    let (path, export) = provider(fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, requires).await;
+    (path, export, entry)
+}
+
 #[tokio::test]
 async fn a_new_requirement_reaches_every_binding_on_the_next_pass() {
     let Some(fx) = ClaimsFx::new("cl-add").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
-        .await;
+    let (path, export, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let mut workspaces = Vec::new();
     for i in 0..3 {
         let ws = fx.workspace(&format!("ws{i}")).await;
@@ -118,12 +123,8 @@ async fn requirements_missing_on_the_export_are_reported_not_claimed() {
     let Some(fx) = ClaimsFx::new("cl-miss").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(
-        &entry,
-        &path,
-        &export,
+    let (path, export, entry) = provider_entry(
+        &fx,
         vec![
             req("", "configmaps", None),
             req("", "serviceaccounts", None),
@@ -165,12 +166,8 @@ async fn compositions_are_accepted_only_with_recorded_consent() {
     let Some(fx) = ClaimsFx::new("cl-comp").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(
-        &entry,
-        &path,
-        &export,
+    let (path, export, entry) = provider_entry(
+        &fx,
         vec![
             req("", "configmaps", None),
             req("storage.io", "volumes", Some("storage")),
@@ -238,12 +235,8 @@ async fn a_tenants_rejection_and_selector_are_kept() {
     let Some(fx) = ClaimsFx::new("cl-keep").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(
-        &entry,
-        &path,
-        &export,
+    let (path, export, _entry) = provider_entry(
+        &fx,
         vec![req("", "configmaps", None), req("", "secrets", None)],
     )
     .await;
@@ -281,15 +274,8 @@ async fn accepted_claims_matching_no_export_claim_are_removed() {
     let Some(fx) = ClaimsFx::new("cl-stale").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(
-        &entry,
-        &path,
-        &export,
-        vec![req("storage.io", "volumes", None)],
-    )
-    .await;
+    let (path, export, _entry) =
+        provider_entry(&fx, vec![req("storage.io", "volumes", None)]).await;
     let ws = fx.workspace("ws").await;
     fx.binding(
         &ws,
@@ -341,12 +327,8 @@ async fn a_write_racing_a_tenant_edit_is_retried_not_clobbered() {
     let Some(fx) = ClaimsFx::new("cl-race").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(
-        &entry,
-        &path,
-        &export,
+    let (path, export, _entry) = provider_entry(
+        &fx,
         vec![req("", "configmaps", None), req("", "secrets", None)],
     )
     .await;
@@ -376,10 +358,7 @@ async fn only_workspaces_holding_the_core_binding_are_in_scope_and_core_goes_fir
     let Some(fx) = ClaimsFx::new("cl-scope").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
-        .await;
+    let (path, export, _entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let member = fx.workspace("member").await;
     fx.binding(&member, "compute", &path, &export, vec![]).await;
     let stranger = unique("stranger");
@@ -406,10 +385,7 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
     let Some(fx) = ClaimsFx::new("cl-budget").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
-        .await;
+    let (path, export, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let mut workspaces = Vec::new();
     for i in 0..5 {
         let ws = fx.workspace(&format!("w{i}")).await;
@@ -534,10 +510,7 @@ async fn dry_run_lists_the_patch_and_writes_nothing() {
     let Some(fx) = ClaimsFx::new("cl-dry").await else {
         return;
     };
-    let (path, export) = provider(&fx).await;
-    let entry = unique("compute");
-    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
-        .await;
+    let (_, _, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let ws = fx.workspace("ws").await;
     let s = fx.run(&["--dry-run"]).await;
     assert_eq!(s["outcome"], "dry-run");

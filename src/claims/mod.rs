@@ -213,6 +213,9 @@ async fn reconcile_entry(
         }
     };
 
+    // What the export lacks does not depend on any workspace's consent.
+    outcome.missing_on_export =
+        policy::desired(&name, &entry.spec.requires, &export, None).missing_on_export;
     let prev = entry.status.clone().unwrap_or_default();
     let resume = record::resume_point(&prev, &hash);
     outcome.resumed = resume.is_some();
@@ -237,9 +240,6 @@ async fn reconcile_entry(
         let desired = cache.entry(consent.clone()).or_insert_with(|| {
             policy::desired(&name, &entry.spec.requires, &export, consent.as_ref())
         });
-        outcome
-            .missing_on_export
-            .clone_from(&desired.missing_on_export);
         match reconcile_binding(hub, b, desired, &export, false, writes, ctx).await {
             Ok(Written::Updated(_)) => outcome.updated += 1,
             Ok(Written::Unchanged) => {}
@@ -254,10 +254,6 @@ async fn reconcile_entry(
         }
         outcome.checked += 1;
         last = Some(key);
-    }
-    if bindings.is_empty() {
-        outcome.missing_on_export =
-            policy::desired(&name, &entry.spec.requires, &export, None).missing_on_export;
     }
     if exhausted.is_some() {
         outcome.stopped_after = last.or(resume);
