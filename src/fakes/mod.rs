@@ -2,6 +2,7 @@
 //! survive (cursor pages that run short or empty while more remain, `ok:false` errors, the three
 //! throttle shapes, SCIM ListResponse quirks). Used by the tests and the demo; never in a job.
 
+pub mod faults;
 pub mod kcp;
 pub mod scim;
 pub mod slack;

@@ -4,15 +4,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use http::{Method, Request};
 use kube::client::{Body, ClientBuilder};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::buffer::BufferLayer;
 use tower::util::MapRequestLayer;
 
 use super::args::CommonArgs;
 use super::error::PassError;
+use super::retry::{self, RetryLayer};
 
 /// Requests a client sent, split into reads and writes.
 #[derive(Debug, Default)]
@@ -41,13 +44,32 @@ impl RequestCounter {
     }
 }
 
-/// Build a client from a config, counting its requests into `counter`.
-pub fn counted_client(config: Config, counter: Arc<RequestCounter>) -> Result<Client, kube::Error> {
-    let layer = MapRequestLayer::new(move |req: Request<Body>| {
+/// Build a client from a config, counting its requests into `counter` (every attempt, retries
+/// included) and retrying transient failures with [`retry::Policy`] in place of kube's
+/// unbounded default.
+pub fn counted_client(
+    mut config: Config,
+    counter: Arc<RequestCounter>,
+) -> Result<Client, kube::Error> {
+    config.default_retry = false;
+    let count = MapRequestLayer::new(move |req: Request<Body>| {
         counter.record(req.method());
         req
     });
-    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&count)
+        .with_layer(&BufferLayer::<Request<Body>>::new(64))
+        .with_layer(&RetryLayer(retry::Policy::default()))
+        .build())
+}
+
+/// Bound how long any one request may stall, so a hung server cannot hold a pass past its
+/// deadline (kube waits forever by default).
+pub fn with_timeouts(mut config: Config, timeout: Duration) -> Config {
+    config.connect_timeout = Some(timeout.min(Duration::from_secs(10)));
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    config
 }
 
 /// The job's own cluster: `--kubeconfig`/`--context` when given, else in-cluster, else the
@@ -67,7 +89,7 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
         context: args.context.clone(),
         ..Default::default()
     };
-    Ok(match &args.kubeconfig {
+    let config = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|e| {
                 PassError::Config(format!("reading kubeconfig {}: {e}", path.display()))
@@ -82,5 +104,6 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
         None => Config::infer().await.map_err(|e| {
             PassError::Config(format!("no in-cluster config and no kubeconfig: {e}"))
         })?,
-    })
+    };
+    Ok(with_timeouts(config, args.request_timeout))
 }

@@ -95,6 +95,10 @@ pub async fn acquire(
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
                 }
+                Err(e) if landed(&api, name, holder).await => {
+                    tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
+                    Ok(Acquired::Held(Box::new(guard(None))))
+                }
                 Err(e) => Err(e),
             }
         }
@@ -111,20 +115,33 @@ pub async fn acquire(
                 .and_then(|a| a.get(CURSOR_ANNOTATION))
                 .cloned();
             let mut taken = existing;
+            let cursor_kept = cursor.clone();
             taken.spec = Some(LeaseSpec {
                 lease_transitions: Some(transitions),
                 ..spec
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor)))),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor_kept)))),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(Acquired::HeldBy(current_holder(&api, name).await))
+                }
+                Err(e) if landed(&api, name, holder).await => {
+                    tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
+                    Ok(Acquired::Held(Box::new(guard(cursor))))
                 }
                 Err(e) => Err(e),
             }
         }
     }
+}
+
+/// Whether a Lease write whose response was lost (a reset, a cut-off body) took effect: the
+/// Lease now names us. Without this check the run would fail and leave the next runs skipping
+/// until the Lease expires.
+async fn landed(api: &Api<Lease>, name: &str, holder: &str) -> bool {
+    matches!(api.get_opt(name).await, Ok(Some(l))
+        if l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(holder))
 }
 
 async fn current_holder(api: &Api<Lease>, name: &str) -> String {
@@ -140,15 +157,31 @@ impl LeaseGuard {
     /// Give the Lease up so the next run need not wait for it to expire, recording where a
     /// budget-limited run stopped (`None`: the pass covered everything). Best effort: an
     /// unreleased Lease simply expires, and the next run starts from the beginning.
+    ///
+    /// The release is tried a few times: a lost one costs the next runs until the Lease expires,
+    /// and the cursor with it. Each try re-reads, so a try that landed despite an error is seen.
     pub async fn release(self, cursor: Option<String>) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
-            return;
+        for attempt in 1..=3 {
+            match self.try_release(&cursor).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::debug!(lease = %self.name, attempt, error = %crate::scrub::scrub(&e.to_string()), "lease release failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(300 * attempt)).await;
+                }
+            }
+        }
+        tracing::warn!(lease = %self.name, "could not release the pass Lease; it will expire");
+    }
+
+    async fn try_release(&self, cursor: &Option<String>) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
         };
         let Some(spec) = lease.spec.as_mut() else {
-            return;
+            return Ok(());
         };
         if spec.holder_identity.as_deref() != Some(self.holder.as_str()) {
-            return;
+            return Ok(());
         }
         spec.holder_identity = None;
         spec.renew_time = None;
@@ -157,16 +190,13 @@ impl LeaseGuard {
             .annotations
             .get_or_insert_with(Default::default);
         match cursor {
-            Some(c) => annotations.insert(CURSOR_ANNOTATION.to_string(), c),
+            Some(c) => annotations.insert(CURSOR_ANNOTATION.to_string(), c.clone()),
             None => annotations.remove(CURSOR_ANNOTATION),
         };
-        if let Err(e) = self
-            .api
+        self.api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
-        {
-            tracing::debug!(lease = %self.name, error = %crate::scrub::scrub(&e.to_string()), "lease release failed; it will expire");
-        }
+            .map(|_| ())
     }
 
     pub fn name(&self) -> &str {

@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod lease;
 pub mod list;
+pub mod retry;
 pub mod runner;
 pub mod shard;
 pub mod status;

@@ -335,7 +335,7 @@ async fn connect(
                 return None;
             }
         };
-    let provider = credentials::provider_client(&pk, ctx.counter.clone())
+    let provider = credentials::provider_client(&pk, ctx.counter.clone(), ctx.args.request_timeout)
         .await
         .ok()?;
     match identity::cluster_uid(&provider).await {

@@ -12,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use std::sync::Arc;
 
-use crate::pass::client::{RequestCounter, counted_client};
+use crate::pass::client::{RequestCounter, counted_client, with_timeouts};
 use crate::scrub::scrub;
 
 /// Why a Connection's Secret cannot be used; each maps to a `SecretValid=False` reason.
@@ -205,19 +205,17 @@ fn check_self_contained(kc: &Kubeconfig) -> Result<String, String> {
 }
 
 /// Build a counted client for the provider with bounded timeouts (an unreachable provider must
-/// not hang the pass).
+/// not hang the pass): `timeout` is the pass's `--request-timeout`.
 pub async fn provider_client(
     pk: &ProviderKubeconfig,
     counter: Arc<RequestCounter>,
+    timeout: Duration,
 ) -> Result<Client, String> {
-    let mut config =
+    let config =
         Config::from_custom_kubeconfig(pk.kubeconfig.clone(), &KubeConfigOptions::default())
             .await
             .map_err(|e| scrub(&e.to_string()))?;
-    config.connect_timeout = Some(Duration::from_secs(10));
-    config.read_timeout = Some(Duration::from_secs(60));
-    config.write_timeout = Some(Duration::from_secs(60));
-    counted_client(config, counter).map_err(|e| scrub(&e.to_string()))
+    counted_client(with_timeouts(config, timeout), counter).map_err(|e| scrub(&e.to_string()))
 }
 
 #[cfg(test)]

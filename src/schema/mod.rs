@@ -295,14 +295,16 @@ async fn reconcile(
     let memo = world.providers.entry(fingerprint).or_default();
     let provider = match (&pk, &memo.client) {
         (Ok(_), Some(c)) => Ok(c.clone()),
-        (Ok(pk), None) => credentials::provider_client(pk, ctx.counter.clone())
-            .await
-            .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                key: r.key.clone(),
-                message,
-            }),
+        (Ok(pk), None) => {
+            credentials::provider_client(pk, ctx.counter.clone(), ctx.args.request_timeout)
+                .await
+                .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                    message,
+                })
+        }
         (Err(e), _) => Err(e.clone()),
     };
     let remote_uid = match &provider {

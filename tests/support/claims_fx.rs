@@ -89,16 +89,7 @@ impl ClaimsFx {
         let dir = std::env::temp_dir().join(unique("claims-fx"));
         std::fs::create_dir_all(&dir).unwrap();
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: {}/clusters/{hub_ws}\n\
-                 users:\n- name: kbind\n  user:\n    token: not-checked-by-the-fake\n\
-                 contexts:\n- name: hub\n  context: {{cluster: hub, user: kbind}}\ncurrent-context: hub\n",
-                front.url()
-            ),
-        )
-        .unwrap();
+        std::fs::write(&kubeconfig, hub_kubeconfig(&front.url(), &hub_ws)).unwrap();
         let fx = Self {
             env,
             hub,
@@ -112,8 +103,17 @@ impl ClaimsFx {
         };
         fx.export(&hub_ws, &core_export, vec![apibindings_claim()], "")
             .await;
-        fx.endpoint_slice().await;
+        fx.endpoint_slice(&fx.front.url()).await;
         Some(fx)
+    }
+
+    /// Send every kbind request through `base` (e.g. a fault proxy in front of the kcp front):
+    /// the kubeconfig and the core export's endpoint slice both point at it.
+    pub async fn route_through(&mut self, base: &str) {
+        self.endpoint_slice(base).await;
+        let path = self._dir.0.join(unique("kubeconfig"));
+        std::fs::write(&path, hub_kubeconfig(base, &self.hub_ws)).unwrap();
+        self.kubeconfig = path;
     }
 
     fn api<K>(&self) -> Api<K>
@@ -123,8 +123,8 @@ impl ClaimsFx {
         Api::all(self.hub.clone())
     }
 
-    /// The core export's endpoint slice, pointing at the front's virtual workspace.
-    async fn endpoint_slice(&self) {
+    /// The core export's endpoint slice, pointing at the virtual workspace served at `base`.
+    async fn endpoint_slice(&self, base: &str) {
         let name = kcp::upstream_name(&self.hub_ws, &self.core_export);
         let api: Api<DynamicObject> = Api::all_with(
             self.hub.clone(),
@@ -149,10 +149,8 @@ impl ClaimsFx {
         .await
         .unwrap();
         let url = format!(
-            "{}/services/apiexport/{}/{}",
-            self.front.url(),
-            self.hub_ws,
-            self.core_export
+            "{base}/services/apiexport/{}/{}",
+            self.hub_ws, self.core_export
         );
         let status = json!({"apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIExportEndpointSlice",
             "status": {"endpoints": [{"url": url}]}});
@@ -362,6 +360,15 @@ impl ClaimsFx {
     pub fn kubeconfig(&self) -> String {
         self.kubeconfig.to_string_lossy().to_string()
     }
+}
+
+/// A kubeconfig for the hub workspace served at `base` (the fake does not check the token).
+fn hub_kubeconfig(base: &str, hub_ws: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: {base}/clusters/{hub_ws}\n\
+         users:\n- name: kbind\n  user:\n    token: not-checked-by-the-fake\n\
+         contexts:\n- name: hub\n  context: {{cluster: hub, user: kbind}}\ncurrent-context: hub\n"
+    )
 }
 
 /// Claims as the fixture writes them onto a binding.

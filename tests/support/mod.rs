@@ -272,3 +272,36 @@ pub async fn token_kubeconfig(admin_kubeconfig: &PathBuf, namespace: &str, name:
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// `kubeconfig` (its text) aimed at `url` instead of its own server: a fault proxy on loopback
+/// speaks plain HTTP, so the CA goes too. The credentials stay as they are.
+pub fn via(kubeconfig: &str, url: &str) -> String {
+    kubeconfig
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {url}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `server:` URL of a kubeconfig's (only) cluster.
+pub fn server_of(kubeconfig: &str) -> String {
+    kubeconfig
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server:"))
+        .map(|s| s.trim().to_string())
+        .expect("kubeconfig has a server")
+}
+
+/// Write `text` to a fresh file under the temp dir and return its path.
+pub fn temp_file(prefix: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(unique(prefix));
+    std::fs::write(&path, text).expect("write temp file");
+    path
+}

@@ -1,0 +1,352 @@
+//! Bounded retries of transient failures for every Kubernetes client a pass builds.
+//!
+//! kube's built-in retry sleeps for whatever `Retry-After` a server sends (a confused proxy can
+//! park a pass for an hour, past its deadline) and never retries a dropped connection or a body
+//! cut off mid-read. A batch pass has a deadline and one shot per schedule, so this layer:
+//! - retries 429/503/504 for every verb (the server did not act on the request), honouring
+//!   `Retry-After` up to [`Policy::max_delay`];
+//! - retries reads (GET/HEAD) also on other 5xx, transport errors and truncated bodies, which it
+//!   detects by reading the whole body before handing the response on (passes never watch);
+//! - never retries a write whose outcome is unknown (a reset after sending a POST): that failure
+//!   reaches the pass, which records it, and the next run observes what actually happened.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+/// How many times and how long to retry.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// Retries after the first attempt.
+    pub retries: u32,
+    /// First backoff; doubles per retry.
+    pub base: Duration,
+    /// Cap on any one wait, `Retry-After` included.
+    pub max_delay: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            retries: 4,
+            base: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What to do after one attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Done,
+    RetryAfter(Duration),
+}
+
+impl Policy {
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self.base.saturating_mul(1u32 << attempt.min(16));
+        exp.min(self.max_delay)
+    }
+
+    /// The decision for a response status (`None` for a transport error or a cut-off body).
+    fn verdict(
+        &self,
+        method: &Method,
+        status: Option<StatusCode>,
+        retry_after: Option<&str>,
+        attempt: u32,
+    ) -> Verdict {
+        if attempt >= self.retries {
+            return Verdict::Done;
+        }
+        let read = method == Method::GET || method == Method::HEAD;
+        let retry = match status {
+            None => read,
+            Some(s) => {
+                matches!(
+                    s,
+                    StatusCode::TOO_MANY_REQUESTS
+                        | StatusCode::SERVICE_UNAVAILABLE
+                        | StatusCode::GATEWAY_TIMEOUT
+                ) || (read && s.is_server_error())
+            }
+        };
+        if !retry {
+            return Verdict::Done;
+        }
+        let server = retry_after
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let wait = server
+            .unwrap_or_else(|| self.backoff(attempt))
+            .min(self.max_delay);
+        Verdict::RetryAfter(wait)
+    }
+}
+
+/// Tower layer applying [`Policy`]; the inner service must be cheap to clone (a `Buffer`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetryLayer(pub Policy);
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+    fn layer(&self, inner: S) -> Retry<S> {
+        Retry {
+            inner,
+            policy: self.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Retry<S> {
+    inner: S,
+    policy: Policy,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<Request<Body>> for Retry<S>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // The clone is not ready; the one polled ready is taken for the first attempt.
+        let clone = self.inner.clone();
+        let mut svc = std::mem::replace(&mut self.inner, clone);
+        let policy = self.policy;
+        Box::pin(async move {
+            let method = req.method().clone();
+            let mut attempt = 0;
+            let mut req = Some(req);
+            loop {
+                // A body that cannot be cloned (a stream) gets exactly one attempt.
+                let this = req.take().ok_or("request consumed")?;
+                let again = clone_request(&this);
+                let ready = svc.ready().await.map_err(Into::into);
+                let result = match ready {
+                    Ok(s) => s.call(this).await.map_err(Into::into),
+                    Err(e) => Err(e),
+                };
+                let (verdict, outcome) = match result {
+                    Ok(resp) => {
+                        let status = resp.status();
+                        let retry_after = resp
+                            .headers()
+                            .get(http::header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string);
+                        let (parts, body) = resp.into_parts();
+                        match body.collect().await {
+                            Ok(b) => (
+                                policy.verdict(
+                                    &method,
+                                    Some(status),
+                                    retry_after.as_deref(),
+                                    attempt,
+                                ),
+                                Ok(Response::from_parts(parts, Body::from(b.to_bytes()))),
+                            ),
+                            Err(e) => (policy.verdict(&method, None, None, attempt), Err(e.into())),
+                        }
+                    }
+                    Err(e) => (policy.verdict(&method, None, None, attempt), Err(e)),
+                };
+                match (verdict, again) {
+                    (Verdict::RetryAfter(wait), Some(next)) => {
+                        tracing::debug!(%method, attempt, ?wait, "transient failure; retrying");
+                        tokio::time::sleep(wait).await;
+                        attempt += 1;
+                        req = Some(next);
+                    }
+                    _ => return outcome,
+                }
+            }
+        })
+    }
+}
+
+fn clone_request(req: &Request<Body>) -> Option<Request<Body>> {
+    let body = req.body().try_clone()?;
+    let mut out = Request::new(body);
+    *out.method_mut() = req.method().clone();
+    *out.uri_mut() = req.uri().clone();
+    *out.version_mut() = req.version();
+    *out.headers_mut() = req.headers().clone();
+    *out.extensions_mut() = req.extensions().clone();
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GET: Method = Method::GET;
+    const POST: Method = Method::POST;
+    const PATCH: Method = Method::PATCH;
+
+    #[test]
+    fn verdicts() {
+        let p = Policy::default();
+        let s = |c: u16| Some(StatusCode::from_u16(c).unwrap());
+        let b = Verdict::RetryAfter(Duration::from_millis(200));
+        type Case<'a> = (
+            &'a str,
+            Method,
+            Option<StatusCode>,
+            Option<&'a str>,
+            u32,
+            Verdict,
+        );
+        let cases: Vec<Case> = vec![
+            ("ok read", GET, s(200), None, 0, Verdict::Done),
+            ("not found", GET, s(404), None, 0, Verdict::Done),
+            ("conflict write", PATCH, s(409), None, 0, Verdict::Done),
+            ("429 write", PATCH, s(429), None, 0, b),
+            (
+                "429 honours Retry-After",
+                POST,
+                s(429),
+                Some("2"),
+                0,
+                Verdict::RetryAfter(Duration::from_secs(2)),
+            ),
+            (
+                "Retry-After capped",
+                GET,
+                s(503),
+                Some("3600"),
+                0,
+                Verdict::RetryAfter(Duration::from_secs(5)),
+            ),
+            (
+                "unparsable Retry-After falls back to backoff",
+                GET,
+                s(503),
+                Some("soon"),
+                2,
+                Verdict::RetryAfter(Duration::from_millis(800)),
+            ),
+            (
+                "500 read",
+                GET,
+                s(500),
+                None,
+                1,
+                Verdict::RetryAfter(Duration::from_millis(400)),
+            ),
+            (
+                "500 write: outcome unknown",
+                POST,
+                s(500),
+                None,
+                0,
+                Verdict::Done,
+            ),
+            (
+                "reset read",
+                GET,
+                None,
+                None,
+                0,
+                Verdict::RetryAfter(Duration::from_millis(200)),
+            ),
+            (
+                "reset write: outcome unknown",
+                PATCH,
+                None,
+                None,
+                0,
+                Verdict::Done,
+            ),
+            ("out of retries", GET, s(503), None, 4, Verdict::Done),
+        ];
+        for (what, m, st, ra, attempt, want) in cases {
+            assert_eq!(p.verdict(&m, st, ra, attempt), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn backoff_is_capped() {
+        let p = Policy::default();
+        assert_eq!(p.backoff(0), Duration::from_millis(200));
+        assert_eq!(p.backoff(3), Duration::from_millis(1600));
+        assert_eq!(p.backoff(10), Duration::from_secs(5));
+        assert_eq!(p.backoff(40), Duration::from_secs(5));
+    }
+
+    fn fast() -> RetryLayer {
+        RetryLayer(Policy {
+            retries: 2,
+            base: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_dropped_read_is_retried_and_a_dropped_write_is_not() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut svc = fast().layer(mock);
+        let get = Request::get("/api/v1/namespaces")
+            .body(Body::empty())
+            .unwrap();
+        let call = tokio::spawn(async move { svc.ready().await?.call(get).await });
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_error("connection reset by peer");
+        let (again, send) = handle.next_request().await.unwrap();
+        assert_eq!(again.uri(), "/api/v1/namespaces", "the same request again");
+        send.send_response(Response::new(Body::from(b"{}".to_vec())));
+        let resp = call.await.unwrap().unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{}");
+
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut svc = fast().layer(mock);
+        let post = Request::post("/api/v1/namespaces")
+            .body(Body::from(b"{\"kind\":\"Namespace\"}".to_vec()))
+            .unwrap();
+        let call = tokio::spawn(async move { svc.ready().await?.call(post).await });
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_error("connection reset by peer");
+        let err = call.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("reset"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_throttled_write_is_sent_again_with_its_body() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut svc = fast().layer(mock);
+        let patch = Request::patch("/apis/x/v1/things/a")
+            .body(Body::from(b"{\"spec\":{}}".to_vec()))
+            .unwrap();
+        let call = tokio::spawn(async move { svc.ready().await?.call(patch).await });
+        let (_, send) = handle.next_request().await.unwrap();
+        let mut throttled = Response::new(Body::empty());
+        *throttled.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        send.send_response(throttled);
+        let (again, send) = handle.next_request().await.unwrap();
+        let body = again.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"spec\":{}}");
+        send.send_response(Response::new(Body::empty()));
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}

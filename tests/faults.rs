@@ -1,0 +1,544 @@
+//! Every pass under a 5% fault rate. A loopback proxy (`kbind::fakes::faults`) stands between
+//! kbind and each server it talks to and injects 500, 503, 429 with Retry-After, resets before
+//! and after the upstream acted, stalls past the request timeout, truncated bodies and slow
+//! responses. Every run must end cleanly (exit 0 or 1: never a panic, an abort or a hang), and the
+//! runs must converge on exactly the state an unfaulted pass produces, with nothing lost or
+//! written twice. Set `KBIND_FAULT_SEED` to replay a sequence; each test prints its seed and
+//! figures.
+
+#[path = "support/relsync_fx.rs"]
+mod relsync_fx;
+mod support;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind::api::core::ClusterBinding;
+use kbind::fakes::faults::{FaultConfig, FaultProxy};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use support::fx::{Fx, cond};
+
+const RATE: f64 = 0.05;
+/// kbind's `--request-timeout` in these tests: the proxy stalls for 4 s, slow answers take 0.7 s.
+const REQUEST_TIMEOUT: &str = "2s";
+/// Runs allowed to converge. At 5% a run rarely needs a second; more means lost progress.
+const MAX_RUNS: usize = 6;
+
+fn seed() -> u64 {
+    std::env::var("KBIND_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+/// A fault proxy in front of the server of `kubeconfig`, and that kubeconfig aimed at it.
+async fn proxied(kubeconfig: &PathBuf, seed: u64) -> (FaultProxy, String) {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let proxy = FaultProxy::start(&support::server_of(&text), FaultConfig::rate(0.0, seed))
+        .await
+        .unwrap();
+    let via = support::via(&text, &proxy.url());
+    (proxy, via)
+}
+
+/// What the proxies did, for the test output and the figures.
+fn figures(what: &str, seed: u64, runs: usize, proxies: &[(&str, &FaultProxy)]) {
+    for (name, p) in proxies {
+        eprintln!(
+            "faults[{what}] seed={seed} runs={runs} proxy={name} requests={} injected={} {:?}",
+            p.stats.requests(),
+            p.stats.total_injected(),
+            p.stats.injected()
+        );
+    }
+}
+
+/// Run `run` until `check` says the state is the expected one, at most [`MAX_RUNS`] times.
+/// Every run must end cleanly. Returns how many runs it took.
+async fn converge<R, RF, C, CF>(what: &str, mut run: R, mut check: C) -> usize
+where
+    R: FnMut() -> RF,
+    RF: Future<Output = (i32, Value, String)>,
+    C: FnMut() -> CF,
+    CF: Future<Output = Result<(), String>>,
+{
+    let mut last = String::new();
+    for i in 1..=MAX_RUNS {
+        let (code, summary, stderr) = run().await;
+        assert!(
+            code == 0 || code == 1,
+            "{what}: run {i} must end cleanly (exit 0 or 1), got {code}: {summary}\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{what}: run {i}: {stderr}");
+        match check().await {
+            Ok(()) => return i,
+            Err(e) => last = format!("{e}; last run: {summary}"),
+        }
+    }
+    panic!("{what}: no convergence after {MAX_RUNS} runs: {last}");
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what()) }
+}
+
+/// A fixture with every kbind request to both apiservers going through fault proxies.
+struct Faulty {
+    fx: Fx,
+    consumer: FaultProxy,
+    provider: FaultProxy,
+    consumer_kubeconfig: PathBuf,
+    seed: u64,
+}
+
+impl Faulty {
+    async fn new(prefix: &str) -> Option<Self> {
+        let fx = Fx::new(prefix).await?;
+        let seed = seed();
+        let (consumer, kc) = proxied(&fx.env.consumer, seed).await;
+        let (provider, pkc) = proxied(&fx.env.provider, seed.wrapping_add(1)).await;
+        fx.secret("provider", "kubeconfig", &pkc).await;
+        let consumer_kubeconfig = support::temp_file("faulty-kubeconfig", &kc);
+        Some(Self {
+            fx,
+            consumer,
+            provider,
+            consumer_kubeconfig,
+            seed,
+        })
+    }
+
+    fn faults(&self, on: bool) {
+        let rate = if on { RATE } else { 0.0 };
+        self.consumer.set_rate(rate);
+        self.provider.set_rate(rate);
+    }
+
+    /// One run of `pass` through the proxies.
+    async fn run(&self, pass: &str) -> (i32, Value, String) {
+        let selector = format!("kbind-test={}", self.fx.label);
+        let kc = self.consumer_kubeconfig.to_string_lossy().to_string();
+        support::kbind_async(&[
+            pass,
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            &self.fx.ns,
+            "--selector",
+            &selector,
+            "--request-timeout",
+            REQUEST_TIMEOUT,
+            "--deadline",
+            "90s",
+            "-o",
+            "json",
+        ])
+        .await
+    }
+
+    fn figures(&self, what: &str, runs: usize) {
+        figures(
+            what,
+            self.seed,
+            runs,
+            &[("consumer", &self.consumer), ("provider", &self.provider)],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_converges_under_faults() {
+    let Some(f) = Faulty::new("flt-schema").await else {
+        return;
+    };
+    let mut apis = Vec::new();
+    for plural in ["ones", "twos", "threes", "fours", "fives"] {
+        apis.push(
+            f.fx.provider_crd(plural, "Namespaced", Some("true"), Some("colour"))
+                .await,
+        );
+    }
+    let conn =
+        f.fx.connection("p", "provider", json!({"source": "CRD"}), false)
+            .await;
+    let refs: Vec<&str> = apis.iter().map(String::as_str).collect();
+    let cb = f.fx.cluster_binding("cb", &conn, &refs).await;
+    f.faults(true);
+    let runs = converge(
+        "schema",
+        || f.run("schema"),
+        || async {
+            for api in &apis {
+                let crd: Option<CustomResourceDefinition> = f.fx.consumer_crd(api).await;
+                let Some(crd) = crd else {
+                    return Err(format!("{api} not installed"));
+                };
+                let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+                ensure(schema.to_string().contains("colour"), || {
+                    format!("{api} installed without the provider's schema")
+                })?;
+            }
+            let st = f.fx.conn(&conn).await.status.unwrap_or_default();
+            ensure(st.exported_apis.len() >= apis.len(), || {
+                format!("exportedAPIs {:?}", st.exported_apis)
+            })?;
+            for t in ["Ready", "Connected", "SecretValid"] {
+                let ok = st
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == t && c.status == "True");
+                ensure(ok, || {
+                    format!("Connection {t} not True: {:?}", st.conditions)
+                })?;
+            }
+            ensure(st.remote_cluster_uid.is_some(), || {
+                "identity not pinned".into()
+            })?;
+            let b = Api::<ClusterBinding>::all(f.fx.consumer.clone())
+                .get(&cb)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = b
+                .status
+                .unwrap_or_default()
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ensure(ready, || "ClusterBinding not Ready".into())
+        },
+    )
+    .await;
+    f.figures("schema", runs);
+    // Converged means finished: an unfaulted run finds nothing left to write.
+    f.faults(false);
+    let (code, s, _) = f.run("schema").await;
+    assert_eq!((code, &s["data_writes"]), (0, &json!(0)), "{s}");
+    let st = f.fx.conn(&conn).await.status.unwrap();
+    assert_eq!(cond(&st.conditions, "Ready").0, "True");
+}
+
+/// The resync scenario: objects created, provider status reported, some deleted.
+struct Widgets {
+    f: Faulty,
+    ar: ApiResource,
+}
+
+impl Widgets {
+    fn consumer(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.f.fx.consumer.clone(), &self.f.fx.ns, &self.ar)
+    }
+    fn provider(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.f.fx.provider.clone(), &self.f.fx.ns, &self.ar)
+    }
+
+    /// Provider copies: exactly `want` (name, size), each owned by the consumer object.
+    async fn provider_copies(&self, want: &[(String, i64)]) -> Result<(), String> {
+        let consumer: Vec<DynamicObject> = self
+            .consumer()
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let provider = self
+            .provider()
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let mut got: Vec<(String, i64)> = provider
+            .iter()
+            .map(|p| (p.name_any(), p.data["spec"]["size"].as_i64().unwrap_or(-1)))
+            .collect();
+        got.sort();
+        ensure(got == want, || {
+            format!("provider copies {got:?}, want {want:?}")
+        })?;
+        for p in &provider {
+            let owner = p.annotations().get("core.kbind.io/consumer-object-uid");
+            let c = consumer.iter().find(|c| c.name_any() == p.name_any());
+            ensure(
+                c.is_some() && owner == c.and_then(|c| c.uid()).as_ref(),
+                || format!("{} is not owned by its consumer object", p.name_any()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_converges_under_faults() {
+    let Some(f) = Faulty::new("flt-resync").await else {
+        return;
+    };
+    let api =
+        f.fx.provider_crd("widgets", "Namespaced", Some("true"), None)
+            .await;
+    let conn =
+        f.fx.connection("p", "provider", json!({"source": "CRD"}), false)
+            .await;
+    f.fx.cluster_binding("cb", &conn, &[&api]).await;
+    f.fx.run(&[]);
+    support::wait_established(&Api::all(f.fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&f.fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let w = Widgets { f, ar };
+    let names: Vec<String> = (1..=12).map(|i| format!("w{i:02}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let mut o = DynamicObject::new(n, &w.ar).data(json!({"spec": {"size": i}}));
+        o.metadata.namespace = Some(w.f.fx.ns.clone());
+        w.consumer()
+            .create(&PostParams::default(), &o)
+            .await
+            .unwrap();
+    }
+    let want: Vec<(String, i64)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.clone(), i as i64))
+        .collect();
+    w.f.faults(true);
+    let mut runs = converge(
+        "resync spec up",
+        || w.f.run("resync"),
+        || w.provider_copies(&want),
+    )
+    .await;
+
+    // The provider reports status on every copy; it comes down.
+    w.f.faults(false);
+    for n in &names {
+        let mut p = w.provider().get(n).await.unwrap();
+        p.data["status"] = json!({"phase": "Ready", "endpoint": format!("{n}.example")});
+        w.provider()
+            .replace_status(n, &PostParams::default(), &p)
+            .await
+            .unwrap();
+    }
+    w.f.faults(true);
+    runs += converge(
+        "resync status down",
+        || w.f.run("resync"),
+        || async {
+            for n in &names {
+                let c = w.consumer().get(n).await.map_err(|e| e.to_string())?;
+                ensure(
+                    c.data["status"]["endpoint"] == format!("{n}.example"),
+                    || format!("{n} status not down: {}", c.data["status"]),
+                )?;
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    // Four consumer objects are deleted: their copies go, then their finalizers.
+    for n in &names[..4] {
+        w.consumer()
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let kept = want[4..].to_vec();
+    runs += converge(
+        "resync deletion",
+        || w.f.run("resync"),
+        || async {
+            w.provider_copies(&kept).await?;
+            let left = w
+                .consumer()
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            ensure(left == kept.len(), || {
+                format!("{left} consumer objects left")
+            })
+        },
+    )
+    .await;
+    w.f.figures("resync", runs);
+    w.f.faults(false);
+    let (code, s, _) = w.f.run("resync").await;
+    assert_eq!(
+        (code, &s["data_writes"]),
+        (0, &json!(0)),
+        "nothing left: {s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_converges_under_faults() {
+    use support::claims_fx::{ClaimsFx, apibindings_claim, claim, req};
+    let Some(mut fx) = ClaimsFx::new("flt-claims").await else {
+        return;
+    };
+    let seed = seed();
+    // The proxy sits in front of the kcp front: workspace and virtual-workspace requests alike.
+    let proxy = FaultProxy::start(&fx.front.url(), FaultConfig::rate(0.0, seed))
+        .await
+        .unwrap();
+    fx.route_through(&proxy.url()).await;
+    let path = format!("root:{}", support::unique("prov"));
+    let export = format!("{}.example.io", support::unique("p"));
+    fx.export(
+        &path,
+        &export,
+        vec![
+            claim("configmaps", &["get", "list"], ""),
+            claim("storage.io/volumes", &["get", "list"], "h-storage"),
+        ],
+        "h-self",
+    )
+    .await;
+    let entry = support::unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.io", "volumes", Some("storage")),
+        ],
+    )
+    .await;
+    let mut workspaces = Vec::new();
+    for i in 0..8 {
+        let ws = fx.workspace(&format!("w{i}")).await;
+        fx.binding(&ws, "compute", &path, &export, vec![]).await;
+        workspaces.push(ws);
+    }
+    for ws in &workspaces[..3] {
+        fx.grant(ws, &entry, &[("storage.io", "volumes")]).await;
+    }
+    let state = |consented: bool| {
+        let volumes = if consented { "Accepted" } else { "Rejected" };
+        let mut v = vec![
+            ("configmaps".to_string(), "Accepted".to_string()),
+            ("storage.io/volumes".to_string(), volumes.to_string()),
+        ];
+        v.sort();
+        v
+    };
+    let core = vec![(
+        format!(
+            "{}/{}",
+            apibindings_claim().group,
+            apibindings_claim().resource
+        ),
+        "Accepted".to_string(),
+    )];
+    proxy.set_rate(RATE);
+    let runs = converge(
+        "claims",
+        || fx.run_with(&fx.ns, &[("KBIND_REQUEST_TIMEOUT", REQUEST_TIMEOUT)]),
+        || async {
+            for (i, ws) in workspaces.iter().enumerate() {
+                let got = fx.claims(ws, "compute").await;
+                ensure(got == state(i < 3), || format!("{ws}: {got:?}"))?;
+                let got = fx.claims(ws, "core").await;
+                ensure(got == core, || format!("{ws} core: {got:?}"))?;
+            }
+            Ok(())
+        },
+    )
+    .await;
+    figures("claims", seed, runs, &[("kcp", &proxy)]);
+    proxy.set_rate(0.0);
+    let (code, s, _) = fx.run_with(&fx.ns, &[]).await;
+    assert_eq!(
+        (code, &s["data_writes"]),
+        (0, &json!(0)),
+        "nothing left: {s}"
+    );
+    let tenant_rejected: Vec<_> = fx.claims(&workspaces[7], "compute").await;
+    assert_eq!(tenant_rejected, state(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relsync_converges_under_faults() {
+    use kbind::fakes::slack;
+    use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
+    let Some(mut rx) = Rx::new("flt-relsync").await else {
+        return;
+    };
+    let seed = seed();
+    let users: Vec<_> = (1..=8).map(|i| user(&format!("U{i}"))).collect();
+    let ids = ["U1", "U2", "U3", "U4", "U5", "U6", "U7", "U8"];
+    let chans: Vec<_> = (1..=12)
+        .map(|i| channel(&format!("C{i:02}"), &ids[..(i % 8) + 1]))
+        .collect();
+    let mut ws = workspace(users, chans);
+    ws.max_page = 3;
+    let fake = slack::start(ws, 0).await.unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    // Failed scopes wait for the next cycle (Ready stays True, spec 002): a 1 s interval makes
+    // every run here the next cycle.
+    rx.source("s", json!({"kind": "slack", "sync": {"interval": "1s"}}))
+        .await;
+    let (kube, kc) = proxied(&rx.env.consumer, seed).await;
+    let kc = support::temp_file("faulty-kubeconfig", &kc);
+    let spicedb = FaultProxy::start(&rx.env.spicedb_url, FaultConfig::rate(0.0, seed ^ 1))
+        .await
+        .unwrap();
+    let slack_proxy = FaultProxy::start(&fake.url(), FaultConfig::rate(0.0, seed ^ 2))
+        .await
+        .unwrap();
+    rx.env.spicedb_url = spicedb.url();
+    let proxies = [
+        ("consumer", &kube),
+        ("spicedb", &spicedb),
+        ("slack", &slack_proxy),
+    ];
+    for (_, p) in &proxies {
+        p.set_rate(RATE);
+    }
+    let want: usize = (1..=12).map(|i: usize| (i % 8) + 1 + 1).sum();
+    let kc = kc.to_string_lossy().to_string();
+    let slack_url = slack_proxy.url();
+    let args = [
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &rx.ns,
+        "--request-timeout",
+        REQUEST_TIMEOUT,
+    ];
+    let runs = converge(
+        "relsync",
+        || async {
+            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            rx.run_env(&slack_url, &args, &[]).await
+        },
+        || async {
+            let held = rx.held("slack_channel").await;
+            ensure(held.len() == want, || {
+                format!("{} channel relationships, want {want}", held.len())
+            })?;
+            let st = rx.status("s").await;
+            let ready = st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True" && c.reason != "PartialFailure");
+            ensure(ready, || format!("source not Ready: {:?}", st.conditions))
+        },
+    )
+    .await;
+    figures("relsync", seed, runs, &proxies);
+    assert_eq!(
+        rx.held("slack_workspace").await.len(),
+        8,
+        "every member of the workspace"
+    );
+}
