@@ -28,7 +28,7 @@ fn strip_secrets(text: &str) -> String {
             .map_or(rest.len(), |e| pos + e);
         let url = &rest[pos..url_end];
         let cut = url.find(['?', '#']).unwrap_or(url.len());
-        out.push_str(&strip_userinfo(&url[..cut]));
+        out.push_str(&redact_path_tokens(&strip_userinfo(&url[..cut])));
         rest = &rest[url_end..];
     }
     out.push_str(&redact_tokens(rest));
@@ -41,6 +41,15 @@ fn find_url(s: &str) -> Option<usize> {
         .into_iter()
         .flatten()
         .min()
+}
+
+/// A token can ride in a URL's path too (`https://hooks.example/xoxb-…/x`): redact any path
+/// segment shaped like one.
+fn redact_path_tokens(url: &str) -> String {
+    url.split('/')
+        .map(|seg| if is_tokenish(seg) { "[REDACTED]" } else { seg })
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// `https://user:pass@host/x` → `https://host/x`.
@@ -112,6 +121,10 @@ mod tests {
                 "form access_token=[REDACTED] here",
             ),
             ("plain message", "plain message"),
+            (
+                "see https://slack.com/api/auth/xoxb-1-2/check?token=xoxb-1-2 now",
+                "see https://slack.com/api/auth/[REDACTED]/check now",
+            ),
         ];
         for (input, want) in cases {
             assert_eq!(scrub(input), want, "input {input:?}");

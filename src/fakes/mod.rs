@@ -22,6 +22,9 @@ pub enum Fault {
     OkFalse(String),
     /// HTTP status with a body (e.g. 500, or 401 with a SCIM error).
     Status(u16, String),
+    /// HTTP status with raw bytes as the body, sent as is (e.g. a proxy's non-UTF-8 error
+    /// page): no JSON, no SCIM error envelope.
+    Bytes(u16, Vec<u8>),
 }
 
 /// Knobs and counters shared by a fake's handlers.

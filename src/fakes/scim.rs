@@ -114,6 +114,11 @@ fn gate(state: &ScimState, kind: &str, headers: &HeaderMap) -> Result<(), Box<Re
             ),
             Fault::OkFalse(detail) => scim_error(StatusCode::BAD_REQUEST, &detail),
             Fault::OkFalseRatelimited => scim_error(StatusCode::TOO_MANY_REQUESTS, "rate limited"),
+            Fault::Bytes(code, body) => (
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                body,
+            )
+                .into_response(),
         }));
     }
     drop(c);

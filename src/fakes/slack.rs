@@ -52,6 +52,9 @@ pub struct Workspace {
     pub empty_pages: bool,
     /// Per-method request budget per window: beyond it, 429 with Retry-After (tier emulation).
     pub tier_limits: HashMap<String, u32>,
+    /// A broken pager: every page carries the same `next_cursor`, whatever cursor was sent, so
+    /// a client that trusts it never reaches the end (or loops forever).
+    pub repeat_cursor: bool,
 }
 
 #[derive(Debug)]
@@ -112,6 +115,11 @@ fn fault_response(f: Fault) -> Response {
         Fault::OkFalseRatelimited => ok_false("ratelimited"),
         Fault::OkFalse(code) => ok_false(&code),
         Fault::Status(code, body) => (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            body,
+        )
+            .into_response(),
+        Fault::Bytes(code, body) => (
             StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             body,
         )
@@ -282,6 +290,10 @@ fn page(
         return ok(
             json!({key: [], "response_metadata": {"next_cursor": format!("dXNl{offset}e")}}),
         );
+    }
+    if ws.repeat_cursor {
+        let n = limit.min(ws.max_page).min(items.len());
+        return ok(json!({key: items[..n], "response_metadata": {"next_cursor": "dXNl1"}}));
     }
     let mut n = limit.min(ws.max_page);
     if ws.short_pages {

@@ -69,14 +69,30 @@ impl CommonArgs {
     }
 }
 
-/// Parse `90s`, `10m`, `1h`, `1h30m`, `500ms`, or bare seconds.
+/// The longest duration a flag accepts (a year): anything longer is a typo, and arithmetic on
+/// it (Lease durations, deadlines) must never overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parse `90s`, `10m`, `1h`, `1h30m`, `500ms`, or bare seconds; at most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty duration".into());
     }
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    let too_long = || {
+        format!(
+            "duration {s:?} is too long (at most {}h)",
+            MAX_DURATION.as_secs() / 3600
+        )
+    };
+    if s.chars().all(|c| c.is_ascii_digit()) {
+        let secs: u64 = s.parse().map_err(|_| too_long())?;
+        let d = Duration::from_secs(secs);
+        return if d > MAX_DURATION {
+            Err(too_long())
+        } else {
+            Ok(d)
+        };
     }
     let mut total = Duration::ZERO;
     let mut num = String::new();
@@ -91,21 +107,29 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             unit.push('s');
             chars.next();
         }
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 90s, 10m, 1h30m"))?;
+        if num.is_empty() {
+            return Err(format!(
+                "invalid duration {s:?}: expected e.g. 90s, 10m, 1h30m"
+            ));
+        }
+        // Digits only, so a parse failure is an overflow.
+        let n: u64 = num.parse().map_err(|_| too_long())?;
         num.clear();
-        total += match unit.as_str() {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
+        let part = match unit.as_str() {
+            "ms" => Some(Duration::from_millis(n)),
+            "s" => Some(Duration::from_secs(n)),
+            "m" => n.checked_mul(60).map(Duration::from_secs),
+            "h" => n.checked_mul(3600).map(Duration::from_secs),
             _ => {
                 return Err(format!(
                     "invalid duration unit {unit:?} in {s:?}: use ms, s, m or h"
                 ));
             }
         };
+        total = part
+            .and_then(|p| total.checked_add(p))
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(too_long)?;
     }
     if !num.is_empty() {
         return Err(format!(
@@ -131,7 +155,18 @@ mod tests {
         for (s, ms) in ok {
             assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
         }
-        for bad in ["", "10x", "m", "10m5", "-1s"] {
+        for bad in [
+            "",
+            "10x",
+            "m",
+            "10m5",
+            "-1s",
+            "18446744073709551616",
+            "18446744073709551615",
+            "99999999999999999h",
+            "5124095576030431h",
+            "8761h",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -19,6 +19,18 @@ impl Token {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// `text` with every occurrence of this token replaced: an upstream may echo the
+    /// credential back (a SCIM `detail`, a URL in an error), in a shape no generic scrub
+    /// recognises. Done before scrubbing (so a bound never cuts the token in half), with a
+    /// marker free of brackets (so the scrub still finds where a URL ends).
+    pub fn redact(&self, text: &str) -> String {
+        let t = self.0.trim();
+        if t.is_empty() {
+            return text.to_string();
+        }
+        text.replace(t, "REDACTED")
+    }
 }
 
 impl std::fmt::Debug for Token {
@@ -154,5 +166,15 @@ mod tests {
             base_url: None,
         };
         assert!(!format!("{c:?}").contains("xoxb-secret"));
+    }
+
+    #[test]
+    fn an_echoed_token_is_redacted_whatever_its_shape() {
+        let t = Token::new("op-bridge-7f3a\n");
+        assert_eq!(
+            t.redact("HTTP 401: bearer token op-bridge-7f3a is not valid; op-bridge-7f3a"),
+            "HTTP 401: bearer token REDACTED is not valid; REDACTED"
+        );
+        assert_eq!(Token::new("  ").redact("left alone"), "left alone");
     }
 }

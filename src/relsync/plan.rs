@@ -51,8 +51,19 @@ pub fn parse_interval(s: Option<&str>) -> Result<Duration, String> {
     if total <= 0.0 {
         return Ok(DEFAULT_INTERVAL);
     }
+    // Tenant-written: an absurd value must be a condition on its source, never a panic that
+    // takes the whole pass down (`Duration::from_secs_f64` panics past u64 seconds).
+    if !total.is_finite() || total > MAX_INTERVAL.as_secs_f64() {
+        return Err(format!(
+            "interval {s:?} is too long (at most {}h)",
+            MAX_INTERVAL.as_secs() / 3600
+        ));
+    }
     Ok(Duration::from_secs_f64(total))
 }
+
+/// The longest `spec.sync.interval` accepted: a year.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A cycle is in progress when it began and its walk has not reached the end of the scope
 /// list: `cycleStartedAt` set and `enumComplete` false. (An enumeration failure abandons the
@@ -294,7 +305,16 @@ mod tests {
             parse_interval(Some("500ms")).unwrap(),
             Duration::from_millis(500)
         );
-        for bad in ["15", "15x", "m", "1h30", "-5m", "fast"] {
+        for bad in [
+            "15",
+            "15x",
+            "m",
+            "1h30",
+            "-5m",
+            "fast",
+            "8761h",
+            "99999999999999999999h",
+        ] {
             assert!(parse_interval(Some(bad)).is_err(), "{bad}");
         }
     }

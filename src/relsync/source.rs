@@ -121,7 +121,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                 } else {
                     "EnumerationFailed"
                 };
-                let msg = crate::scrub::scrub(&e.to_string());
+                let msg = crate::scrub::scrub(&cred.token.redact(&e.to_string()));
                 let mut rec = refused(false, reason, format!("enumerating scopes: {msg}"));
                 rec.outcome = Outcome::EnumerationFailed {
                     reason,
@@ -178,7 +178,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                 total.reaped += s.reaped;
                 total.misses.extend(s.misses);
             }
-            ScopeResult::Failed(msg) => errors.push(sample(&scope.id, &msg)),
+            ScopeResult::Failed(msg) => errors.push(sample(&scope.id, &cred.token.redact(&msg))),
             ScopeResult::Stopped(why) => {
                 tracing::info!(source = %key(src), scope = %scope.id, %why, "stopping this source's walk; the next pass resumes here");
                 stopped = true;
@@ -218,14 +218,17 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                             total.reaped += s.reaped;
                         }
                         Err(e) => {
-                            errors.push(sample("", &format!("reap scan: {e}")));
+                            errors.push(sample("", &cred.token.redact(&format!("reap scan: {e}"))));
                             reap = Err(plan::Deferral::ScopeErrors);
                         }
                     }
                 }
             }
             Err(e) => {
-                errors.push(sample("", &format!("cross-resource edges: {e}")));
+                errors.push(sample(
+                    "",
+                    &cred.token.redact(&format!("cross-resource edges: {e}")),
+                ));
                 coverage.cross_ok = false;
                 reap = plan::reap_decision(&coverage);
             }

@@ -53,10 +53,16 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
         ..Default::default()
     };
     loop {
-        let page = api
-            .list(&lp)
-            .await
-            .map_err(|e| error("listing exported provider CRDs", &e))?;
+        let page = match api.list(&lp).await {
+            Ok(p) => p,
+            // One CRD the client cannot decode (a schema nested past the JSON reader's
+            // recursion limit) must not hide every other export: read them one by one.
+            Err(kube::Error::SerdeError(_)) => {
+                one_by_one(&api, &lp, &mut d).await?;
+                break;
+            }
+            Err(e) => return Err(error("listing exported provider CRDs", &e)),
+        };
         for crd in &page.items {
             let name = crd.metadata.name.clone().unwrap_or_default();
             match from_provider_crd(crd) {
@@ -71,6 +77,43 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
     }
     d.exports.sort_by(|a, b| a.api.name.cmp(&b.api.name));
     Ok(d)
+}
+
+/// The rest of a CRD list (from `lp`'s page on) read by name: a CRD that cannot be decoded is
+/// skipped with the reason, so its binding says `ExportUnusable` and the others are unaffected.
+async fn one_by_one(
+    api: &Api<CustomResourceDefinition>,
+    lp: &ListParams,
+    d: &mut Discovered,
+) -> Result<(), DiscoveryError> {
+    let mut lp = lp.clone();
+    loop {
+        let page = api
+            .list_metadata(&lp)
+            .await
+            .map_err(|e| error("listing exported provider CRDs", &e))?;
+        for meta in &page.items {
+            let name = meta.metadata.name.clone().unwrap_or_default();
+            match api.get_opt(&name).await {
+                Ok(Some(crd)) => match from_provider_crd(&crd) {
+                    Some(e) => d.exports.push(e),
+                    None => d.skipped.push((name, "no served version".into())),
+                },
+                Ok(None) => {} // deleted since the list
+                Err(kube::Error::SerdeError(e)) => d.skipped.push((
+                    name,
+                    format!(
+                        "its definition cannot be read ({e}); is its schema nested too deeply?"
+                    ),
+                )),
+                Err(e) => return Err(error(&format!("reading provider CRD {name}"), &e)),
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(()),
+        }
+    }
 }
 
 /// Non-built-in discovery groups, each synthesized into a CRD from `/openapi/v3`.

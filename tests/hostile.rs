@@ -1,0 +1,1008 @@
+//! The hostile and malformed input catalogue (docs/hostile-inputs.md, issue #9): inputs a
+//! tenant, a provider or an upstream can hand kbind that are wrong, broken or malicious. Each
+//! must end in a clear condition or error, never a panic, never a half-written object, never a
+//! secret in a status, an Event or a log. Cases sharing a fixture share a test function; every
+//! function says what it proves. Run against the real servers (`hack/test.sh`).
+
+#[path = "support/relsync_fx.rs"]
+mod relsync_fx;
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind::api::core::ClusterBinding;
+use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY};
+use kbind::fakes::{Fault, scim, slack};
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, ResourceExt};
+use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
+use serde_json::{Value, json};
+use support::fx::{Fx, cond};
+
+/// The bearer token of a kubeconfig (to assert it never reaches a status or a log).
+fn token_of(kubeconfig: &str) -> String {
+    kubeconfig
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("token:"))
+        .map(|t| t.trim().to_string())
+        .expect("the test kubeconfig carries a token")
+}
+
+/// `kubeconfig` with its `token:` line replaced by `user` (indented user fields).
+fn with_user(kubeconfig: &str, user: &str) -> String {
+    kubeconfig
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                user.to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn with_server(kubeconfig: &str, server: &str) -> String {
+    kubeconfig
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {server}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A Secret in the fixture namespace holding raw bytes under `key`.
+async fn secret_bytes(fx: &Fx, name: &str, key: &str, data: Vec<u8>) -> Result<(), kube::Error> {
+    let s = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(key.to_string(), ByteString(data))])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .create(&PostParams::default(), &s)
+        .await
+        .map(|_| ())
+}
+
+/// Kubeconfigs that cannot work inside a CronJob pod, or are not kubeconfigs at all: each
+/// Connection says `SecretValid=False` with a reason and a message naming the field (never
+/// quoting the Secret), is not Ready, pins no identity, and nothing is installed through it.
+/// The pass itself succeeds: one tenant's bad Secret is not a failed run.
+#[tokio::test]
+async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
+    let Some(fx) = Fx::new("hostile-kc").await else {
+        return;
+    };
+    let good = fx.provider_kubeconfig();
+    let token = token_of(&good);
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    // A YAML alias bomb: nine levels of nine-fold aliases (387 M nodes if expanded).
+    let mut bomb = String::from(
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    for (prev, cur) in "abcdefgh".chars().zip("bcdefghi".chars()) {
+        let refs = vec![format!("*{prev}"); 9].join(",");
+        bomb.push_str(&format!("{cur}: &{cur} [{refs}]\n"));
+    }
+    let two_contexts = good
+        .replace("current-context:", "x-current-context:")
+        .replace(
+            "contexts:\n",
+            "contexts:\n- name: other\n  context:\n    cluster: nowhere\n    user: nobody\n",
+        );
+    let padded = format!("{good}\n# {}\n", "x".repeat(900 * 1024));
+    let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
+        (
+            "certpath",
+            with_user(
+                &good,
+                "    client-certificate: /home/me/.kube/client.crt\n    client-key: /home/me/.kube/client.key",
+            )
+            .into_bytes(),
+            "NotSelfContained",
+            "user.client-certificate is a file path",
+        ),
+        (
+            "tokenfile",
+            with_user(&good, "    tokenFile: /var/run/secrets/kubernetes.io/token").into_bytes(),
+            "NotSelfContained",
+            "user.tokenFile is a file path",
+        ),
+        (
+            "authprovider",
+            with_user(
+                &good,
+                "    auth-provider:\n      name: oidc\n      config:\n        idp-issuer-url: https://idp.example.com",
+            )
+            .into_bytes(),
+            "NotSelfContained",
+            "user.auth-provider",
+        ),
+        (
+            "binary",
+            [&[0xff, 0xfe, 0x00, 0xc3, 0x28][..], good.as_bytes()].concat(),
+            "InvalidKubeconfig",
+            "not UTF-8",
+        ),
+        (
+            "huge",
+            padded.into_bytes(),
+            "InvalidKubeconfig",
+            "larger than the 262144 allowed",
+        ),
+        (
+            "yamlbomb",
+            bomb.into_bytes(),
+            "InvalidKubeconfig",
+            "is not a valid kubeconfig",
+        ),
+        (
+            "fileserver",
+            with_server(&good, "file:///etc/kubernetes/admin.conf").into_bytes(),
+            "NotSelfContained",
+            "cluster.server is not an http(s) URL",
+        ),
+        (
+            "nocontext",
+            two_contexts.into_bytes(),
+            "NotSelfContained",
+            "no current-context",
+        ),
+        (
+            "nouser",
+            good.replace("  user:\n", "  x-user:\n").into_bytes(),
+            "NotSelfContained",
+            "is not defined",
+        ),
+    ];
+    let mut conns = Vec::new();
+    for (name, data, _, _) in &cases {
+        secret_bytes(&fx, name, "kubeconfig", data.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let conn = fx
+            .connection(
+                name,
+                name,
+                json!({"source": "CRD", "pullPolicy": "All"}),
+                false,
+            )
+            .await;
+        fx.cluster_binding(name, &conn, &[&widgets]).await;
+        conns.push(conn);
+    }
+    // Above the API server's own limit (1 MiB of Secret data): refused before kbind sees it.
+    let err = secret_bytes(&fx, "twomib", "kubeconfig", vec![b'a'; 2 << 20])
+        .await
+        .expect_err("a 2 MiB Secret is refused by the API server");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("Too long")),
+        "{err}"
+    );
+
+    let t = std::time::Instant::now();
+    let (code, summary, stderr) = support::kbind(&[
+        "schema",
+        "--kubeconfig",
+        &fx.env.consumer.to_string_lossy(),
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &format!("kbind-test={}", fx.label),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "bad Secrets are conditions: {summary}\n{stderr}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(60),
+        "the alias bomb was not expanded"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains(&token), "the token reached the log");
+    for ((what, _, reason, needle), conn) in cases.iter().zip(&conns) {
+        let st = fx.conn(conn).await.status.unwrap_or_default();
+        let (s, r, m) = cond(&st.conditions, "SecretValid");
+        assert_eq!((s, r), ("False", *reason), "{what}: {m}");
+        assert!(m.contains(needle), "{what}: {m:?} lacks {needle:?}");
+        assert!(m.len() < 1024, "{what}: the message is bounded");
+        assert!(!m.contains(&token), "{what}: the token reached status");
+        assert!(!m.contains("lol"), "{what}: the document is not quoted");
+        assert_eq!(cond(&st.conditions, "Ready").0, "False", "{what}");
+        assert!(st.remote_cluster_uid.is_none(), "{what}: nothing pinned");
+        assert!(st.exported_apis.is_empty(), "{what}: no discovery");
+        assert!(
+            !fx.installed_by(&widgets, conn).await,
+            "{what}: nothing installed"
+        );
+    }
+}
+
+/// A provider CRD whose schema nests deeper than a JSON reader's recursion limit, and one with
+/// an enormous (~700 KiB) schema, both exported beside an ordinary API. The deep one cannot be
+/// read and its binding says so (`ExportUnusable`); it does not take discovery down for the
+/// other exports. The enormous one is copied whole, hash and all.
+#[tokio::test]
+async fn a_provider_crd_too_deep_to_read_or_enormous_spoils_no_other_export() {
+    let Some(fx) = Fx::new("hostile-crd").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let crd = |plural: &str, kind: &str, spec: Value| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{}", fx.group), "labels": {"core.kbind.io/exported": "true"}},
+            "spec": {"group": fx.group, "scope": "Namespaced", "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]}}))
+        .unwrap()
+    };
+    let mut deep = json!({"type": "string"});
+    for _ in 0..80 {
+        deep = json!({"type": "object", "properties": {"a": deep}});
+    }
+    let huge: serde_json::Map<String, Value> = (0..3000)
+        .map(|i| {
+            (
+                format!("field{i:04}"),
+                json!({"type": "string", "description": "d".repeat(200)}),
+            )
+        })
+        .collect();
+    support::apply_crds(
+        &fx.provider,
+        &[crd(
+            "bigs",
+            "Big",
+            json!({"type": "object", "properties": huge}),
+        )],
+    )
+    .await;
+    let (deeps, bigs) = (format!("deeps.{}", fx.group), format!("bigs.{}", fx.group));
+    // kube-rs itself cannot decode the deep one, so kubectl creates it.
+    kubectl(
+        &fx.env.provider,
+        &["create", "-f", "-"],
+        Some(&serde_json::to_string(&crd("deeps", "Deep", deep)).unwrap()),
+    );
+    kubectl(
+        &fx.env.provider,
+        &[
+            "wait",
+            "--for=condition=Established",
+            &format!("crd/{deeps}"),
+        ],
+        None,
+    );
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx
+        .cluster_binding("cb", &conn, &[&widgets, &deeps, &bigs])
+        .await;
+    let run = fx.run(&[]);
+    let c = fx.conn(&conn).await.status.unwrap();
+    let (s, r, m) = cond(&c.conditions, "Connected");
+    assert_eq!((s, r), ("True", "Connected"), "{m} {run}");
+    assert!(fx.installed_by(&widgets, &conn).await, "{run}");
+    let big = fx.consumer_crd(&bigs).await.expect("the enormous CRD");
+    let props = serde_json::to_value(&big.spec.versions[0].schema).unwrap();
+    assert_eq!(
+        props["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(3000),
+        "copied whole"
+    );
+    assert!(
+        fx.consumer_crd(&deeps).await.is_none(),
+        "nothing half-copied"
+    );
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("False", "ExportUnusable"), "{m}");
+    assert!(m.contains(&deeps), "{m}");
+    kubectl(&fx.env.provider, &["delete", "crd", &deeps], None);
+}
+
+/// Run kubectl against `kubeconfig`, feeding `stdin`; it must succeed.
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A provider-side ValidatingAdmissionPolicy refuses some objects (HTTP 422). The refused
+/// object gets a `Rejected` Warning Event quoting the policy, its binding counts it as
+/// rejected, no provider copy exists, and the rest of the API still syncs.
+#[tokio::test]
+async fn a_provider_admission_policy_rejecting_writes_is_reported_on_the_object() {
+    let Some(fx) = Fx::new("hostile-vap").await else {
+        return;
+    };
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let policy = format!("{}-unlucky", fx.label);
+    let vap = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": policy},
+        "spec": {"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [fx.group], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["widgets"]}]},
+            "validations": [{"expression": "!has(object.spec.size) || object.spec.size != 13",
+                "message": "size 13 is not accepted by this provider"}]}});
+    let vapb = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy}, "spec": {"policyName": policy, "validationActions": ["Deny"]}});
+    for (obj, plural) in [
+        (vap, "validatingadmissionpolicies"),
+        (vapb, "validatingadmissionpolicybindings"),
+    ] {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                obj["kind"].as_str().unwrap(),
+            ),
+            plural,
+        );
+        Api::<DynamicObject>::all_with(fx.provider.clone(), &ar)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let ns = fx.ns.clone();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.provider.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await;
+    let provider: Api<DynamicObject> = Api::namespaced_with(fx.provider.clone(), &ns, &ar);
+    let consumer: Api<DynamicObject> = Api::namespaced_with(fx.consumer.clone(), &ns, &ar);
+    // Policies take effect a moment after they are written: wait until a dry run is refused.
+    support::eventually("the policy to be enforced", || {
+        let provider = provider.clone();
+        let ar = ar.clone();
+        async move {
+            let o = DynamicObject::new("probe", &ar).data(json!({"spec": {"size": 13}}));
+            let dry = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            provider.create(&dry, &o).await.is_err().then_some(())
+        }
+    })
+    .await;
+    for (name, size) in [("w-13", 13), ("w-5", 5)] {
+        let o = DynamicObject::new(name, &ar).data(json!({"spec": {"size": size}}));
+        consumer.create(&PostParams::default(), &o).await.unwrap();
+    }
+    let run = fx.pass("resync", &[]);
+    assert_eq!(run["counts"]["rejected"], 1, "{run}");
+    assert!(provider.get_opt("w-13").await.unwrap().is_none(), "no copy");
+    assert!(provider.get_opt("w-5").await.unwrap().is_some(), "{run}");
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let counts = st.bound_apis.iter().find(|a| a.name == api).unwrap();
+    assert_eq!((counts.rejected, counts.in_sync), (Some(1), Some(1)));
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(fx.consumer.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let uid = consumer.get("w-13").await.unwrap().uid().unwrap();
+    let note = events
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("Rejected")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+        })
+        .and_then(|e| e.note.clone())
+        .expect("a Rejected Event on the refused object");
+    assert!(note.contains(&policy), "names the policy: {note}");
+    assert!(note.contains("size 13 is not accepted"), "{note}");
+    // Rejected again next run, still nothing half-written and no new data write for w-5.
+    let again = fx.pass("resync", &[]);
+    assert_eq!(again["counts"]["rejected"], 1, "{again}");
+    assert!(provider.get_opt("w-13").await.unwrap().is_none());
+    for plural in [
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicies",
+    ] {
+        let kind = if plural.ends_with("bindings") {
+            "ValidatingAdmissionPolicyBinding"
+        } else {
+            "ValidatingAdmissionPolicy"
+        };
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        );
+        let _ = Api::<DynamicObject>::all_with(fx.provider.clone(), &ar)
+            .delete(&policy, &Default::default())
+            .await;
+    }
+}
+
+/// Slack pages a client cannot trust. Duplicates (a channel listed twice, a member listed twice
+/// in a channel, a user listed twice) are written once and are no error. Then the server starts
+/// repeating one cursor: the enumeration fails as stalled after two calls (never an endless
+/// loop, never a false end), Ready says so, and nothing already written is pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_duplicates_are_written_once_and_a_repeating_cursor_is_an_error() {
+    let Some(rx) = Rx::new("hostile-pager").await else {
+        return;
+    };
+    let mut ws = workspace(
+        vec![user("U1"), user("U2"), user("U1")],
+        vec![
+            channel("C1", &["U1", "U2", "U1"]),
+            channel("C1", &["U1", "U2", "U1"]),
+            channel("C2", &["U2"]),
+        ],
+    );
+    ws.max_page = 1;
+    let fake = slack::start(ws, 0).await.unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    rx.source("s", json!({"kind": "slack"})).await;
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["scopeErrors"], 0, "{s}");
+    let want = vec![
+        "C1#member@u1@example.com",
+        "C1#member@u2@example.com",
+        "C1#workspace@T1",
+        "C2#member@u2@example.com",
+        "C2#workspace@T1",
+    ];
+    assert_eq!(rx.held("slack_channel").await, want);
+    assert_eq!(
+        rx.held("slack_workspace").await,
+        vec!["T1#member@u1@example.com", "T1#member@u2@example.com"]
+    );
+    assert_eq!(cond(&rx.status("s").await.conditions, READY).0, "True");
+
+    fake.state.workspace().repeat_cursor = true;
+    let before = fake.state.control().calls("conversations.list");
+    rx.run(&fake.url(), &["--source", &format!("{}/s", rx.ns)])
+        .await;
+    assert_eq!(
+        fake.state.control().calls("conversations.list") - before,
+        2,
+        "stopped at the first repeated cursor"
+    );
+    let st = rx.status("s").await;
+    let (s, reason, message) = cond(&st.conditions, READY);
+    assert_eq!((s, reason), ("False", "EnumerationFailed"), "{message}");
+    assert!(message.contains("pagination stalled"), "{message}");
+    assert!(message.contains("conversations.list"), "{message}");
+    assert_eq!(rx.held("slack_channel").await, want, "nothing pruned");
+}
+
+/// Upstream error bodies a client must not trust: a non-UTF-8 500 page, a 1 MiB `ok:false`
+/// error, and an error that echoes the bot token back in a URL's path and query. Each is one
+/// scope error with a bounded, scrubbed sample; the token appears in no status and no log;
+/// the healthy channel is still written and the source stays Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_error_bodies_that_are_binary_huge_or_echo_the_token_are_scrubbed_and_bounded() {
+    let Some(rx) = Rx::new("hostile-errs").await else {
+        return;
+    };
+    let ws = workspace(
+        vec![user("U1")],
+        (1..=4)
+            .map(|i| channel(&format!("C{i}"), &["U1"]))
+            .collect(),
+    );
+    let fake = slack::start(ws, 0).await.unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    rx.source("s", json!({"kind": "slack"})).await;
+    {
+        let mut c = fake.state.control();
+        c.push_fault(
+            "conversations.members",
+            Fault::Bytes(500, vec![0xff, 0xfe, b'<', b'h', 0x80, 0x00, 0xc3]),
+        );
+        c.push_fault("conversations.members", Fault::OkFalse("e".repeat(1 << 20)));
+        c.push_fault(
+            "conversations.members",
+            Fault::OkFalse(format!(
+                "invalid_auth see https://slack.com/api/auth/{SLACK_TOKEN}/check?token={SLACK_TOKEN}"
+            )),
+        );
+    }
+    let (code, s, stderr) = rx.run_env(&fake.url(), &["--concurrency", "1"], &[]).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["counts"]["scopeErrors"], 3, "{s}");
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True");
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "True");
+    let lp = rx.last_pass("s").await;
+    assert_eq!(lp.scope_errors, 3);
+    let by_scope: BTreeMap<_, _> = lp
+        .scope_error_samples
+        .iter()
+        .map(|x| (x.scope.as_str(), x.message.as_str()))
+        .collect();
+    assert!(by_scope["channel/C1"].contains("not JSON"), "{by_scope:?}");
+    assert!(by_scope["channel/C2"].len() <= 512, "bounded");
+    assert!(
+        by_scope["channel/C3"].contains("invalid_auth"),
+        "{by_scope:?}"
+    );
+    for m in by_scope.values() {
+        assert!(!m.contains(SLACK_TOKEN), "token in status: {m}");
+        assert!(!m.contains('\u{fffd}'), "binary body quoted: {m}");
+    }
+    assert!(!stderr.contains(SLACK_TOKEN), "token in the log");
+    assert!(
+        stderr.len() < 256 * 1024,
+        "the huge error was not logged whole"
+    );
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C4#member@u1@example.com", "C4#workspace@T1"],
+        "the healthy channel is written, the failed ones are not half-written"
+    );
+}
+
+/// A SCIM bridge that echoes the bearer token back in its error `detail`, and one that answers
+/// with an HTML page: the conditions and samples say what failed without quoting the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scim_bridge_echoing_the_token_never_gets_it_into_status() {
+    let Some(rx) = Rx::new("hostile-scim").await else {
+        return;
+    };
+    let token = "op-bridge-credential-7f3a9c";
+    let dir = scim::Directory {
+        token: token.into(),
+        users: vec![scim::ScimUser {
+            id: "u1".into(),
+            user_name: "u1".into(),
+            emails: vec![("ada@example.com".into(), true)],
+            active: true,
+        }],
+        groups: vec![scim::ScimGroup {
+            id: "g1".into(),
+            display_name: "g1".into(),
+            members: vec!["u1".into()],
+        }],
+        max_results: 10,
+        ..Default::default()
+    };
+    let bridge = scim::start(dir, 0).await.unwrap();
+    rx.identity("scim", token, &[&bridge.addr.to_string()])
+        .await;
+    rx.source(
+        "op",
+        json!({"kind": "onepassword", "baseURL": bridge.url(),
+        "auth": {"agentIdentity": "agent", "credential": "scim"}}),
+    )
+    .await;
+    bridge.state.control().push_fault(
+        "Groups",
+        Fault::Status(
+            401,
+            format!("bearer token {token} is not valid for this bridge"),
+        ),
+    );
+    let (code, s, stderr) = rx.run_env("http://127.0.0.1:9", &[], &[]).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    let st = rx.status("op").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!(
+        (status, reason),
+        ("False", "UpstreamAuthFailed"),
+        "{message}"
+    );
+    assert!(message.contains("HTTP 401"), "{message}");
+    let samples = rx.last_pass("op").await.scope_error_samples;
+    for m in std::iter::once(message).chain(samples.iter().map(|x| x.message.as_str())) {
+        assert!(!m.contains(token), "the token reached status: {m}");
+    }
+    assert!(!stderr.contains(token), "the token reached the log");
+
+    // An HTML error page from a proxy in front of the bridge.
+    bridge.state.control().push_fault(
+        "Groups",
+        Fault::Bytes(502, b"<html><body>Bad Gateway</body></html>".to_vec()),
+    );
+    rx.run(
+        "http://127.0.0.1:9",
+        &["--source", &format!("{}/op", rx.ns)],
+    )
+    .await;
+    let st = rx.status("op").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!(
+        (status, reason),
+        ("False", "EnumerationFailed"),
+        "{message}"
+    );
+    assert!(message.contains("HTTP 502, body is not JSON"), "{message}");
+    assert!(rx.held("scim_group").await.is_empty(), "nothing written");
+}
+
+/// SpiceDB refusing writes (its schema lacks a type the source writes): the scopes whose
+/// writes were refused are scope errors naming SpiceDB, each write is atomic so none is
+/// half-applied, the other scopes are written, and the source stays Ready with PartialFailure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spicedb_rejecting_writes_fails_only_those_scopes() {
+    let Some(rx) = Rx::new("hostile-spicedb").await else {
+        return;
+    };
+    // The operator's schema has no slack_usergroup definition.
+    rx.spicedb
+        .write_schema(
+            "definition user {}\ndefinition slack_workspace {\n relation member: user\n}\n\
+             definition slack_channel {\n relation workspace: slack_workspace\n relation member: user\n}\n",
+        )
+        .await
+        .unwrap();
+    let mut ws = workspace(vec![user("U1"), user("U2")], vec![channel("C1", &["U1"])]);
+    ws.usergroups = vec![slack::Usergroup {
+        id: "S1".into(),
+        handle: "ops".into(),
+        users: vec!["U1".into(), "U2".into()],
+    }];
+    let fake = slack::start(ws, 0).await.unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    rx.source(
+        "s",
+        json!({"kind": "slack", "config": {"usergroups": true}}),
+    )
+    .await;
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["scopeErrors"], 1, "{s}");
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True");
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "True");
+    let lp = rx.last_pass("s").await;
+    let sample = &lp.scope_error_samples[0];
+    assert_eq!(sample.scope, "usergroup/S1");
+    assert!(sample.message.contains("SpiceDB"), "{}", sample.message);
+    assert!(
+        sample.message.contains("slack_usergroup"),
+        "{}",
+        sample.message
+    );
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C1#member@u1@example.com", "C1#workspace@T1"]
+    );
+}
+
+/// A listener counting the connections it accepts (a trap: the test passes when it stays 0).
+async fn trap() -> (String, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let hits = Arc::new(AtomicU32::new(0));
+    let h = hits.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((_s, _)) = listener.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (addr, hits, task)
+}
+
+/// Tenant-written `baseURL`s aimed at the cloud metadata service or at loopback services the
+/// credential's allowedHosts does not name, in every spelling (plain, decimal IP, IPv4-mapped
+/// IPv6, user-info trick, another port, a file URL): each is refused on Ready before any
+/// request. The run's HTTP proxy is a local trap, so a request to 169.254.169.254 would land
+/// there instead of leaving the machine: it receives nothing, nor does the loopback service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any_request() {
+    let Some(rx) = Rx::new("hostile-ssrf").await else {
+        return;
+    };
+    let (proxy, proxy_hits, proxy_task) = trap().await;
+    let (local, local_hits, local_task) = trap().await;
+    let local_port = local.rsplit(':').next().unwrap().to_string();
+    rx.identity(
+        "scim",
+        "scim-secret",
+        &[
+            "metadata.google.internal",
+            "scim.example.com",
+            "localhost:1",
+        ],
+    )
+    .await;
+    let cases = [
+        (
+            "meta",
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+            "HostNotAllowed",
+        ),
+        (
+            "decimal",
+            "http://2852039166/".to_string(),
+            "HostNotAllowed",
+        ),
+        (
+            "mapped",
+            "http://[::ffff:169.254.169.254]/".to_string(),
+            "HostNotAllowed",
+        ),
+        (
+            "userinfo",
+            "http://scim.example.com@169.254.169.254/".to_string(),
+            "InvalidBaseURL",
+        ),
+        (
+            "loopback",
+            format!("http://127.0.0.1:{local_port}/"),
+            "HostNotAllowed",
+        ),
+        (
+            "localhost",
+            format!("http://localhost:{local_port}/"),
+            "HostNotAllowed",
+        ),
+        (
+            "file",
+            "file:///var/run/secrets/kubernetes.io/serviceaccount/token".to_string(),
+            "InvalidBaseURL",
+        ),
+    ];
+    for (name, url, _) in &cases {
+        rx.source(
+            name,
+            json!({"kind": "onepassword", "baseURL": url,
+            "auth": {"agentIdentity": "agent", "credential": "scim"}}),
+        )
+        .await;
+    }
+    let proxy_url = format!("http://{proxy}");
+    let (code, s, stderr) = rx
+        .run_env(
+            "http://127.0.0.1:9",
+            &[],
+            &[
+                // http:// destinations only: HTTPS_PROXY would also reroute the Kubernetes
+                // client, which kbind builds without proxy support.
+                ("HTTP_PROXY", &proxy_url),
+                ("http_proxy", &proxy_url),
+                ("NO_PROXY", "127.0.0.1,localhost"),
+                ("no_proxy", "127.0.0.1,localhost"),
+            ],
+        )
+        .await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["counts"]["sourcesNotReady"], cases.len() as i64, "{s}");
+    for (name, url, reason) in &cases {
+        let st = rx.status(name).await;
+        let (status, r, message) = cond(&st.conditions, READY);
+        assert_eq!((status, r), ("False", *reason), "{name} {url}: {message}");
+        assert!(!message.contains("scim-secret"), "{message}");
+        assert_eq!(rx.last_pass(name).await.scopes_processed, 0, "{name}");
+    }
+    let meta = cond(&rx.status("decimal").await.conditions, READY)
+        .2
+        .to_string();
+    assert!(
+        meta.contains("169.254.169.254"),
+        "the address as parsed: {meta}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        proxy_hits.load(Ordering::SeqCst),
+        0,
+        "a request left for the metadata service"
+    );
+    assert_eq!(
+        local_hits.load(Ordering::SeqCst),
+        0,
+        "the loopback service was reached"
+    );
+    proxy_task.abort();
+    local_task.abort();
+}
+
+/// Absurd durations and malformed configuration on RelationshipSources: a negative, a
+/// unit-less, and an astronomically long `sync.interval`, a join directory that is a JSON list,
+/// and a credential the identity does not hold each give their own Ready=False reason; none
+/// takes down the pass, so the healthy source beside them still syncs. Absurd `--deadline`s are
+/// usage errors (exit 2), not panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_durations_and_malformed_source_config_are_refused_per_source() {
+    let Some(rx) = Rx::new("hostile-cfg").await else {
+        return;
+    };
+    let fake = slack::start(workspace(vec![user("U1")], vec![channel("C1", &["U1"])]), 0)
+        .await
+        .unwrap();
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dir"},
+        "data": {"users": "[\"ada@example.com\"]"}}))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(rx.client.clone(), &rx.ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let cases = [
+        (
+            "negative",
+            json!({"kind": "slack", "sync": {"interval": "-5m"}}),
+            "InvalidInterval",
+            "-5m",
+        ),
+        (
+            "unitless",
+            json!({"kind": "slack", "sync": {"interval": "15"}}),
+            "InvalidInterval",
+            "needs a unit",
+        ),
+        (
+            "eternal",
+            json!({"kind": "slack", "sync": {"interval": "99999999999999999999h"}}),
+            "InvalidInterval",
+            "too long",
+        ),
+        (
+            "dirlist",
+            json!({"kind": "slack", "config": {"join": {"directory": {"configMapRef": {"name": "dir", "key": "users"}}}}}),
+            "InvalidDirectory",
+            "users",
+        ),
+        (
+            "nocred",
+            json!({"kind": "slack", "auth": {"agentIdentity": "agent", "credential": "github"}}),
+            "CredentialNotFound",
+            "github",
+        ),
+        (
+            "nested",
+            json!({"kind": "slack", "config": {"join": {"by": "email", "directory": {"configMapRef": {"name": "dir", "key": "users", "namespace": "kube-system"}}}}}),
+            "InvalidConfig",
+            "namespace",
+        ),
+    ];
+    for (name, spec, _, _) in &cases {
+        rx.source(name, spec.clone()).await;
+    }
+    rx.source("healthy", json!({"kind": "slack"})).await;
+    let (code, s, stderr) = rx.run_env(&fake.url(), &[], &[]).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for (name, _, reason, needle) in &cases {
+        let st = rx.status(name).await;
+        let (status, r, message) = cond(&st.conditions, READY);
+        assert_eq!((status, r), ("False", *reason), "{name}: {message}");
+        assert!(
+            message.contains(needle),
+            "{name}: {message:?} lacks {needle:?}"
+        );
+    }
+    assert_eq!(
+        cond(&rx.status("healthy").await.conditions, READY).0,
+        "True"
+    );
+    assert_eq!(
+        rx.held("slack_channel").await.len(),
+        2,
+        "the healthy source synced"
+    );
+
+    for deadline in [
+        "18446744073709551615",
+        "99999999999999999h",
+        "5124095576030431h",
+    ] {
+        let (code, s, stderr) = support::kbind(&["relsync", "--deadline", deadline, "-o", "json"]);
+        assert_eq!(code, 2, "--deadline {deadline}: {s}\n{stderr}");
+        assert!(
+            !stderr.contains("panicked"),
+            "--deadline {deadline}: {stderr}"
+        );
+        assert!(stderr.contains("--deadline"), "{stderr}");
+    }
+}
+
+/// Consumer-side objects written by hand with names that pass the CRD's pattern but still
+/// name nothing real: a Binding for an API that is a Kind-like or URL-like `<plural>.<group>`
+/// and for a built-in API. Each binding says `APINotExported` and nothing is installed.
+#[tokio::test]
+async fn bindings_naming_apis_the_provider_does_not_export_install_nothing() {
+    let Some(fx) = Fx::new("hostile-api").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let names = [
+        format!("widget.{}", fx.group),
+        "deployments.apps".to_string(),
+        "customresourcedefinitions.apiextensions.k8s.io".to_string(),
+        format!("widgets.{}.evil.example.com", fx.group),
+    ];
+    let mut bindings = Vec::new();
+    for (i, api) in names.iter().enumerate() {
+        bindings.push(fx.binding(&format!("b{i}"), &conn, &[api]).await);
+    }
+    fx.run(&[]);
+    let api: Api<kbind::api::core::Binding> = Api::namespaced(fx.consumer.clone(), &fx.ns);
+    for (b, name) in bindings.iter().zip(&names) {
+        let st = api.get(b).await.unwrap().status.unwrap_or_default();
+        let (s, r, m) = cond(&st.conditions, "Ready");
+        assert_eq!((s, r), ("False", "APINotExported"), "{name}: {m}");
+        if !name.ends_with(".k8s.io") && name != "deployments.apps" {
+            assert!(fx.consumer_crd(name).await.is_none(), "{name} installed");
+        }
+    }
+    // The Connection itself is fine and still lists its real export.
+    let c = fx.conn(&conn).await.status.unwrap();
+    assert_eq!(cond(&c.conditions, "Ready").0, "True");
+    assert!(c.exported_apis.iter().any(|e| e.name == widgets));
+    assert!(!c.exported_apis.iter().any(|e| names.contains(&e.name)));
+}
