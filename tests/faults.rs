@@ -466,79 +466,204 @@ async fn claims_converges_under_faults() {
     assert_eq!(tenant_rejected, state(false));
 }
 
+/// Proxies for a relsync fixture: the consumer apiserver and SpiceDB (the upstream's own proxy
+/// is the test's).
+struct RelsyncFaults {
+    kube: FaultProxy,
+    spicedb: FaultProxy,
+    kubeconfig: String,
+}
+
+impl RelsyncFaults {
+    async fn new(rx: &mut relsync_fx::Rx, seed: u64) -> Self {
+        let (kube, kc) = proxied(&rx.env.consumer, seed).await;
+        let kubeconfig = support::temp_file("faulty-kubeconfig", &kc)
+            .to_string_lossy()
+            .to_string();
+        let spicedb = FaultProxy::start(&rx.env.spicedb_url, FaultConfig::rate(0.0, seed ^ 1))
+            .await
+            .unwrap();
+        rx.env.spicedb_url = spicedb.url();
+        Self {
+            kube,
+            spicedb,
+            kubeconfig,
+        }
+    }
+
+    /// Run relsync through the proxies until `check` holds. Failed scopes wait for the source's
+    /// next cycle (spec 002: Ready stays True), so the sources here have a 1 s interval and
+    /// every run is a next cycle.
+    async fn converge<C, CF>(
+        &self,
+        what: &str,
+        rx: &relsync_fx::Rx,
+        upstream: &FaultProxy,
+        check: C,
+    ) -> usize
+    where
+        C: FnMut() -> CF,
+        CF: Future<Output = Result<(), String>>,
+    {
+        for p in [&self.kube, &self.spicedb, upstream] {
+            p.set_rate(RATE);
+        }
+        let slack_url = upstream.url();
+        let args = [
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--lease-namespace",
+            &rx.ns,
+            "--request-timeout",
+            REQUEST_TIMEOUT,
+        ];
+        converge(
+            what,
+            || async {
+                tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+                rx.run_env(&slack_url, &args, &[]).await
+            },
+            check,
+        )
+        .await
+    }
+}
+
+/// Ready and no scope errors in the last pass.
+async fn clean(rx: &relsync_fx::Rx, source: &str) -> Result<(), String> {
+    let st = rx.status(source).await;
+    let is = |t: &str, v: &str| st.conditions.iter().any(|c| c.type_ == t && c.status == v);
+    ensure(is("Ready", "True") && !is("PartialFailure", "True"), || {
+        format!("{source}: {:?}", st.conditions)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relsync_converges_under_faults() {
+async fn relsync_slack_converges_under_faults() {
     use kbind::fakes::slack;
     use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
-    let Some(mut rx) = Rx::new("flt-relsync").await else {
+    let Some(mut rx) = Rx::new("flt-slack").await else {
         return;
     };
     let seed = seed();
-    let users: Vec<_> = (1..=8).map(|i| user(&format!("U{i}"))).collect();
     let ids = ["U1", "U2", "U3", "U4", "U5", "U6", "U7", "U8"];
+    let users: Vec<_> = ids.iter().map(|i| user(i)).collect();
+    let members = |i: usize| &ids[..(i % 8) + 1];
     let chans: Vec<_> = (1..=12)
-        .map(|i| channel(&format!("C{i:02}"), &ids[..(i % 8) + 1]))
+        .map(|i| channel(&format!("C{i:02}"), members(i)))
         .collect();
+    let mut want: Vec<String> = (1..=12)
+        .flat_map(|i| {
+            members(i)
+                .iter()
+                .map(move |u| format!("C{i:02}#member@{}@example.com", u.to_lowercase()))
+        })
+        .collect();
+    want.sort();
     let mut ws = workspace(users, chans);
     ws.max_page = 3;
     let fake = slack::start(ws, 0).await.unwrap();
+    let upstream = FaultProxy::start(&fake.url(), FaultConfig::rate(0.0, seed ^ 2))
+        .await
+        .unwrap();
     rx.identity("slack", SLACK_TOKEN, &[]).await;
-    // Failed scopes wait for the next cycle (Ready stays True, spec 002): a 1 s interval makes
-    // every run here the next cycle.
     rx.source("s", json!({"kind": "slack", "sync": {"interval": "1s"}}))
         .await;
-    let (kube, kc) = proxied(&rx.env.consumer, seed).await;
-    let kc = support::temp_file("faulty-kubeconfig", &kc);
-    let spicedb = FaultProxy::start(&rx.env.spicedb_url, FaultConfig::rate(0.0, seed ^ 1))
-        .await
-        .unwrap();
-    let slack_proxy = FaultProxy::start(&fake.url(), FaultConfig::rate(0.0, seed ^ 2))
-        .await
-        .unwrap();
-    rx.env.spicedb_url = spicedb.url();
-    let proxies = [
-        ("consumer", &kube),
-        ("spicedb", &spicedb),
-        ("slack", &slack_proxy),
-    ];
-    for (_, p) in &proxies {
-        p.set_rate(RATE);
-    }
-    let want: usize = (1..=12).map(|i: usize| (i % 8) + 1 + 1).sum();
-    let kc = kc.to_string_lossy().to_string();
-    let slack_url = slack_proxy.url();
-    let args = [
-        "--kubeconfig",
-        &kc,
-        "--lease-namespace",
-        &rx.ns,
-        "--request-timeout",
-        REQUEST_TIMEOUT,
-    ];
-    let runs = converge(
-        "relsync",
-        || async {
-            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-            rx.run_env(&slack_url, &args, &[]).await
-        },
-        || async {
-            let held = rx.held("slack_channel").await;
-            ensure(held.len() == want, || {
-                format!("{} channel relationships, want {want}", held.len())
+    let f = RelsyncFaults::new(&mut rx, seed).await;
+    let runs = f
+        .converge("relsync slack", &rx, &upstream, || async {
+            let held: Vec<String> = rx
+                .held("slack_channel")
+                .await
+                .into_iter()
+                .filter(|r| r.contains("#member@"))
+                .collect();
+            ensure(held == want, || {
+                format!("{} member relationships, want {}", held.len(), want.len())
             })?;
-            let st = rx.status("s").await;
-            let ready = st
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True" && c.reason != "PartialFailure");
-            ensure(ready, || format!("source not Ready: {:?}", st.conditions))
-        },
-    )
-    .await;
-    figures("relsync", seed, runs, &proxies);
+            clean(&rx, "s").await
+        })
+        .await;
+    figures(
+        "relsync-slack",
+        seed,
+        runs,
+        &[
+            ("consumer", &f.kube),
+            ("spicedb", &f.spicedb),
+            ("slack", &upstream),
+        ],
+    );
     assert_eq!(
         rx.held("slack_workspace").await.len(),
         8,
         "every member of the workspace"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relsync_scim_converges_under_faults() {
+    use kbind::fakes::scim;
+    use relsync_fx::Rx;
+    let Some(mut rx) = Rx::new("flt-scim").await else {
+        return;
+    };
+    let seed = seed();
+    let users: Vec<scim::ScimUser> = (1..=6)
+        .map(|i| scim::ScimUser {
+            id: format!("u{i}"),
+            user_name: format!("u{i}"),
+            emails: vec![(format!("u{i}@example.com"), true)],
+            active: true,
+        })
+        .collect();
+    let members = |g: usize| (1..=6).filter(move |u| (u + g).is_multiple_of(2) || u == &g);
+    let groups = (1..=8)
+        .map(|g| scim::ScimGroup {
+            id: format!("g{g}"),
+            display_name: format!("g{g}"),
+            members: members(g).map(|u| format!("u{u}")).collect(),
+        })
+        .collect();
+    let mut want: Vec<String> = (1..=8)
+        .flat_map(|g| members(g).map(move |u| format!("g{g}#member@u{u}@example.com")))
+        .collect();
+    want.sort();
+    let dir = scim::Directory {
+        token: "scim-secret".into(),
+        users,
+        groups,
+        max_results: 2,
+        ..Default::default()
+    };
+    let bridge = scim::start(dir, 0).await.unwrap();
+    let upstream = FaultProxy::start(&bridge.url(), FaultConfig::rate(0.0, seed ^ 2))
+        .await
+        .unwrap();
+    rx.identity("scim", "scim-secret", &[&upstream.addr.to_string()])
+        .await;
+    rx.source(
+        "op",
+        json!({"kind": "onepassword", "baseURL": upstream.url(), "sync": {"interval": "1s"},
+            "auth": {"agentIdentity": "agent", "credential": "scim"}, "config": {"pageSize": 2}}),
+    )
+    .await;
+    let f = RelsyncFaults::new(&mut rx, seed).await;
+    let runs = f
+        .converge("relsync scim", &rx, &upstream, || async {
+            let held = rx.held("scim_group").await;
+            ensure(held == want, || format!("held {held:?}, want {want:?}"))?;
+            clean(&rx, "op").await
+        })
+        .await;
+    figures(
+        "relsync-scim",
+        seed,
+        runs,
+        &[
+            ("consumer", &f.kube),
+            ("spicedb", &f.spicedb),
+            ("scim", &upstream),
+        ],
     );
 }

@@ -563,10 +563,13 @@ async fn slack_error_bodies_that_are_binary_huge_or_echo_the_token_are_scrubbed_
     rx.source("s", json!({"kind": "slack"})).await;
     {
         let mut c = fake.state.control();
-        c.push_fault(
-            "conversations.members",
-            Fault::Bytes(500, vec![0xff, 0xfe, b'<', b'h', 0x80, 0x00, 0xc3]),
-        );
+        // A 5xx is sent again three times before it counts: this one persists.
+        for _ in 0..4 {
+            c.push_fault(
+                "conversations.members",
+                Fault::Bytes(500, vec![0xff, 0xfe, b'<', b'h', 0x80, 0x00, 0xc3]),
+            );
+        }
         c.push_fault("conversations.members", Fault::OkFalse("e".repeat(1 << 20)));
         c.push_fault(
             "conversations.members",
@@ -666,11 +669,14 @@ async fn a_scim_bridge_echoing_the_token_never_gets_it_into_status() {
     }
     assert!(!stderr.contains(token), "the token reached the log");
 
-    // An HTML error page from a proxy in front of the bridge.
-    bridge.state.control().push_fault(
-        "Groups",
-        Fault::Bytes(502, b"<html><body>Bad Gateway</body></html>".to_vec()),
-    );
+    // An HTML error page from a proxy in front of the bridge, on the first try and on every
+    // resend.
+    for _ in 0..4 {
+        bridge.state.control().push_fault(
+            "Groups",
+            Fault::Bytes(502, b"<html><body>Bad Gateway</body></html>".to_vec()),
+        );
+    }
     rx.run(
         "http://127.0.0.1:9",
         &["--source", &format!("{}/op", rx.ns)],

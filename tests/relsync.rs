@@ -865,3 +865,31 @@ async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
         .delete(&name, &Default::default())
         .await;
 }
+
+/// A Slack read that meets a server error (or a dropped connection) is sent again, a few times,
+/// before it counts against its scope: one bad answer is not a scope error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_server_error_is_resent_not_counted() {
+    let ws = workspace(
+        vec![user("U1"), user("U2")],
+        vec![channel("C1", &["U1"]), channel("C2", &["U1", "U2"])],
+    );
+    let Some((rx, fake)) = slack_setup("rs-transient", ws, json!({})).await else {
+        return;
+    };
+    {
+        let mut c = fake.state.control();
+        c.push_fault("conversations.members", Fault::Status(503, "{}".into()));
+        c.push_fault("conversations.members", Fault::Status(500, "oops".into()));
+    }
+    let s = rx.run(&fake.url(), &["--concurrency", "1"]).await;
+    assert_eq!(s["counts"]["scopeErrors"].as_i64().unwrap_or(0), 0, "{s}");
+    assert_eq!(
+        fake.state.control().calls("conversations.members"),
+        4,
+        "two channels, two resends"
+    );
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "False");
+    assert_eq!(rx.held("slack_channel").await.len(), 5);
+}

@@ -101,6 +101,40 @@ pub enum SpiceError {
     TooManyUpdates(usize),
 }
 
+impl SpiceError {
+    /// A failure the same request may not meet again: the connection dropped or stalled, the
+    /// stream was cut, or the server said it was unavailable, overloaded or broken.
+    fn transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::Stream(_) => true,
+            Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
+            Self::TooManyUpdates(_) => false,
+        }
+    }
+}
+
+/// Retries of a transient failure. Every call retried here is safe to repeat: reads, and writes
+/// made only of TOUCH and DELETE, which leave the same state however often they land.
+const RETRIES: u32 = 3;
+
+async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, SpiceError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, SpiceError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Err(e) if e.transient() && attempt < RETRIES => {
+                tracing::debug!(error = %e, attempt, "SpiceDB: transient failure; retrying");
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Where relationships are read and written.
 pub trait RelationshipStore: Send + Sync {
     /// Every relationship matching `filter`, fully consistent.
@@ -270,10 +304,8 @@ impl HttpStore {
 
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
     pub async fn ping(&self) -> Result<(), SpiceError> {
-        match self
-            .post("schema read", "/v1/schema/read", &json!({}))
-            .await
-        {
+        let empty = json!({});
+        match with_retries(|| self.post("schema read", "/v1/schema/read", &empty)).await {
             Ok(_) => Ok(()),
             // No schema yet is still a reachable, authenticated server.
             Err(SpiceError::Http { status: 404, .. }) => Ok(()),
@@ -288,12 +320,14 @@ impl RelationshipStore for HttpStore {
             "consistency": {"fullyConsistent": true},
             "relationshipFilter": filter.to_json(),
         });
-        self.stream(
-            "read",
-            "/v1/relationships/read",
-            &body,
-            "/result/relationship",
-        )
+        with_retries(|| {
+            self.stream(
+                "read",
+                "/v1/relationships/read",
+                &body,
+                "/result/relationship",
+            )
+        })
         .await
     }
 
@@ -304,12 +338,14 @@ impl RelationshipStore for HttpStore {
             "consistency": {"fullyConsistent": true},
             "optionalRelationshipFilter": filter.to_json(),
         });
-        self.stream(
-            "export",
-            "/v1/relationships/exportbulk",
-            &body,
-            "/result/relationships",
-        )
+        with_retries(|| {
+            self.stream(
+                "export",
+                "/v1/relationships/exportbulk",
+                &body,
+                "/result/relationships",
+            )
+        })
         .await
     }
 
@@ -329,13 +365,10 @@ impl RelationshipStore for HttpStore {
                 })
             })
             .collect();
-        self.post(
-            "write",
-            "/v1/relationships/write",
-            &json!({ "updates": ups }),
-        )
-        .await
-        .map(|_| ())
+        let body = json!({ "updates": ups });
+        with_retries(|| self.post("write", "/v1/relationships/write", &body))
+            .await
+            .map(|_| ())
     }
 }
 

@@ -6,6 +6,7 @@ pub mod onepassword;
 pub mod slack;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::Url;
@@ -272,6 +273,9 @@ pub fn build(
 
 /// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
 /// token rides in the Authorization header only; error text names the URL without its query.
+/// Resends of a read that failed in transit or met a 5xx.
+const TRANSIENT_RETRIES: u32 = 3;
+
 pub(crate) async fn get_json(
     http: &reqwest::Client,
     pacer: &Pacer,
@@ -283,18 +287,41 @@ pub(crate) async fn get_json(
     let mut bare = url.clone();
     bare.set_query(None);
     let mut attempt = 0;
+    let mut transient = 0;
+    // Every request here is a read: one that failed in transit, or met a server error, is
+    // simply sent again, a few times, before it counts against its scope.
+    let retry = |transient: &mut u32| {
+        *transient += 1;
+        (*transient <= TRANSIENT_RETRIES)
+            .then(|| tokio::time::sleep(Duration::from_millis(250 << *transient)))
+    };
     loop {
         pacer.pace(method).await?;
-        let resp = http
+        let resp = match http
             .get(url.clone())
             .bearer_auth(token.expose())
             .send()
             .await
-            .map_err(|e| KindError::Transport {
-                method: method.to_string(),
-                message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
-            })?;
+        {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(wait) = retry(&mut transient) {
+                    wait.await;
+                    continue;
+                }
+                return Err(KindError::Transport {
+                    method: method.to_string(),
+                    message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
+                });
+            }
+        };
         let status = resp.status().as_u16();
+        if matches!(status, 500 | 502 | 503 | 504)
+            && let Some(wait) = retry(&mut transient)
+        {
+            wait.await;
+            continue;
+        }
         if status == 429 {
             let ra = parse_retry_after(
                 resp.headers()
@@ -311,10 +338,19 @@ pub(crate) async fn get_json(
                 message: format!("GET {bare}: HTTP {status} redirect not followed"),
             });
         }
-        let text = resp.text().await.map_err(|e| KindError::Transport {
-            method: method.to_string(),
-            message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
-        })?;
+        let text = match resp.text().await {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(wait) = retry(&mut transient) {
+                    wait.await;
+                    continue;
+                }
+                return Err(KindError::Transport {
+                    method: method.to_string(),
+                    message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
+                });
+            }
+        };
         let body: Value = match serde_json::from_str(&text) {
             Ok(v) => v,
             Err(_) => {
