@@ -16,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
@@ -27,6 +27,7 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
+use support::identity::{Without, pass_identity};
 
 const NAMESPACE: &str = "kbind-system";
 const SERVICE_ACCOUNT: &str = "kbind-schema";
@@ -598,77 +599,18 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
     let Some(env) = support::env() else { return };
     let consumer = env.consumer().await;
     let s = setup(&env, &consumer, "deploy-rbac").await;
-    let sa = "kbind-schema";
-    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": s.ns}]);
-    let sa_kubeconfig = support::service_account_kubeconfig(&env.consumer, &s.ns, sa).await;
-    let kubeconfig = write_kubeconfig(&sa_kubeconfig);
+    let identity = pass_identity(
+        &env.consumer,
+        "deploy/rbac/schema.yaml",
+        &s.ns,
+        Without::Verb {
+            resource: "customresourcedefinitions",
+            verb: "create",
+        },
+    )
+    .await;
 
-    let rbac = documents(&read("deploy/rbac/schema.yaml"), "deploy/rbac/schema.yaml");
-    let find = |kind: &str| -> Value {
-        rbac.iter()
-            .find(|d| d["kind"] == kind)
-            .cloned()
-            .unwrap_or_else(|| panic!("no {kind} in deploy/rbac/schema.yaml"))
-    };
-
-    // The ClusterRole, minus create on CRDs, under a unique name.
-    let role_name = format!("{}-no-crd-create", s.label);
-    let mut cluster_role = find("ClusterRole");
-    cluster_role["metadata"] = json!({"name": role_name});
-    let mut removed = false;
-    for rule in cluster_role["rules"]
-        .as_array_mut()
-        .expect("ClusterRole rules")
-    {
-        if rule["resources"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|r| r == "customresourcedefinitions"))
-            && let Some(verbs) = rule["verbs"].as_array_mut()
-        {
-            let before = verbs.len();
-            verbs.retain(|v| v != "create");
-            removed |= verbs.len() < before;
-        }
-    }
-    assert!(
-        removed,
-        "deploy/rbac/schema.yaml grants no create on customresourcedefinitions"
-    );
-    let cluster_role: ClusterRole = serde_json::from_value(cluster_role).expect("ClusterRole");
-    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
-    cluster_roles
-        .create(&PostParams::default(), &cluster_role)
-        .await
-        .expect("create ClusterRole");
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": role_name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-        "subjects": subject}))
-    .expect("ClusterRoleBinding");
-    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
-    crbs.create(&PostParams::default(), &crb)
-        .await
-        .expect("create ClusterRoleBinding");
-
-    // The Lease Role, in this test's own namespace (the Lease namespace of this run).
-    let mut role = find("Role");
-    role["metadata"] = json!({"name": "kbind-schema-lease", "namespace": s.ns});
-    let role: Role = serde_json::from_value(role).expect("Role");
-    Api::<Role>::namespaced(consumer.clone(), &s.ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create Role");
-    let rb: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "kbind-schema-lease", "namespace": s.ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-schema-lease"},
-        "subjects": subject}))
-    .expect("RoleBinding");
-    Api::<RoleBinding>::namespaced(consumer.clone(), &s.ns)
-        .create(&PostParams::default(), &rb)
-        .await
-        .expect("create RoleBinding");
-
-    let kc = kubeconfig.to_string_lossy().to_string();
+    let kc = identity.kubeconfig();
     let selector = format!("kbind-test={}", s.label);
     let args = [
         "schema",
@@ -695,7 +637,6 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
             })
     })
     .await;
-    let _ = std::fs::remove_file(&kubeconfig);
     assert_eq!(
         code, 0,
         "partial failures are conditions, not an exit code: {summary}\n{stderr}"
@@ -741,10 +682,7 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
     );
 
     // Cluster-scoped leftovers of this test.
-    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
-    let _ = cluster_roles
-        .delete(&role_name, &DeleteParams::default())
-        .await;
+    identity.remove().await;
 }
 
 /// The containers of every Job and CronJob in jobs/*.yaml, with the Job spec holding them.
@@ -962,80 +900,13 @@ async fn claims_as_service_account(
     support::kbind_crds(&consumer).await;
     support::apply_crds(&consumer, &kbind::crds::kcp_crds()).await;
     let ns = support::namespace(&consumer, prefix).await;
-    let sa = "kbind-claims";
-    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": ns}]);
-    let kubeconfig =
-        write_kubeconfig(&support::service_account_kubeconfig(&env.consumer, &ns, sa).await);
-    let rbac = documents(&read("deploy/rbac/claims.yaml"), "deploy/rbac/claims.yaml");
-    let find = |kind: &str| -> Value {
-        rbac.iter()
-            .find(|d| d["kind"] == kind)
-            .cloned()
-            .unwrap_or_else(|| panic!("no {kind} in deploy/rbac/claims.yaml"))
-    };
-    let role_name = support::unique(prefix);
-    let mut cluster_role = find("ClusterRole");
-    cluster_role["metadata"] = json!({"name": role_name});
-    if let Some(resource) = without {
-        let rules = cluster_role["rules"].as_array_mut().expect("rules");
-        let before: usize = rules
-            .iter()
-            .map(|r| r["resources"].as_array().map_or(0, Vec::len))
-            .sum();
-        for rule in rules.iter_mut() {
-            if let Some(resources) = rule["resources"].as_array_mut() {
-                resources.retain(|r| r != resource);
-            }
-        }
-        rules.retain(|r| r["resources"].as_array().is_some_and(|r| !r.is_empty()));
-        let after: usize = rules
-            .iter()
-            .map(|r| r["resources"].as_array().map_or(0, Vec::len))
-            .sum();
-        assert!(
-            after < before,
-            "deploy/rbac/claims.yaml has no rule on {resource}"
-        );
-    }
-    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
-    cluster_roles
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(cluster_role).expect("role"),
-        )
-        .await
-        .expect("create ClusterRole");
-    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
-    crbs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": role_name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-            "subjects": subject}))
-        .expect("binding"),
+    let identity = pass_identity(
+        &env.consumer,
+        "deploy/rbac/claims.yaml",
+        &ns,
+        without.map_or(Without::Nothing, Without::Resource),
     )
-    .await
-    .expect("create ClusterRoleBinding");
-    let mut role = find("Role");
-    role["metadata"] = json!({"name": "kbind-claims-lease", "namespace": ns});
-    Api::<Role>::namespaced(consumer.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(role).expect("Role"),
-        )
-        .await
-        .expect("create Role");
-    Api::<RoleBinding>::namespaced(consumer.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "kbind-claims-lease", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-claims-lease"},
-                "subjects": subject}))
-            .expect("RoleBinding"),
-        )
-        .await
-        .expect("create RoleBinding");
+    .await;
 
     // A provider export, its CatalogEntry and one tenant binding.
     let label = support::unique(prefix);
@@ -1078,7 +949,7 @@ async fn claims_as_service_account(
     )
     .await;
 
-    let kc = kubeconfig.to_string_lossy().to_string();
+    let kc = identity.kubeconfig();
     let selector = format!("kbind-test={label}");
     let (code, summary, stderr) = support::kbind(&[
         "claims",
@@ -1127,10 +998,7 @@ async fn claims_as_service_account(
                 .collect()
         })
         .unwrap_or_default();
-    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
-    let _ = cluster_roles
-        .delete(&role_name, &DeleteParams::default())
-        .await;
+    identity.remove().await;
     (
         (
             ready["status"].as_str().unwrap_or_default().to_string(),
@@ -1203,69 +1071,15 @@ async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
         .await
         .expect("label ClusterBinding");
 
-    let sa = "kbind-resync";
-    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": s.ns}]);
-    let kubeconfig =
-        write_kubeconfig(&support::service_account_kubeconfig(&env.consumer, &s.ns, sa).await);
-    let rbac = documents(&read("deploy/rbac/resync.yaml"), "deploy/rbac/resync.yaml");
-    let mut role = rbac
-        .iter()
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "kbind-resync")
-        .cloned()
-        .expect("ClusterRole kbind-resync");
-    let role_name = format!("{}-no-secrets", s.label);
-    role["metadata"] = json!({"name": role_name});
-    let rules = role["rules"].as_array_mut().expect("rules");
-    let before = rules.len();
-    rules.retain(|r| r["resources"] != json!(["secrets"]));
-    assert_eq!(
-        rules.len(),
-        before - 1,
-        "deploy/rbac/resync.yaml has a rule on secrets"
-    );
-    let cluster_roles: Api<ClusterRole> = Api::all(consumer.clone());
-    cluster_roles
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(role).expect("role"),
-        )
-        .await
-        .expect("create ClusterRole");
-    let crbs: Api<ClusterRoleBinding> = Api::all(consumer.clone());
-    crbs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": role_name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-            "subjects": subject}))
-        .expect("binding"),
+    let identity = pass_identity(
+        &env.consumer,
+        "deploy/rbac/resync.yaml",
+        &s.ns,
+        Without::Resource("secrets"),
     )
-    .await
-    .expect("create ClusterRoleBinding");
-    let mut lease = rbac
-        .iter()
-        .find(|d| d["kind"] == "Role")
-        .cloned()
-        .expect("Lease Role");
-    lease["metadata"] = json!({"name": "kbind-resync-lease", "namespace": s.ns});
-    Api::<Role>::namespaced(consumer.clone(), &s.ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(lease).expect("Role"),
-        )
-        .await
-        .expect("create Role");
-    Api::<RoleBinding>::namespaced(consumer.clone(), &s.ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "kbind-resync-lease", "namespace": s.ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-resync-lease"},
-                "subjects": subject}))
-            .expect("RoleBinding"),
-        )
-        .await
-        .expect("create RoleBinding");
+    .await;
 
-    let kc = kubeconfig.to_string_lossy().to_string();
+    let kc = identity.kubeconfig();
     let args = [
         "resync",
         "--kubeconfig",
@@ -1289,10 +1103,7 @@ async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
         })
     };
     let (code, summary, stderr) = run_until(&args, || async { denied().await.is_some() }).await;
-    let _ = crbs.delete(&role_name, &DeleteParams::default()).await;
-    let _ = cluster_roles
-        .delete(&role_name, &DeleteParams::default())
-        .await;
+    identity.remove().await;
     assert_eq!(code, 0, "{summary}\n{stderr}");
     let event = denied()
         .await

@@ -759,65 +759,14 @@ async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
     let Some((rx, fake)) = slack_setup("rs-norbac", ws, json!({})).await else {
         return;
     };
-    let rbac: Vec<serde_json::Value> = serde_saphyr::from_multiple(
-        &std::fs::read_to_string(format!(
-            "{}/deploy/rbac/relsync.yaml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap(),
+    let identity = support::identity::pass_identity(
+        &rx.env.consumer,
+        "deploy/rbac/relsync.yaml",
+        &rx.ns,
+        support::identity::Without::Resource("secrets"),
     )
-    .unwrap();
-    let find = |kind: &str| rbac.iter().find(|d| d["kind"] == kind).cloned().unwrap();
-    let sa = "kbind-relsync";
-    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": rx.ns}]);
-    let name = support::unique("rs-norbac");
-    let mut role = find("ClusterRole");
-    role["metadata"] = json!({"name": name});
-    let rules = role["rules"].as_array_mut().unwrap();
-    let before = rules.len();
-    rules.retain(|r| r["resources"] != json!(["secrets"]));
-    assert_eq!(
-        rules.len(),
-        before - 1,
-        "deploy/rbac/relsync.yaml has a rule on secrets"
-    );
-    let mut lease_role = find("Role");
-    lease_role["metadata"] = json!({"name": "kbind-relsync-lease", "namespace": rx.ns});
-    let docs = [
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": rx.ns}}),
-        role,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subject}),
-        lease_role,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "kbind-relsync-lease", "namespace": rx.ns},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kbind-relsync-lease"}, "subjects": subject}),
-    ];
-    for doc in docs {
-        let ar = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-            doc["apiVersion"]
-                .as_str()
-                .unwrap()
-                .rsplit_once('/')
-                .map_or("", |(g, _)| g),
-            doc["apiVersion"]
-                .as_str()
-                .unwrap()
-                .rsplit('/')
-                .next()
-                .unwrap(),
-            doc["kind"].as_str().unwrap(),
-        ));
-        let api: kube::Api<kube::api::DynamicObject> = match doc["metadata"]["namespace"].as_str() {
-            Some(ns) => kube::Api::namespaced_with(rx.client.clone(), ns, &ar),
-            None => kube::Api::all_with(rx.client.clone(), &ar),
-        };
-        api.create(&Default::default(), &serde_json::from_value(doc).unwrap())
-            .await
-            .unwrap();
-    }
-    let kc = rx.service_account_kubeconfig(&rx.ns, sa).await;
-    let kc = kc.to_string_lossy().to_string();
+    .await;
+    let kc = identity.kubeconfig();
     let src = format!("{}/s", rx.ns);
     // RBAC reaches the authorizer a moment late: retry until the run gets past its Lease.
     let mut reason = String::new();
@@ -858,12 +807,7 @@ async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
         0,
         "nothing sent upstream"
     );
-    let _ = kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(rx.client.clone())
-        .delete(&name, &Default::default())
-        .await;
-    let _ = kube::Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(rx.client.clone())
-        .delete(&name, &Default::default())
-        .await;
+    identity.remove().await;
 }
 
 /// A Slack read that meets a server error (or a dropped connection) is sent again, a few times,

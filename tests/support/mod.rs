@@ -4,6 +4,7 @@
 
 pub mod claims_fx;
 pub mod fx;
+pub mod identity;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
