@@ -46,7 +46,7 @@ pub struct Pacer {
     clock: DefaultClock,
     paused_until: Mutex<HashMap<String, Instant>>,
     /// Throttle responses seen (for the summary and the benchmark).
-    pub throttles: std::sync::atomic::AtomicU64,
+    throttles: std::sync::atomic::AtomicU64,
 }
 
 impl Pacer {
@@ -115,6 +115,11 @@ impl Pacer {
         }
         tokio::time::sleep(d).await;
         Ok(())
+    }
+
+    /// Throttle responses seen so far.
+    pub fn throttles(&self) -> u64 {
+        self.throttles.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wait for this method's turn.

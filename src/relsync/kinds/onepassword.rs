@@ -291,9 +291,7 @@ impl Kind for OnePassword {
     }
 
     fn throttles(&self) -> u64 {
-        self.pacer
-            .throttles
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.pacer.throttles()
     }
 }
 

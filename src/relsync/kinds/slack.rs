@@ -465,9 +465,7 @@ impl Kind for Slack {
     }
 
     fn throttles(&self) -> u64 {
-        self.pacer
-            .throttles
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.pacer.throttles()
     }
 }
 
