@@ -366,17 +366,7 @@ async fn a_provider_admission_policy_rejecting_writes_is_reported_on_the_object(
     let Some(fx) = Fx::new("hostile-vap").await else {
         return;
     };
-    let api = fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
-        .await;
-    let conn = fx
-        .connection("p", "provider", json!({"source": "CRD"}), false)
-        .await;
-    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
-    fx.run(&[]);
-    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let (api, _, cb) = fx.bound_api("widgets", "Namespaced").await;
     let policy = format!("{}-unlucky", fx.label);
     let vap = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": policy},

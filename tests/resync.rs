@@ -21,15 +21,7 @@ struct Setup {
 /// A provider API bound through a ClusterBinding and pulled by `kbind schema`.
 async fn setup(prefix: &str, conflict_policy: &str) -> Option<Setup> {
     let fx = Fx::new(prefix).await?;
-    let api = fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
-        .await;
-    let conn = fx
-        .connection("p", "provider", json!({"source": "CRD"}), false)
-        .await;
-    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    let (api, conn, cb) = fx.bound_api("widgets", "Namespaced").await;
     Api::<ClusterBinding>::all(fx.consumer.clone())
         .patch(
             &cb,
@@ -38,8 +30,6 @@ async fn setup(prefix: &str, conflict_policy: &str) -> Option<Setup> {
         )
         .await
         .unwrap();
-    fx.run(&[]);
-    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
         "widgets",
@@ -702,17 +692,7 @@ async fn cluster_scoped_objects_sync_under_a_cluster_binding_and_the_heartbeat_i
     let Some(fx) = Fx::new("clusterscoped").await else {
         return;
     };
-    let api = fx
-        .provider_crd("regions", "Cluster", Some("true"), None)
-        .await;
-    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
-        .await;
-    let conn = fx
-        .connection("p", "provider", json!({"source": "CRD"}), false)
-        .await;
-    fx.cluster_binding("cb", &conn, &[&api]).await;
-    fx.run(&[]);
-    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let (_, conn, _) = fx.bound_api("regions", "Cluster").await;
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&fx.group, "v1", "Region"),
         "regions",

@@ -189,6 +189,22 @@ impl Fx {
 }
 
 impl Fx {
+    /// A provider API `<plural>.<group>` exported, pulled and bound: the provider Secret, a
+    /// Connection `p` (CRD source), a ClusterBinding `cb`, one `kbind schema` run, and the
+    /// consumer CRD Established. Returns (api, connection, binding).
+    pub async fn bound_api(&self, plural: &str, scope: &str) -> (String, String, String) {
+        let api = self.provider_crd(plural, scope, Some("true"), None).await;
+        self.secret("provider", "kubeconfig", &self.provider_kubeconfig())
+            .await;
+        let conn = self
+            .connection("p", "provider", json!({"source": "CRD"}), false)
+            .await;
+        let cb = self.cluster_binding("cb", &conn, &[&api]).await;
+        self.run(&[]);
+        support::wait_established(&Api::all(self.consumer.clone()), &api).await;
+        (api, conn, cb)
+    }
+
     /// Run again with nothing changed by this test: no data writes, and no bookkeeping beyond the
     /// Lease unless the provider's export list moved (other tests share the provider).
     pub async fn assert_unchanged_pass(&self, conn: &str) {

@@ -295,6 +295,12 @@ pub(crate) async fn get_json(
         (*transient <= TRANSIENT_RETRIES)
             .then(|| tokio::time::sleep(Duration::from_millis(250 << *transient)))
     };
+    let resend_or_fail = |transient: &mut u32, e: reqwest::Error| {
+        retry(transient).ok_or_else(|| KindError::Transport {
+            method: method.to_string(),
+            message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
+        })
+    };
     loop {
         pacer.pace(method).await?;
         let resp = match http
@@ -305,14 +311,8 @@ pub(crate) async fn get_json(
         {
             Ok(r) => r,
             Err(e) => {
-                if let Some(wait) = retry(&mut transient) {
-                    wait.await;
-                    continue;
-                }
-                return Err(KindError::Transport {
-                    method: method.to_string(),
-                    message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
-                });
+                resend_or_fail(&mut transient, e)?.await;
+                continue;
             }
         };
         let status = resp.status().as_u16();
@@ -341,14 +341,8 @@ pub(crate) async fn get_json(
         let text = match resp.text().await {
             Ok(t) => t,
             Err(e) => {
-                if let Some(wait) = retry(&mut transient) {
-                    wait.await;
-                    continue;
-                }
-                return Err(KindError::Transport {
-                    method: method.to_string(),
-                    message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
-                });
+                resend_or_fail(&mut transient, e)?.await;
+                continue;
             }
         };
         let body: Value = match serde_json::from_str(&text) {
