@@ -970,6 +970,45 @@ fn marked_crd(group: &str, plural: &str, conn: &str, prop: &str) -> CustomResour
     .unwrap()
 }
 
+/// A ClusterBinding `old` of `conn` for `apis`, being deleted, its instances released by resync:
+/// the schema pass removes its CRDs and then its finalizer.
+async fn deleting_cluster_binding(fx: &Fx, conn: &str, apis: &[String]) -> String {
+    let old = format!("{}-old", fx.label);
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    let body = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+        "metadata": {"name": old, "labels": {"kbind-test": fx.label}},
+        "spec": {"connectionRef": {"name": conn}, "apis": apis.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}});
+    cbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(body).unwrap(),
+    )
+    .await
+    .unwrap();
+    // The finalizer as an earlier schema run added it (its own field manager, which releases it).
+    let finalizer = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+        "metadata": {"name": old, "finalizers": ["core.kbind.io/cleanup"]}});
+    let manager = format!("{}-finalizer", kbind::api::keys::field_manager("schema"));
+    cbs.patch(
+        &old,
+        &PatchParams::apply(&manager),
+        &Patch::Apply(&finalizer),
+    )
+    .await
+    .unwrap();
+    cbs.patch_status(
+        &old,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"conditions": [{"type": "InstancesReleased", "status": "True",
+            "reason": "Released", "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    cbs.delete(&old, &Default::default()).await.unwrap();
+    old
+}
+
 async fn scene() -> Option<Scene> {
     let fx = Fx::new("crash").await?;
     let mut apis = Vec::new();
@@ -1011,28 +1050,7 @@ async fn scene() -> Option<Scene> {
     }
     // ClusterBinding `old` of Connection a is being deleted and resync released its instances:
     // its CRDs go.
-    let old = format!("{}-old", fx.label);
-    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
-    let body = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
-        "metadata": {"name": old, "labels": {"kbind-test": fx.label}, "finalizers": ["core.kbind.io/cleanup"]},
-        "spec": {"connectionRef": {"name": a}, "apis": apis[7..].iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}});
-    cbs.create(
-        &PostParams::default(),
-        &serde_json::from_value(body).unwrap(),
-    )
-    .await
-    .unwrap();
-    cbs.patch_status(
-        &old,
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"status": {"conditions": [{"type": "InstancesReleased", "status": "True",
-            "reason": "Released", "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}}),
-        ),
-    )
-    .await
-    .unwrap();
-    cbs.delete(&old, &Default::default()).await.unwrap();
+    let old = deleting_cluster_binding(&fx, &a, &apis[7..]).await;
     Some(Scene {
         fx,
         apis,
@@ -1303,6 +1321,54 @@ async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
         }
     }
     tally.finish();
+}
+
+/// A CRD of a deleting ClusterBinding that is already being deleted (the next run after one that
+/// deleted it, while the apiserver still finishes) is not deleted again: the run releases the
+/// binding and counts no write. Found by the crash soak: a run right after a completed one
+/// re-issued the delete.
+#[tokio::test]
+async fn a_crd_already_being_deleted_is_not_deleted_again() {
+    let Some(fx) = Fx::new("redelete").await else {
+        return;
+    };
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let a = fx
+        .connection("a", "provider", json!({"source": "CRD"}), false)
+        .await;
+    // Held in Terminating by a finalizer of the test's, as the apiserver's own cleanup holds it
+    // for a moment.
+    let mut crd = marked_crd(&fx.group, "thetas", &a, "size");
+    crd.metadata.finalizers = Some(vec!["kbind.test/hold".into()]);
+    let crds: Api<CustomResourceDefinition> = Api::all(fx.consumer.clone());
+    let name = crd.name_any();
+    crds.patch(
+        &name,
+        &PatchParams::apply(&kbind::api::keys::field_manager("schema")),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    crds.delete(&name, &Default::default()).await.unwrap();
+    let old = deleting_cluster_binding(&fx, &a, std::slice::from_ref(&name)).await;
+    let s = fx.run(&[]);
+    assert_eq!(s["data_writes"], 0, "nothing to redo: {s}");
+    assert!(
+        Api::<ClusterBinding>::all(fx.consumer.clone())
+            .get_opt(&old)
+            .await
+            .unwrap()
+            .is_none(),
+        "the binding's teardown finished"
+    );
+    crds.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
 }
 
 /// Let `user` read the cluster identity (the kube-system Namespace) and nothing else.
