@@ -176,11 +176,8 @@ pub async fn kbind_async_env(
     args: &[&str],
     envs: &[(&str, &str)],
 ) -> (i32, serde_json::Value, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
-        .args(args)
+    let out = tokio::process::Command::from(kbind_command(args))
         .envs(envs.iter().copied())
-        .env("RUST_LOG", "info")
-        .env_remove("KUBECONFIG")
         .output()
         .await
         .expect("run kbind");
