@@ -449,6 +449,7 @@ async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
     let Some(fx) = Fx::new("auto").await else {
         return;
     };
+    let _lock = support::all_exports_lock(true);
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -1228,6 +1229,7 @@ async fn uninterrupted() -> Option<(serde_json::Value, BTreeSet<String>)> {
 /// rerun writes exactly what the crashed run did not: nothing redone, nothing skipped.
 #[tokio::test]
 async fn a_run_killed_after_any_write_then_rerun_converges() {
+    let _lock = support::all_exports_lock(false);
     let Some((want, want_crds)) = uninterrupted().await else {
         return;
     };
@@ -1260,6 +1262,7 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
 /// what the stopped run did not.
 #[tokio::test]
 async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
+    let _lock = support::all_exports_lock(false);
     let Some((want, want_crds)) = uninterrupted().await else {
         return;
     };

@@ -273,6 +273,24 @@ pub async fn token_kubeconfig(admin_kubeconfig: &PathBuf, namespace: &str, name:
         .join("\n")
 }
 
+/// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
+/// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
+/// exports must stay its own over a long run holds it shared. A file lock in the servers'
+/// directory, so it holds across test processes (nextest) as well; dropped, it is released.
+pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
+    let dir = std::env::var_os("KBIND_TESTENV_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("all-exports.lock"))
+        .expect("open the exports lock");
+    if exclusive { f.lock() } else { f.lock_shared() }.expect("take the exports lock");
+    f
+}
+
 /// Run `cmd`, send it `signal` (`KILL`, `TERM`) once `trigger` completes if it is still running,
 /// and return what it printed (kept for the secret scan).
 pub async fn signalled(
