@@ -9,6 +9,7 @@ use kbind::api::providers::{CatalogEntry, Requirement};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use std::collections::BTreeSet;
 use support::claims_fx::{ClaimsFx, claim, held, req};
 use support::{kbind, kbind_async, unique};
 
@@ -814,6 +815,22 @@ async fn kbind_objects_satisfy_kcps_published_crds() {
         .expect("kcp's APIExport schema accepts the rendered export");
 }
 
+type Claims = Vec<(String, String)>;
+
+/// Each workspace's recorded claims (its `compute` and `core` bindings) as `w<i>:<gr>=<state>`.
+fn claim_items(per_workspace: &[(Claims, Claims)]) -> BTreeSet<String> {
+    per_workspace
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (compute, core))| {
+            compute
+                .iter()
+                .chain(core)
+                .map(move |(gr, state)| format!("w{i}:{gr}={state}"))
+        })
+        .collect()
+}
+
 /// Crash points: a run aborted right after each of its data writes (the crash knob), then an
 /// ordinary run, ends in exactly the state one uninterrupted run reaches, and a further run
 /// writes nothing.
@@ -829,9 +846,21 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
         ("secrets", "Accepted"),
         ("storage.io/volumes", "Rejected"),
     ]);
+    // What an uninterrupted run records, per workspace: w0 consented to storage.
+    let want: Vec<_> = (0..3)
+        .map(|i| {
+            let compute = if i == 0 { &want_consented } else { &want_other };
+            (
+                compute.clone(),
+                pairs(&[("apis.kcp.io/apibindings", "Accepted")]),
+            )
+        })
+        .collect();
+    let want_claims = claim_items(&want);
     // Three core bindings and three provider bindings: six data writes in a cold run.
-    let mut points = 0;
-    for crash_after in 1..=6 {
+    let mut tally = support::Tally::new("claims", "writes");
+    for crash_after in support::crash_points("claims writes", 6) {
+        let point = format!("write {crash_after}");
         let Some(fx) = ClaimsFx::new("cl-crash").await else {
             return;
         };
@@ -862,37 +891,28 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
         let (code, _, stderr) = fx
             .run_with(&crashed, &[("KBIND_CRASH_AFTER_WRITES", n.as_str())])
             .await;
-        assert_ne!(
-            code, 0,
-            "crash point {crash_after} did not stop the run: {stderr}"
-        );
+        assert_ne!(code, 0, "{point} did not stop the run: {stderr}");
         assert!(stderr.contains("reached"), "{stderr}");
-        points += 1;
 
         let (code, summary, stderr) = fx.run_with(&fx.ns, &[]).await;
-        assert_eq!(
-            code, 0,
-            "rerun after crash point {crash_after}: {summary}\n{stderr}"
-        );
-        assert_eq!(fx.claims(&workspaces[0], "compute").await, want_consented);
-        for ws in &workspaces[1..] {
-            assert_eq!(
-                fx.claims(ws, "compute").await,
-                want_other,
-                "crash point {crash_after}"
-            );
+        if code != 0 {
+            tally.failed(&point, format!("rerun: {summary}\n{stderr}"));
+            continue;
         }
+        let mut got = Vec::new();
         for ws in &workspaces {
-            assert_eq!(
-                fx.claims(ws, "core").await,
-                pairs(&[("apis.kcp.io/apibindings", "Accepted")])
-            );
+            got.push((fx.claims(ws, "compute").await, fx.claims(ws, "core").await));
         }
+        let got_claims = claim_items(&got);
+        // Converged: a further run writes nothing.
         let again = fx.run(&[]).await;
-        assert_eq!(
-            again["data_writes"], 0,
-            "converged after crash point {crash_after}: {again}"
+        tally.point(
+            &point,
+            &(&want, 0),
+            &(&got, again["data_writes"].as_u64().unwrap_or(u64::MAX)),
+            &want_claims,
+            &got_claims,
         );
     }
-    assert_eq!(points, 6);
+    tally.finish();
 }

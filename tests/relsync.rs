@@ -9,6 +9,7 @@ use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
 use kbind::fakes::{Fault, scim, slack};
 use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
 use serde_json::json;
+use std::collections::BTreeSet;
 use support::fx::cond;
 
 /// A Slack source `s` reading workspace `ws` through a fresh fake.
@@ -601,10 +602,13 @@ async fn a_scoped_pass_neither_moves_the_cursor_nor_reaps() {
     assert_eq!(code, 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_killed_mid_way_converges_on_the_next_run() {
+/// The crash scenario: nine channels of one to five members, in a workspace of five: a cold pass
+/// makes ten SpiceDB writes, one per channel and one for the workspace's members.
+const CRASH_WRITES: u64 = 10;
+
+async fn crash_setup() -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
     let users: Vec<_> = (1..=5).map(|i| user(&format!("U{i}"))).collect();
-    let chans: Vec<_> = (1..=6)
+    let chans: Vec<_> = (1..=9)
         .map(|i| {
             channel(
                 &format!("C{i}"),
@@ -612,37 +616,209 @@ async fn a_pass_killed_mid_way_converges_on_the_next_run() {
             )
         })
         .collect();
-    let ws = workspace(users, chans);
-    let Some((rx, fake)) = slack_setup("rs-crash", ws, json!({})).await else {
-        return;
-    };
-    let (code, _, stderr) = rx
-        .run_env(
-            &fake.url(),
-            &["--concurrency", "2"],
-            &[("KBIND_CRASH_AFTER_WRITES", "3")],
-        )
-        .await;
-    assert_ne!(code, 0, "the crash knob aborts: {stderr}");
-    assert!(
-        stderr.contains("KBIND_CRASH_AFTER_WRITES=3 reached"),
-        "{stderr}"
+    slack_setup("rs-crash", workspace(users, chans), json!({})).await
+}
+
+/// What a pass leaves: every relationship the store holds, and the source's status without the
+/// per-pass figures and times (a rerun's figures are its own; `written` is checked apart).
+async fn crash_state(rx: &Rx) -> (serde_json::Value, BTreeSet<String>) {
+    let mut held = BTreeSet::new();
+    for t in [
+        "slack_workspace",
+        "slack_channel",
+        "slack_usergroup",
+        "scim_group",
+    ] {
+        held.extend(rx.held(t).await.into_iter().map(|r| format!("{t}:{r}")));
+    }
+    let st = rx.status("s").await;
+    let cycle_started = st
+        .sync
+        .as_ref()
+        .and_then(|s| s.cycle_started_at.as_ref())
+        .is_some();
+    let mut st = support::normalized(
+        &serde_json::to_value(&st).unwrap(),
+        &[
+            "lastTransitionTime",
+            "finishedAt",
+            "lastSyncTime",
+            "cycleStartedAt",
+            "written",
+            "pruned",
+            "scopesProcessed",
+        ],
+        &[(rx.ns.as_str(), "NS")],
     );
-    let partial = rx.held("slack_channel").await.len();
-    assert!(partial > 0, "some writes landed before the crash");
-    // The aborted run never released its pass Lease; an operator (or its expiry) frees it.
+    st["cycleStarted"] = json!(cycle_started);
+    (json!({"status": st, "held": held}), held)
+}
+
+/// An uninterrupted cold pass: its state and `relationshipsWritten`.
+async fn uninterrupted() -> Option<((serde_json::Value, BTreeSet<String>), i64)> {
+    let (rx, fake) = crash_setup().await?;
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(
+        s["data_writes"], CRASH_WRITES,
+        "the scenario's cold pass: {s}"
+    );
+    let state = crash_state(&rx).await;
+    let expected: usize = (1..=9).map(|i: usize| i.min(5) + 1).sum::<usize>() + 5;
+    assert_eq!(state.1.len(), expected, "{:?}", state.1);
+    assert_eq!(
+        cond(&rx.status("s").await.conditions, REAP_DEFERRED).1,
+        "Reaped"
+    );
+    Some((state, s["counts"]["relationshipsWritten"].as_i64().unwrap()))
+}
+
+/// The aborted run never released its pass Lease; an operator (or its expiry) frees it.
+async fn free_lease(rx: &Rx) {
     let lease = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
         rx.client.clone(),
         &rx.ns,
     );
     let _ = lease.delete("kbind-relsync", &Default::default()).await;
-    rx.run(&fake.url(), &[]).await;
-    let held = rx.held("slack_channel").await;
-    let expected: usize = (1..=6).map(|i: usize| i.min(5) + 1).sum();
-    assert_eq!(held.len(), expected, "{held:?}");
-    assert_eq!(rx.held("slack_workspace").await.len(), 5);
-    let st = rx.status("s").await;
-    assert_eq!(cond(&st.conditions, REAP_DEFERRED).1, "Reaped");
+}
+
+/// Crash points: a pass aborted right after each of its SpiceDB writes, then rerun, holds
+/// exactly the relationships and status of an uninterrupted pass; the rerun writes exactly the
+/// batches and relationships the aborted pass did not (nothing redone, nothing skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_after_any_write_converges_on_the_next_run() {
+    let Some(((want, want_held), want_written)) = uninterrupted().await else {
+        return;
+    };
+    let mut tally = support::Tally::new("relsync", "writes");
+    for n in support::crash_points("relsync writes", CRASH_WRITES) {
+        let (rx, fake) = crash_setup().await.expect("servers");
+        // One scope at a time, so exactly n writes landed when the process aborts.
+        let knob = n.to_string();
+        let (code, _, stderr) = rx
+            .run_env(
+                &fake.url(),
+                &["--concurrency", "1"],
+                &[(kbind::pass::crash::ENV, &knob)],
+            )
+            .await;
+        assert_ne!(code, 0, "the crash knob aborts: {stderr}");
+        assert!(stderr.contains(&format!("={n} reached")), "{stderr}");
+        let landed = crash_state(&rx).await.1.len() as i64;
+        free_lease(&rx).await;
+        let (code, s, stderr) = rx.run_env(&fake.url(), &[], &[]).await;
+        if code != 0 {
+            tally.failed(&format!("write {n}"), format!("{s}\n{stderr}"));
+            continue;
+        }
+        let (got, got_held) = crash_state(&rx).await;
+        let written = s["counts"]["relationshipsWritten"].as_i64().unwrap_or(0);
+        tally.point(
+            &format!("write {n}"),
+            &(&want, want_written, CRASH_WRITES - n),
+            &(
+                &got,
+                landed + written,
+                s["data_writes"].as_u64().unwrap_or(0),
+            ),
+            &want_held,
+            &got_held,
+        );
+    }
+    tally.finish();
+}
+
+/// Signals, at full concurrency and paced as against Slack: a pass killed (SIGKILL) at some
+/// moment after its first write converges on the next run; a pass sent SIGTERM stops taking
+/// scopes, records its cursor, exits 0 and releases its Lease, and the next run continues the
+/// cycle, writing exactly what the stopped pass did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_or_terminated_at_any_moment_converges_on_the_next_run() {
+    let Some(((want, want_held), want_written)) = uninterrupted().await else {
+        return;
+    };
+    let mut tally = support::Tally::new("relsync", "signals");
+    for (signal, delays) in [
+        (
+            "KILL",
+            support::kill_delays("relsync SIGKILL", &[100], 1500),
+        ),
+        ("TERM", support::kill_delays("relsync SIGTERM", &[0], 1500)),
+    ] {
+        for delay in delays {
+            let point = format!("SIG{signal} {}ms after the first write", delay.as_millis());
+            let (rx, fake) = crash_setup().await.expect("servers");
+            // Scaled pacing a tenth as fast as the other tests': the pass takes about a second.
+            let cmd = rx.command(&fake.url(), &["--upstream-rate-scale", "6"]);
+            let out = support::signalled(cmd, signal, async {
+                while rx.held("slack_channel").await.is_empty() {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                tokio::time::sleep(delay).await;
+            })
+            .await;
+            let killed = out.status.code().is_none();
+            let (code, first, stderr) = support::outcome(out);
+            let landed = crash_state(&rx).await.1.len() as i64;
+            println!(
+                "{point}: killed by the signal: {killed}, outcome {}, data writes {}, relationships held {landed}",
+                first["outcome"], first["data_writes"]
+            );
+            if signal == "TERM" {
+                assert_eq!(code, 0, "{point}: {first}\n{stderr}");
+                assert!(
+                    first["outcome"] == "completed"
+                        || (first["outcome"] == "partial"
+                            && first["message"].as_str().unwrap().contains("Terminated")),
+                    "{point}: {first}"
+                );
+            } else {
+                free_lease(&rx).await;
+            }
+            // The next scheduled run: due while the stopped pass's cycle is in progress. It
+            // finishes the cycle's data; the reap of edges no scope asserts waits for a pass that
+            // covers every scope (spec 002), which the next cycle (here forced with --source) is.
+            let mut reruns = vec![rx.run_env(&fake.url(), &[], &[]).await];
+            let deferred =
+                cond(&rx.status("s").await.conditions, REAP_DEFERRED).1 == "PartialCoverage";
+            if first["outcome"] == "partial" && reruns[0].0 == 0 && deferred {
+                assert_eq!(
+                    crash_state(&rx).await.1,
+                    want_held,
+                    "{point}: data complete"
+                );
+                let src = format!("{}/s", rx.ns);
+                reruns.push(rx.run_env(&fake.url(), &["--source", &src], &[]).await);
+            }
+            if let Some((_, s, stderr)) = reruns
+                .iter()
+                .find(|r| r.0 != 0 || r.1["outcome"] != "completed")
+            {
+                tally.failed(&point, format!("rerun: {s}\n{stderr}"));
+                continue;
+            }
+            let (got, got_held) = crash_state(&rx).await;
+            let sum =
+                |f: &dyn Fn(&serde_json::Value) -> i64| reruns.iter().map(|r| f(&r.1)).sum::<i64>();
+            let written = sum(&|s| s["counts"]["relationshipsWritten"].as_i64().unwrap_or(0));
+            let mut want_writes = None;
+            let mut got_writes = None;
+            if signal == "TERM" {
+                want_writes = Some(CRASH_WRITES as i64);
+                got_writes = Some(
+                    first["data_writes"].as_i64().unwrap_or(0)
+                        + sum(&|s| s["data_writes"].as_i64().unwrap_or(0)),
+                );
+            }
+            tally.point(
+                &point,
+                &(&want, want_written, want_writes),
+                &(&got, landed + written, got_writes),
+                &want_held,
+                &got_held,
+            );
+        }
+    }
+    tally.finish();
 }
 
 /// deploy/rbac/relsync.yaml is enough: the pass, run as kbind-system/kbind-relsync, reads its

@@ -165,6 +165,7 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
             match why {
                 Exhausted::MaxItems => "--max-items reached",
                 Exhausted::Deadline => "deadline near",
+                Exhausted::Terminated => "SIGTERM received",
             }
         );
     }

@@ -1,7 +1,8 @@
 //! `--max-items` and `--deadline`: a pass asks before each unit of work, and near the deadline
-//! stops taking new work so it can finish what is in flight and persist its cursor.
+//! stops taking new work so it can finish what is in flight and persist its cursor. SIGTERM (a
+//! CronJob pod past `activeDeadlineSeconds`, a node drain) ends the budget the same way.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
@@ -10,6 +11,7 @@ pub struct Budget {
     used: AtomicU64,
     start: Instant,
     deadline: Duration,
+    terminated: AtomicBool,
 }
 
 /// Why a pass stopped taking work.
@@ -17,6 +19,8 @@ pub struct Budget {
 pub enum Exhausted {
     MaxItems,
     Deadline,
+    /// The process was asked to stop (SIGTERM).
+    Terminated,
 }
 
 impl Budget {
@@ -26,6 +30,7 @@ impl Budget {
             used: AtomicU64::new(0),
             start: Instant::now(),
             deadline,
+            terminated: AtomicBool::new(false),
         }
     }
 
@@ -39,8 +44,26 @@ impl Budget {
         (self.deadline / 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
     }
 
+    /// Stop taking work now, as at the deadline: no time remains.
+    pub fn terminate(&self) {
+        self.terminated.store(true, Ordering::SeqCst);
+    }
+
+    fn out_of_time(&self) -> Option<Exhausted> {
+        if self.terminated.load(Ordering::SeqCst) {
+            Some(Exhausted::Terminated)
+        } else if self.remaining().is_zero() {
+            Some(Exhausted::Deadline)
+        } else {
+            None
+        }
+    }
+
     /// Time left before the pass must stop taking work.
     pub fn remaining(&self) -> Duration {
+        if self.terminated.load(Ordering::SeqCst) {
+            return Duration::ZERO;
+        }
         self.deadline
             .saturating_sub(self.margin())
             .saturating_sub(self.start.elapsed())
@@ -48,8 +71,8 @@ impl Budget {
 
     /// Check without consuming: is there time (and items) left for more work?
     pub fn check(&self) -> Result<(), Exhausted> {
-        if self.remaining().is_zero() {
-            return Err(Exhausted::Deadline);
+        if let Some(why) = self.out_of_time() {
+            return Err(why);
         }
         if let Some(max) = self.max_items
             && self.used.load(Ordering::SeqCst) >= max
@@ -61,8 +84,8 @@ impl Budget {
 
     /// Take one item of budget.
     pub fn take(&self) -> Result<(), Exhausted> {
-        if self.remaining().is_zero() {
-            return Err(Exhausted::Deadline);
+        if let Some(why) = self.out_of_time() {
+            return Err(why);
         }
         match self.max_items {
             None => {
@@ -117,5 +140,16 @@ mod tests {
         assert!(b.take().is_ok());
         assert!(b.would_cross_deadline(Duration::from_secs(600)));
         assert!(!b.would_cross_deadline(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn termination_ends_the_budget_like_the_deadline() {
+        let b = Budget::new(None, Duration::from_secs(600));
+        assert!(b.take().is_ok());
+        b.terminate();
+        assert_eq!(b.take(), Err(Exhausted::Terminated));
+        assert_eq!(b.check(), Err(Exhausted::Terminated));
+        assert!(b.remaining().is_zero());
+        assert!(b.would_cross_deadline(Duration::from_millis(1)));
     }
 }

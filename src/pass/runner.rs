@@ -51,6 +51,7 @@ where
     crate::install_crypto_provider();
     let counter = Arc::new(RequestCounter::default());
     let budget = Arc::new(Budget::new(args.max_items, args.deadline));
+    stop_on_sigterm(budget.clone());
     let output = args.output;
     let dry_run = args.dry_run;
     let finish = |mut summary: Summary, code: i32, counter: &RequestCounter, budget: &Budget| {
@@ -127,6 +128,35 @@ where
         }
         Err(e) => fail(pass, dry_run, e, finish, &counter, &budget),
     }
+}
+
+/// SIGTERM (a CronJob pod past `activeDeadlineSeconds`, a drained node) ends the budget: the
+/// pass takes no new work, finishes what is in flight, records its progress and releases its
+/// Lease, as at the deadline, within the pod's grace period. A second SIGTERM exits at once.
+fn stop_on_sigterm(budget: Arc<Budget>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::spawn(async move {
+                    if term.recv().await.is_some() {
+                        tracing::warn!(
+                            "SIGTERM: taking no new work; finishing what is in flight and recording progress"
+                        );
+                        budget.terminate();
+                    }
+                    if term.recv().await.is_some() {
+                        tracing::warn!("second SIGTERM: exiting now");
+                        std::process::exit(143);
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGTERM"),
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = budget;
 }
 
 fn fail(

@@ -152,8 +152,12 @@ pub async fn binding(
     if b.view.key.namespace.is_none() {
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
         for name in &b.view.apis {
+            // A CRD already being deleted (by an earlier run, the apiserver still finishing) has
+            // nothing left to do: deleting it again would be a write redone.
             let ours = crds.get(name).is_some_and(|m| {
-                m.managed && m.connection.as_deref() == Some(b.view.connection.as_str())
+                m.managed
+                    && !m.deleting
+                    && m.connection.as_deref() == Some(b.view.connection.as_str())
             });
             let still_bound = all
                 .iter()

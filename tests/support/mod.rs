@@ -152,15 +152,18 @@ pub async fn kbind_crds(client: &Client) {
     apply_crds(client, &kbind::crds::kbind_crds()).await;
 }
 
+/// The real `kbind` binary with `args`, as every test runs it.
+pub fn kbind_command(args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"));
+    cmd.args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG");
+    cmd
+}
+
 /// Run the real `kbind` binary; returns (exit code, the summary line parsed as JSON, stderr).
 pub fn kbind(args: &[&str]) -> (i32, serde_json::Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
-        .args(args)
-        .env("RUST_LOG", "info")
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run kbind");
-    outcome(out)
+    outcome(kbind_command(args).output().expect("run kbind"))
 }
 
 /// [`kbind`] without blocking the test's runtime, for tests that serve something in-process (a
@@ -174,11 +177,8 @@ pub async fn kbind_async_env(
     args: &[&str],
     envs: &[(&str, &str)],
 ) -> (i32, serde_json::Value, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
-        .args(args)
+    let out = tokio::process::Command::from(kbind_command(args))
         .envs(envs.iter().copied())
-        .env("RUST_LOG", "info")
-        .env_remove("KUBECONFIG")
         .output()
         .await
         .expect("run kbind");
@@ -197,7 +197,7 @@ pub fn keep_emitted(out: &std::process::Output) {
     let _ = std::fs::write(path, text);
 }
 
-fn outcome(out: std::process::Output) -> (i32, serde_json::Value, String) {
+pub fn outcome(out: std::process::Output) -> (i32, serde_json::Value, String) {
     keep_emitted(&out);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -305,4 +305,210 @@ pub fn temp_file(prefix: &str, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(unique(prefix));
     std::fs::write(&path, text).expect("write temp file");
     path
+}
+
+/// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
+/// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
+/// exports must stay its own over a long run holds it shared. A file lock in the servers'
+/// directory, so it holds across test processes (nextest) as well; dropped, it is released.
+pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
+    let dir = std::env::var_os("KBIND_TESTENV_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("all-exports.lock"))
+        .expect("open the exports lock");
+    if exclusive { f.lock() } else { f.lock_shared() }.expect("take the exports lock");
+    f
+}
+
+/// Run `cmd`, send it `signal` (`KILL`, `TERM`) once `trigger` completes if it is still running,
+/// and return what it printed (kept for the secret scan).
+pub async fn signalled(
+    cmd: std::process::Command,
+    signal: &str,
+    trigger: impl std::future::Future<Output = ()>,
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("start kbind");
+    let pid = child.id().expect("pid").to_string();
+    let out = child.wait_with_output();
+    tokio::pin!(out);
+    let out = tokio::select! {
+        out = &mut out => out,
+        () = trigger => {
+            let _ = std::process::Command::new("kill")
+                .args(["-s", signal, &pid])
+                .status();
+            out.await
+        }
+    }
+    .expect("wait for kbind");
+    keep_emitted(&out);
+    out
+}
+
+/// Crash-point selection: every write index `1..=writes` of a cold run in the CI suite; with
+/// `KBIND_SOAK_COUNT=N` (`hack/soak.sh`) N indices drawn at random. `label` names the draw: one
+/// printed seed (`KBIND_SOAK_SEED` replays it) gives each label its own sequence.
+pub fn crash_points(label: &str, writes: u64) -> Vec<u64> {
+    match soak_rng(label) {
+        Some((n, mut next)) => (0..n).map(|_| 1 + next() % writes).collect(),
+        None => (1..=writes).collect(),
+    }
+}
+
+/// Kill delays for signal tests: `ci` (ms) in the CI suite, `KBIND_SOAK_COUNT` random ones below
+/// `max_ms` in a soak run.
+pub fn kill_delays(label: &str, ci: &[u64], max_ms: u64) -> Vec<std::time::Duration> {
+    let ms: Vec<u64> = match soak_rng(label) {
+        Some((n, mut next)) => (0..n).map(|_| next() % max_ms).collect(),
+        None => ci.to_vec(),
+    };
+    ms.into_iter()
+        .map(std::time::Duration::from_millis)
+        .collect()
+}
+
+/// `KBIND_SOAK_COUNT` and a generator (splitmix64) seeded from the run's seed and `label`, or
+/// `None` outside a soak run.
+fn soak_rng(label: &str) -> Option<(usize, impl FnMut() -> u64)> {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let n: usize = std::env::var("KBIND_SOAK_COUNT").ok()?.parse().ok()?;
+    let seed = *SEED.get_or_init(|| {
+        let seed = std::env::var("KBIND_SOAK_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        println!("soak: KBIND_SOAK_SEED={seed}");
+        seed
+    });
+    // FNV-1a of the label, so each draw has its own stream from the one seed.
+    let mut state = label.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    Some((n, move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }))
+}
+
+/// The figures of one crash test: points tried, points whose rerun converged on the state of an
+/// uninterrupted run, and data items that run holds which a rerun lacked. `finish` prints the
+/// figure line `hack/soak.sh` adds up, then fails the test unless every point converged.
+pub struct Tally {
+    pass: &'static str,
+    kind: &'static str,
+    tried: usize,
+    converged: usize,
+    lost: usize,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    pub fn new(pass: &'static str, kind: &'static str) -> Self {
+        Self {
+            pass,
+            kind,
+            tried: 0,
+            converged: 0,
+            lost: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    /// One crash point: `want`/`got` are the whole final states compared, `data` the items of
+    /// the uninterrupted run's data (`want_data`) and of the rerun (`got_data`).
+    pub fn point<T: PartialEq + std::fmt::Debug, D: Ord + std::fmt::Debug + Clone>(
+        &mut self,
+        point: &str,
+        want: &T,
+        got: &T,
+        want_data: &std::collections::BTreeSet<D>,
+        got_data: &std::collections::BTreeSet<D>,
+    ) {
+        self.tried += 1;
+        let missing: Vec<D> = want_data.difference(got_data).cloned().collect();
+        self.lost += missing.len();
+        if want == got && missing.is_empty() {
+            self.converged += 1;
+        } else if want == got || !self.failures.is_empty() {
+            self.failures.push(format!(
+                "{point}: missing {missing:?}, states equal: {}",
+                want == got
+            ));
+        } else {
+            let (want, got) = (format!("{want:#?}"), format!("{got:#?}"));
+            let only = |a: &str, b: &str| -> Vec<String> {
+                let b: std::collections::BTreeSet<&str> = b.lines().collect();
+                a.lines()
+                    .filter(|l| !b.contains(l))
+                    .map(str::to_string)
+                    .collect()
+            };
+            self.failures.push(format!(
+                "{point}: missing {missing:?}\n  only wanted: {:?}\n  only got: {:?}",
+                only(&want, &got),
+                only(&got, &want)
+            ));
+        }
+    }
+
+    /// A point that could not be compared (the rerun failed, say).
+    pub fn failed(&mut self, point: &str, why: String) {
+        self.tried += 1;
+        self.failures.push(format!("{point}: {why}"));
+    }
+
+    pub fn finish(self) {
+        println!(
+            "crash-figures pass={} kind={} tried={} converged={} data_lost={}",
+            self.pass, self.kind, self.tried, self.converged, self.lost
+        );
+        assert!(
+            self.failures.is_empty() && self.tried > 0,
+            "{} {} crash points did not converge:\n{}",
+            self.pass,
+            self.kind,
+            self.failures.join("\n")
+        );
+    }
+}
+
+/// `v` with the keys in `drop` removed at any depth and each `(from, to)` replaced in every
+/// string, so states of two fixtures (their own names, their own timestamps) compare.
+pub fn normalized(
+    v: &serde_json::Value,
+    drop: &[&str],
+    replace: &[(&str, &str)],
+) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !drop.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), normalized(v, drop, replace)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|v| normalized(v, drop, replace)).collect()),
+        Value::String(s) => Value::String(
+            replace
+                .iter()
+                .fold(s.clone(), |s, (from, to)| s.replace(from, to)),
+        ),
+        other => other.clone(),
+    }
 }

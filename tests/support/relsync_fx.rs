@@ -161,6 +161,36 @@ impl Rx {
             .unwrap_or_default()
     }
 
+    /// `kbind relsync` on this fixture's namespace, its store and the Slack stand-in at
+    /// `slack_url`; `extra` may name another identity (`--kubeconfig`, with its own Lease
+    /// namespace) or another `--upstream-rate-scale`.
+    pub fn command(&self, slack_url: &str, extra: &[&str]) -> std::process::Command {
+        let kc = self.env.consumer.to_string_lossy().to_string();
+        let token_file = self.spicedb_token_file.to_string_lossy().to_string();
+        let slack_api = format!("{slack_url}/api");
+        let mut args: Vec<&str> = vec!["relsync"];
+        if !extra.contains(&"--kubeconfig") {
+            args.extend(["--kubeconfig", &kc, "--lease-namespace", &self.ns]);
+        }
+        if !extra.contains(&"--upstream-rate-scale") {
+            args.extend(["--upstream-rate-scale", "60"]);
+        }
+        args.extend([
+            "--namespace",
+            &self.ns,
+            "--spicedb-url",
+            &self.env.spicedb_url,
+            "--spicedb-token-file",
+            &token_file,
+            "--slack-api-url",
+            &slack_api,
+            "-o",
+            "json",
+        ]);
+        args.extend_from_slice(extra);
+        support::kbind_command(&args)
+    }
+
     /// Run `kbind relsync` on this fixture's namespace with `env` set; returns (exit code,
     /// summary, stderr). Runs on a blocking thread so the in-process fakes keep serving.
     pub async fn run_env(
@@ -169,63 +199,11 @@ impl Rx {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> (i32, Value, String) {
-        let kc = self.env.consumer.to_string_lossy().to_string();
-        let mut args: Vec<String> = vec!["relsync".to_string()];
-        // The caller may run as another identity, with its own Lease namespace.
-        if !extra.contains(&"--kubeconfig") {
-            args.extend([
-                "--kubeconfig".to_string(),
-                kc.clone(),
-                "--lease-namespace".to_string(),
-                self.ns.clone(),
-            ]);
-        }
-        args.extend(
-            [
-                "--namespace",
-                &self.ns,
-                "--spicedb-url",
-                &self.env.spicedb_url,
-                "--spicedb-token-file",
-                &self.spicedb_token_file.to_string_lossy(),
-                "--slack-api-url",
-                &format!("{slack_url}/api"),
-                "--upstream-rate-scale",
-                "60",
-                "-o",
-                "json",
-            ]
-            .iter()
-            .map(|s| s.to_string()),
-        );
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        tokio::task::spawn_blocking(move || {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"))
-                .args(&args)
-                .envs(env)
-                .env("RUST_LOG", "info")
-                .env_remove("KUBECONFIG")
-                .output()
-                .expect("run kbind");
-            support::keep_emitted(&out);
-            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-            let summary = stdout
-                .lines()
-                .rev()
-                .find_map(|l| serde_json::from_str(l).ok())
-                .unwrap_or_else(|| json!({"unparsed": stdout}));
-            (
-                out.status.code().unwrap_or(-1),
-                summary,
-                String::from_utf8_lossy(&out.stderr).to_string(),
-            )
-        })
-        .await
-        .unwrap()
+        let mut cmd = self.command(slack_url, extra);
+        cmd.envs(env.iter().copied());
+        tokio::task::spawn_blocking(move || support::outcome(cmd.output().expect("run kbind")))
+            .await
+            .unwrap()
     }
 
     /// Run and require exit 0.

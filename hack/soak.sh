@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Crash soak (not part of the suite): the crash-point tests with any number of points. Each pass's
+# tests abort a run after N random data writes (the crash knob) or send it SIGKILL/SIGTERM after
+# a random delay, rerun it, and compare the final state with that of an uninterrupted run.
+# Starts and stops the servers as hack/test.sh does, then prints one figure line per pass.
+#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|all] [--seed S]
+#     --count  points per crash test and signal (default 20; the suite tries every write of a
+#              cold run and one moment per signal)
+#     --seed   replay a soak run (every run prints its seed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+count=20 pass=all seed=${KBIND_SOAK_SEED:-$(date +%s%N)}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --count) count=$2; shift 2 ;;
+    --pass) pass=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|all] [--seed S]" >&2; exit 2 ;;
+  esac
+done
+case $pass in
+  all) passes="schema resync claims relsync" ;;
+  schema|resync|claims|relsync) passes=$pass ;;
+  *) echo "soak: unknown pass $pass" >&2; exit 2 ;;
+esac
+[[ $count =~ ^[1-9][0-9]*$ ]] || { echo "soak: --count must be a positive integer" >&2; exit 2; }
+
+hack/build-servers.sh
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-soak.XXXXXX")
+cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+hack/testenv.sh up "$dir"
+# shellcheck disable=SC1091
+source "$dir/env"
+export KBIND_TEST_EMIT_DIR=$dir/emitted KBIND_SOAK_COUNT=$count KBIND_SOAK_SEED=$seed
+mkdir -p "$KBIND_TEST_EMIT_DIR"
+echo "soak: $count points per crash test and signal, KBIND_SOAK_SEED=$seed"
+
+rc=0
+for p in $passes; do
+  # Every crash-point test of a pass has "killed" in its name; --nocapture shows the figures.
+  cargo test --test "$p" killed -- --nocapture 2>&1 | tee "$dir/$p.log" || rc=1
+done
+hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR" || rc=1
+
+for p in $passes; do
+  awk -v pass="$p" '
+    /^crash-figures / {
+      for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+      tried += f["tried"]; converged += f["converged"]; lost += f["data_lost"]; n++
+    }
+    END {
+      if (n == 0) { printf "soak: %s: no figures (the tests did not finish; see above)\n", pass; exit }
+      printf "soak: %s: crash points tried %d, converged %d, data lost %d\n", pass, tried, converged, lost
+    }' "$dir/$p.log"
+  grep -q '^crash-figures ' "$dir/$p.log" || rc=1
+done
+exit $rc
