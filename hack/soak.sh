@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Crash soak (not part of the suite): the crash-point tests with any number of points. Each pass's
-# tests abort a run after N random data writes (the crash knob) or send it SIGKILL/SIGTERM after
-# a random delay, rerun it, and compare the final state with that of an uninterrupted run.
+# Crash and fault soak (not part of the suite).
+# - schema|resync|claims|relsync: the crash-point tests with any number of points. Each pass's
+#   tests abort a run after N random data writes (the crash knob) or send it SIGKILL/SIGTERM after
+#   a random delay, rerun it, and compare the final state with that of an uninterrupted run.
+# - faults: tests/faults.rs N times, each with its own fault sequence: every pass behind fault
+#   proxies at a 5% rate until it converges on the unfaulted result.
 # Starts and stops the servers as hack/test.sh does, then prints one figure line per pass.
-#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|all] [--seed S]
-#     --count  points per crash test and signal (default 20; the suite tries every write of a
-#              cold run and one moment per signal)
+#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|faults|all] [--seed S]
+#     --count  points per crash test and signal, or rounds of the fault tests (default 20; the
+#              suite tries every write of a cold run, one moment per signal, one fault round)
 #     --seed   replay a soak run (every run prints its seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,12 +19,12 @@ while [ $# -gt 0 ]; do
     --count) count=$2; shift 2 ;;
     --pass) pass=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|all] [--seed S]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|faults|all] [--seed S]" >&2; exit 2 ;;
   esac
 done
 case $pass in
-  all) passes="schema resync claims relsync" ;;
-  schema|resync|claims|relsync) passes=$pass ;;
+  all) passes="schema resync claims relsync faults" ;;
+  schema|resync|claims|relsync|faults) passes=$pass ;;
   *) echo "soak: unknown pass $pass" >&2; exit 2 ;;
 esac
 [[ $count =~ ^[1-9][0-9]*$ ]] || { echo "soak: --count must be a positive integer" >&2; exit 2; }
@@ -40,12 +43,41 @@ echo "soak: $count points per crash test and signal, KBIND_SOAK_SEED=$seed"
 
 rc=0
 for p in $passes; do
+  if [ "$p" = faults ]; then
+    for i in $(seq 1 "$count"); do
+      KBIND_FAULT_SEED=$((seed + i)) cargo test --test faults -- --nocapture 2>&1 \
+        | tee -a "$dir/faults.log" || rc=1
+    done
+    continue
+  fi
   # Every crash-point test of a pass has "killed" in its name; --nocapture shows the figures.
   cargo test --test "$p" killed -- --nocapture 2>&1 | tee "$dir/$p.log" || rc=1
 done
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR" || rc=1
 
-for p in $passes; do
+if [[ " $passes " == *" faults "* ]]; then
+  awk -v rounds="$count" '
+    /^fault-figures / {
+      for (i = 2; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] == "test") t = kv[2]
+        else if (kv[1] == "runs") runs[t] += kv[2]
+        else if (kv[1] == "requests") req[t] += kv[2]
+        else if (kv[1] == "injected") inj[t] += kv[2]
+        else { kind[kv[1]] += kv[2] }
+      }
+      conv[t]++
+    }
+    END {
+      # A round converges only when its final state equals the unfaulted one: nothing lost.
+      for (t in conv)
+        printf "soak: faults %s: rounds %d, converged %d, kbind runs %d, requests %d, faults injected %d, data lost %s\n", t, rounds, conv[t], runs[t], req[t], inj[t], (conv[t] == rounds ? "0" : "unknown in rounds that failed (see above)")
+      line = "soak: faults by kind:"
+      for (k in kind) line = line " " k "=" kind[k]
+      print line
+    }' "$dir/faults.log"
+fi
+for p in ${passes/faults/}; do
   awk -v pass="$p" '
     /^crash-figures / {
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }

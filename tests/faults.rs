@@ -52,14 +52,27 @@ async fn proxied(kubeconfig: &PathBuf, seed: u64) -> (FaultProxy, String) {
 
 /// What the proxies did, for the test output and the figures.
 fn figures(what: &str, seed: u64, runs: usize, proxies: &[(&str, &FaultProxy)]) {
+    let mut requests = 0;
+    let mut by_kind = std::collections::BTreeMap::new();
     for (name, p) in proxies {
         eprintln!(
-            "faults[{what}] seed={seed} runs={runs} proxy={name} requests={} injected={} {:?}",
+            "faults[{what}] seed={seed} proxy={name} requests={} injected={} {:?}",
             p.stats.requests(),
             p.stats.total_injected(),
             p.stats.injected()
         );
+        requests += p.stats.requests();
+        for (k, n) in p.stats.injected() {
+            *by_kind.entry(format!("{k:?}")).or_insert(0) += n;
+        }
     }
+    // One line per converged test, summed by hack/soak.sh --pass faults.
+    let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    eprintln!(
+        "fault-figures test={what} runs={runs} requests={requests} injected={} {}",
+        by_kind.values().sum::<u64>(),
+        kinds.join(" ")
+    );
 }
 
 /// Run `run` until `check` says the state is the expected one, at most [`MAX_RUNS`] times.
