@@ -808,3 +808,38 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
     }
     tally.finish();
 }
+
+/// A finalizer kbind added that a GitOps tool also lists (its manifest was copied from the
+/// cluster, finalizer included): kbind still releases it, so the deleted object goes away.
+#[tokio::test]
+async fn a_finalizer_another_manager_also_lists_is_still_released() {
+    let Some(s) = setup("cofinal", "Fail").await else {
+        return;
+    };
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+    s.resync(&[]);
+    let body = json!({"apiVersion": format!("{}/v1", s.fx.group), "kind": "Widget",
+        "metadata": {"name": "w1", "namespace": s.ns, "finalizers": ["core.kbind.io/syncer"]},
+        "spec": {"size": 1}});
+    s.consumer()
+        .patch("w1", &PatchParams::apply("gitops"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    s.consumer()
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    // The provider copy goes first, then the finalizer (maybe a run later).
+    for _ in 0..3 {
+        s.resync(&[]);
+        if s.consumer().get_opt("w1").await.unwrap().is_none() {
+            break;
+        }
+    }
+    assert!(
+        s.consumer().get_opt("w1").await.unwrap().is_none(),
+        "the deleted object is gone"
+    );
+    assert!(s.provider().get_opt("w1").await.unwrap().is_none());
+}

@@ -7,6 +7,7 @@ pub mod client;
 pub mod crash;
 pub mod error;
 pub mod events;
+pub mod finalizer;
 pub mod lease;
 pub mod list;
 pub mod retry;

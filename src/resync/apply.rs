@@ -20,11 +20,12 @@ use crate::api::core::ConflictPolicy;
 use crate::api::keys;
 use crate::pass::PassContext;
 use crate::pass::events::EventType;
+use crate::pass::finalizer::release;
 use crate::pass::writes::Writes;
 use crate::scrub::scrub;
 
 const MANAGER: &str = "kbind-resync";
-const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
+pub(crate) const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -117,11 +118,15 @@ pub async fn object(
             continue;
         }
         let r: Result<(), kube::Error> = match a {
-            Action::AddFinalizer | Action::ReleaseFinalizer => {
-                let f: Vec<&str> = if matches!(a, Action::AddFinalizer) { vec![keys::SYNCER_FINALIZER] } else { vec![] };
+            Action::AddFinalizer => {
                 let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                    "metadata": {"name": name, "namespace": ns, "finalizers": f}});
+                    "metadata": {"name": name, "namespace": ns, "finalizers": [keys::SYNCER_FINALIZER]}});
                 consumer.patch(&name, &PatchParams::apply(FINALIZER_MANAGER), &Patch::Apply(&body)).await.map(|_| ())
+            }
+            Action::ReleaseFinalizer => {
+                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                    "metadata": {"name": name, "namespace": ns, "finalizers": []}});
+                release(&consumer, &name, &body, FINALIZER_MANAGER, keys::SYNCER_FINALIZER).await
             }
             Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
                 Ok(()) => Ok(()),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -178,13 +178,14 @@ async fn release_one(
                         Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
                         None => Api::all_with(client.clone(), &api.resource),
                     };
-                    scoped
-                        .patch(
-                            &o.name_any(),
-                            &PatchParams::apply("kbind-resync-finalizer"),
-                            &Patch::Apply(&body),
-                        )
-                        .await?;
+                    crate::pass::finalizer::release(
+                        &scoped,
+                        &o.name_any(),
+                        &body,
+                        super::apply::FINALIZER_MANAGER,
+                        keys::SYNCER_FINALIZER,
+                    )
+                    .await?;
                     writes.data_done();
                 }
             }

@@ -497,6 +497,17 @@ where
     }
     let body =
         json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
+    if !present {
+        let manager = format!("{manager}-finalizer");
+        return crate::pass::finalizer::release(
+            api,
+            name,
+            &body,
+            &manager,
+            keys::CLEANUP_FINALIZER,
+        )
+        .await;
+    }
     match api
         .patch(
             name,
@@ -506,8 +517,6 @@ where
         .await
     {
         Ok(_) => Ok(()),
-        // Already gone: nothing to hold or release.
-        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
         Err(e) => Err(e),
     }
 }
