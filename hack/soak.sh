@@ -39,7 +39,7 @@ hack/testenv.sh up "$dir"
 source "$dir/env"
 export KBIND_TEST_EMIT_DIR=$dir/emitted KBIND_SOAK_COUNT=$count KBIND_SOAK_SEED=$seed
 mkdir -p "$KBIND_TEST_EMIT_DIR"
-echo "soak: $count points per crash test and signal, KBIND_SOAK_SEED=$seed"
+echo "soak: $count points per crash test and signal (or fault rounds), KBIND_SOAK_SEED=$seed"
 
 rc=0
 for p in $passes; do
