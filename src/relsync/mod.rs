@@ -133,7 +133,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         .clone()
         .ok_or_else(|| PassError::Config("--spicedb-url is required".into()))?;
     let token = spicedb_token(&ctx.client, &args).await?;
-    let store = HttpStore::new(&url, token)
+    let store = HttpStore::with_stall_timeout(&url, token, ctx.args.request_timeout)
         .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?;
     store.ping().await.map_err(|e| PassError::Unreachable {
         what: "SpiceDB".into(),
@@ -194,6 +194,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     let upstreams = Upstreams {
         slack_api_url: args.slack_api_url.clone(),
         rate_scale: args.upstream_rate_scale,
+        request_timeout: ctx.args.request_timeout,
     };
     let writes = Mutex::new(Writes::new(ctx.args.dry_run));
     let mut stopped = None;

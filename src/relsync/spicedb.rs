@@ -193,9 +193,21 @@ fn body_message(body: &str) -> String {
 impl HttpStore {
     /// `base` is the gateway URL (e.g. `http://127.0.0.1:8443`); `token` the preshared key.
     pub fn new(base: &str, token: Token) -> Result<Self, SpiceError> {
+        Self::with_stall_timeout(base, token, Duration::from_secs(60))
+    }
+
+    /// [`HttpStore::new`], giving up on a request that stalls (connecting, or between bytes of
+    /// its answer) for `stall`: the pass's `--request-timeout`. There is no cap on a whole
+    /// request: a bulk export of a large source keeps streaming for longer than any fixed cap.
+    pub fn with_stall_timeout(
+        base: &str,
+        token: Token,
+        stall: Duration,
+    ) -> Result<Self, SpiceError> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(60))
+            .connect_timeout(stall.min(Duration::from_secs(10)))
+            .read_timeout(stall)
             .build()
             .map_err(|e| SpiceError::Transport {
                 what: "client",

@@ -227,6 +227,8 @@ pub struct Upstreams {
     pub slack_api_url: String,
     /// Multiplier on published rate limits (tests and benchmarks only).
     pub rate_scale: f64,
+    /// The pass's `--request-timeout`: how long a request may stall.
+    pub request_timeout: Duration,
 }
 
 /// Build the kind for a source whose config parsed and whose credential was admitted.
@@ -239,7 +241,9 @@ pub fn build(
     let http = reqwest::Client::builder()
         // A redirect would carry the credential to a host allowedHosts never admitted.
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(30))
+        .connect_timeout(upstreams.request_timeout.min(Duration::from_secs(10)))
+        .read_timeout(upstreams.request_timeout)
+        .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| KindError::Transport {
             method: "client".into(),
