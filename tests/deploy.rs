@@ -18,7 +18,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
 use kbind::api::keys;
 use kube::api::{
@@ -27,6 +26,7 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
+use support::fx::{cond, holds};
 use support::identity::{Without, pass_identity};
 
 const NAMESPACE: &str = "kbind-system";
@@ -120,14 +120,6 @@ fn write_kubeconfig(content: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("{}.kubeconfig", support::unique("kbind-deploy")));
     std::fs::write(&path, content).expect("write kubeconfig");
     path
-}
-
-fn cond<'a>(conds: &'a [Condition], t: &str) -> (&'a str, &'a str, &'a str) {
-    let c = conds
-        .iter()
-        .find(|c| c.type_ == t)
-        .unwrap_or_else(|| panic!("no {t} condition in {conds:?}"));
-    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
 }
 
 fn has_cleanup_finalizer<K: Resource>(o: &K) -> bool {
@@ -350,11 +342,7 @@ async fn schema_pass_runs_as_its_service_account() {
             .await
             .ok()
             .and_then(|c| c.status)
-            .is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            })
+            .is_some_and(|st| holds(&st.conditions, "Ready", "True"))
     })
     .await;
     let _ = std::fs::remove_file(&kubeconfig);
@@ -452,11 +440,7 @@ async fn resync_pass_runs_as_its_service_account() {
             .await
             .ok()
             .and_then(|c| c.status)
-            .is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            });
+            .is_some_and(|st| holds(&st.conditions, "Ready", "True"));
         let established = crds
             .get_opt(&s.crd)
             .await
@@ -630,11 +614,7 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
             .await
             .ok()
             .and_then(|b| b.status)
-            .is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "PermissionDenied" && c.status == "True")
-            })
+            .is_some_and(|st| holds(&st.conditions, "PermissionDenied", "True"))
     })
     .await;
     assert_eq!(
@@ -1054,11 +1034,7 @@ async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
             .await
             .ok()
             .and_then(|c| c.status)
-            .is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            })
+            .is_some_and(|st| holds(&st.conditions, "Ready", "True"))
     })
     .await;
     assert_eq!(code, 0, "kbind schema as admin: {summary}\n{stderr}");

@@ -459,6 +459,7 @@ async fn a_provider_admission_policy_rejecting_writes_is_reported_on_the_object(
     // Rejected again next run, still nothing half-written and no new data write for w-5.
     let again = fx.pass("resync", &[]);
     assert_eq!(again["counts"]["rejected"], 1, "{again}");
+    assert_eq!(again["data_writes"], 0, "w-5 is not written again: {again}");
     assert!(provider.get_opt("w-13").await.unwrap().is_none());
     for plural in [
         "validatingadmissionpolicybindings",

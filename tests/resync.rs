@@ -769,7 +769,9 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
         .env(kbind::pass::crash::ENV, crash_after.to_string())
         .output()
         .unwrap();
-        assert!(!out.status.success(), "aborted at {point}");
+        let (code, _, stderr) = support::outcome(out);
+        assert_ne!(code, 0, "aborted at {point}");
+        assert!(stderr.contains("reached"), "{point}: {stderr}");
         let other = support::namespace(&s.fx.consumer, "resynccrash-rerun").await;
         let (code, summary, stderr) = support::kbind(&[
             "resync",

@@ -64,7 +64,8 @@ impl Injected {
 pub struct FaultConfig {
     /// Fraction of requests that get a fault (0.05 = 5%).
     pub rate: f64,
-    /// Seed of the fault sequence, printed by tests so a failure can be replayed.
+    /// Seed of the fault sequence, printed by tests. The same seed gives the same sequence of
+    /// draws; with concurrent requests, which request meets which draw can still differ.
     pub seed: u64,
     /// Faults to choose from, uniformly.
     pub kinds: Vec<Injected>,

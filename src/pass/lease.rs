@@ -93,7 +93,11 @@ pub async fn acquire(
             match api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Acquired::Held(Box::new(guard(None)))),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
-                    Ok(Acquired::HeldBy(current_holder(&api, name).await))
+                    // Our own earlier attempt may be what the conflict is with.
+                    Ok(match current_holder(&api, name).await {
+                        h if h == holder => Acquired::Held(Box::new(guard(None))),
+                        h => Acquired::HeldBy(h),
+                    })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
@@ -115,16 +119,18 @@ pub async fn acquire(
                 .and_then(|a| a.get(CURSOR_ANNOTATION))
                 .cloned();
             let mut taken = existing;
-            let cursor_kept = cursor.clone();
             taken.spec = Some(LeaseSpec {
                 lease_transitions: Some(transitions),
                 ..spec
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor_kept)))),
+                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor)))),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    Ok(Acquired::HeldBy(current_holder(&api, name).await))
+                    Ok(match current_holder(&api, name).await {
+                        h if h == holder => Acquired::Held(Box::new(guard(cursor))),
+                        h => Acquired::HeldBy(h),
+                    })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
@@ -161,12 +167,14 @@ impl LeaseGuard {
     /// The release is tried a few times: a lost one costs the next runs until the Lease expires,
     /// and the cursor with it. Each try re-reads, so a try that landed despite an error is seen.
     pub async fn release(self, cursor: Option<String>) {
-        for attempt in 1..=3 {
+        for attempt in 1..=3u64 {
             match self.try_release(&cursor).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::debug!(lease = %self.name, attempt, error = %crate::scrub::scrub(&e.to_string()), "lease release failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(300 * attempt)).await;
+                    if attempt < 3 {
+                        tokio::time::sleep(std::time::Duration::from_millis(300 * attempt)).await;
+                    }
                 }
             }
         }

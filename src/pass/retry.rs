@@ -3,9 +3,10 @@
 //! kube's built-in retry sleeps for whatever `Retry-After` a server sends (a confused proxy can
 //! park a pass for an hour, past its deadline) and never retries a dropped connection or a body
 //! cut off mid-read. A batch pass has a deadline and one shot per schedule, so this layer:
-//! - retries 429/503/504 for every verb (the server did not act on the request), honouring
-//!   `Retry-After` up to [`Policy::max_delay`];
-//! - retries reads (GET/HEAD) also on other 5xx, transport errors and truncated bodies, which it
+//! - retries 429 and 503 for every verb (the server refused the request before acting on it),
+//!   honouring `Retry-After` up to [`Policy::max_delay`];
+//! - retries reads (GET/HEAD) also on other 5xx (a 504 write may have landed), transport errors
+//!   and truncated bodies, which it
 //!   detects by reading the whole body before handing the response on (passes never watch);
 //! - never retries a write whose outcome is unknown (a reset after sending a POST): that failure
 //!   reaches the pass, which records it, and the next run observes what actually happened.
@@ -72,19 +73,14 @@ impl Policy {
             Some(s) => {
                 matches!(
                     s,
-                    StatusCode::TOO_MANY_REQUESTS
-                        | StatusCode::SERVICE_UNAVAILABLE
-                        | StatusCode::GATEWAY_TIMEOUT
+                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
                 ) || (read && s.is_server_error())
             }
         };
         if !retry {
             return Verdict::Done;
         }
-        let server = retry_after
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let wait = server
+        let wait = crate::relsync::ratelimit::parse_retry_after(retry_after)
             .unwrap_or_else(|| self.backoff(attempt))
             .min(self.max_delay);
         Verdict::RetryAfter(wait)

@@ -97,6 +97,9 @@ pub enum SpiceError {
     Transport { what: &'static str, message: String },
     #[error("SpiceDB read stream: {0}")]
     Stream(String),
+    /// The stream broke off mid-read (a dropped connection, a stall): worth reading again.
+    #[error("SpiceDB read stream cut off: {0}")]
+    Cut(String),
     #[error("SpiceDB write of {0} updates exceeds the {MAX_UPDATES}-update cap")]
     TooManyUpdates(usize),
 }
@@ -106,9 +109,9 @@ impl SpiceError {
     /// stream was cut, or the server said it was unavailable, overloaded or broken.
     fn transient(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Stream(_) => true,
+            Self::Transport { .. } | Self::Cut(_) => true,
             Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
-            Self::TooManyUpdates(_) => false,
+            Self::Stream(_) | Self::TooManyUpdates(_) => false,
         }
     }
 }
@@ -126,7 +129,7 @@ where
     loop {
         match call().await {
             Err(e) if e.transient() && attempt < RETRIES => {
-                tracing::debug!(error = %e, attempt, "SpiceDB: transient failure; retrying");
+                tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), attempt, "SpiceDB: transient failure; retrying");
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
                 attempt += 1;
             }
@@ -302,7 +305,7 @@ impl HttpStore {
             let chunk = resp
                 .chunk()
                 .await
-                .map_err(|e| SpiceError::Stream(crate::scrub::scrub(&e.to_string())))?;
+                .map_err(|e| SpiceError::Cut(crate::scrub::scrub(&e.to_string())))?;
             let Some(chunk) = chunk else { break };
             buf.extend_from_slice(&chunk);
             while let Some(pos) = buf.iter().position(|&b| b == b'\n') {

@@ -86,34 +86,25 @@ async fn one_by_one(
     lp: &ListParams,
     d: &mut Discovered,
 ) -> Result<(), DiscoveryError> {
-    let mut lp = lp.clone();
-    loop {
-        let page = api
-            .list_metadata(&lp)
-            .await
-            .map_err(|e| error("listing exported provider CRDs", &e))?;
-        for meta in &page.items {
-            let name = meta.metadata.name.clone().unwrap_or_default();
-            match api.get_opt(&name).await {
-                Ok(Some(crd)) => match from_provider_crd(&crd) {
-                    Some(e) => d.exports.push(e),
-                    None => d.skipped.push((name, "no served version".into())),
-                },
-                Ok(None) => {} // deleted since the list
-                Err(kube::Error::SerdeError(e)) => d.skipped.push((
-                    name,
-                    format!(
-                        "its definition cannot be read ({e}); is its schema nested too deeply?"
-                    ),
-                )),
-                Err(e) => return Err(error(&format!("reading provider CRD {name}"), &e)),
-            }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = lp.continue_token(&c),
-            None => return Ok(()),
+    let names = crate::pass::list::metadata(api, lp)
+        .await
+        .map_err(|e| error("listing exported provider CRDs", &e))?;
+    for meta in &names {
+        let name = meta.metadata.name.clone().unwrap_or_default();
+        match api.get_opt(&name).await {
+            Ok(Some(crd)) => match from_provider_crd(&crd) {
+                Some(e) => d.exports.push(e),
+                None => d.skipped.push((name, "no served version".into())),
+            },
+            Ok(None) => {} // deleted since the list
+            Err(kube::Error::SerdeError(e)) => d.skipped.push((
+                name,
+                format!("its definition cannot be read ({e}); is its schema nested too deeply?"),
+            )),
+            Err(e) => return Err(error(&format!("reading provider CRD {name}"), &e)),
         }
     }
+    Ok(())
 }
 
 /// Non-built-in discovery groups, each synthesized into a CRD from `/openapi/v3`.

@@ -210,6 +210,37 @@ impl ClaimsFx {
         ws
     }
 
+    /// A provider's export in its own workspace: configmaps and secrets (builtins) and a
+    /// composition target `storage.io/volumes`. Returns (workspace path, export name).
+    pub async fn provider(&self) -> (String, String) {
+        let path = format!("root:{}", unique("prov"));
+        let name = format!("{}.example.io", unique("p"));
+        self.export(
+            &path,
+            &name,
+            vec![
+                claim("configmaps", &["get", "list"], ""),
+                claim("secrets", &["get"], ""),
+                claim("storage.io/volumes", &["get", "list"], "h-storage"),
+            ],
+            "h-self",
+        )
+        .await;
+        (path, name)
+    }
+
+    /// `n` tenant workspaces (each opened with its core binding), each with an APIBinding
+    /// `compute` to `path:export` holding no claims yet.
+    pub async fn tenants(&self, n: usize, path: &str, export: &str) -> Vec<String> {
+        let mut workspaces = Vec::new();
+        for i in 0..n {
+            let ws = self.workspace(&format!("w{i}")).await;
+            self.binding(&ws, "compute", path, export, vec![]).await;
+            workspaces.push(ws);
+        }
+        workspaces
+    }
+
     /// Create APIBinding `name` in workspace `ws` to export `path:export` with `claims`.
     pub async fn binding(
         &self,

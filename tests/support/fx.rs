@@ -231,6 +231,15 @@ impl Fx {
     }
 }
 
+/// Whether `conds` has condition `t` with `status`.
+pub fn holds(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+    status: &str,
+) -> bool {
+    conds.iter().any(|c| c.type_ == t && c.status == status)
+}
+
 pub fn cond<'a>(
     conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     t: &str,

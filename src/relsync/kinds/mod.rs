@@ -241,9 +241,9 @@ pub fn build(
     let http = reqwest::Client::builder()
         // A redirect would carry the credential to a host allowedHosts never admitted.
         .redirect(reqwest::redirect::Policy::none())
+        // A stall ends at --request-timeout; a page still arriving is never cut off.
         .connect_timeout(upstreams.request_timeout.min(Duration::from_secs(10)))
         .read_timeout(upstreams.request_timeout)
-        .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| KindError::Transport {
             method: "client".into(),
