@@ -4,7 +4,9 @@
 use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::api::core::{ApiRef, Binding, BindingStatus, ClusterBinding, ConflictPolicy};
+use crate::api::core::{
+    ApiRef, Binding, BindingStatus, ClusterBinding, ConflictPolicy, OrphanPolicy,
+};
 use crate::pass::list;
 use crate::schema::plan::BindingKey;
 
@@ -15,6 +17,7 @@ pub struct ObservedBinding {
     pub connection: String,
     pub apis: Vec<String>,
     pub conflict_policy: ConflictPolicy,
+    pub orphans: OrphanPolicy,
     pub generation: Option<i64>,
     pub status: BindingStatus,
     pub deleting: bool,
@@ -28,7 +31,7 @@ fn observed<K: Resource>(
     namespace: Option<String>,
     connection: &str,
     apis: &[ApiRef],
-    policy: ConflictPolicy,
+    (policy, orphans): (ConflictPolicy, OrphanPolicy),
     status: &Option<BindingStatus>,
 ) -> ObservedBinding {
     let m = b.meta();
@@ -40,6 +43,7 @@ fn observed<K: Resource>(
         connection: connection.to_string(),
         apis: apis.iter().map(|a| a.name.clone()).collect(),
         conflict_policy: policy,
+        orphans,
         generation: m.generation,
         status: status.clone().unwrap_or_default(),
         deleting: m.deletion_timestamp.is_some(),
@@ -67,7 +71,7 @@ pub async fn observe(client: &Client) -> Result<Vec<ObservedBinding>, kube::Erro
                 None,
                 &b.spec.connection_ref.name,
                 &b.spec.apis,
-                b.spec.conflict_policy,
+                (b.spec.conflict_policy, b.spec.orphans),
                 &b.status,
             )
         })
@@ -78,7 +82,7 @@ pub async fn observe(client: &Client) -> Result<Vec<ObservedBinding>, kube::Erro
             b.namespace(),
             &b.spec.connection_ref.name,
             &b.spec.apis,
-            b.spec.conflict_policy,
+            (b.spec.conflict_policy, b.spec.orphans),
             &b.status,
         )
     }));

@@ -69,6 +69,16 @@ impl Setup {
         o.metadata.namespace = Some(self.ns.clone());
         api.create(&PostParams::default(), &o).await.unwrap()
     }
+    async fn set_orphans(&self, policy: &str) {
+        Api::<ClusterBinding>::all(self.fx.consumer.clone())
+            .patch(
+                &self.cb,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"orphans": policy}})),
+            )
+            .await
+            .unwrap();
+    }
     async fn binding_api_status(&self) -> kbind::api::core::BoundApi {
         let st = Api::<ClusterBinding>::all(self.fx.consumer.clone())
             .get(&self.cb)
@@ -356,7 +366,8 @@ async fn deletion_paths_never_touch_what_is_not_ours() {
     assert_eq!(p.data["spec"]["size"], 2);
 
     // A copy of ours whose consumer object vanished without kbind (finalizer stripped by hand):
-    // deleted as garbage. A foreign provider object is never deleted.
+    // an orphan, kept and marked (spec.orphans defaults to Keep); deleted only under an explicit
+    // `orphans: Delete`. A foreign provider object is never deleted.
     s.create(&s.provider(), "bystander", json!({"spec": {"size": 1}}))
         .await;
     s.consumer()
@@ -381,14 +392,230 @@ async fn deletion_paths_never_touch_what_is_not_ours() {
     })
     .await;
     s.resync(&[]);
+    let orphan = s.provider().get("recreated").await.expect("orphan kept");
+    assert_eq!(
+        orphan
+            .annotations()
+            .get("core.kbind.io/orphaned")
+            .map(String::as_str),
+        Some("ConsumerObjectGone")
+    );
+    assert_eq!(s.binding_api_status().await.orphaned, Some(1));
+    assert_eq!(
+        s.resync(&[])["data_writes"],
+        0,
+        "a marked orphan is not re-marked"
+    );
+    s.set_orphans("Delete").await;
+    s.resync(&[]);
     assert!(
         s.provider().get_opt("recreated").await.unwrap().is_none(),
-        "garbage deleted"
+        "orphans: Delete deletes it"
     );
+    assert_eq!(s.binding_api_status().await.orphaned, Some(0));
     assert!(
         s.provider().get_opt("bystander").await.unwrap().is_some(),
         "not ours: untouched"
     );
+}
+
+/// Issue #10 reproduction: a conflictPolicy Fail conflict used to flap (annotation present,
+/// absent, present, …) because the provider LIST, narrowed to our copies, never shows the
+/// foreign object. Now it stays reported with no write and no new Event; it clears only when the
+/// foreign object goes.
+#[tokio::test]
+async fn a_conflict_stays_reported_across_runs_without_writes() {
+    let Some(s) = setup("conflictstable", "Fail").await else {
+        return;
+    };
+    s.ensure_provider_ns().await;
+    s.create(&s.provider(), "taken", json!({"spec": {"size": 1}}))
+        .await;
+    s.create(&s.consumer(), "taken", json!({"spec": {"size": 7}}))
+        .await;
+    s.resync(&[]);
+    for run in 2..=4 {
+        let summary = s.resync(&[]);
+        let c = s.consumer().get("taken").await.unwrap();
+        assert_eq!(
+            c.annotations()
+                .get("core.kbind.io/conflict")
+                .map(String::as_str),
+            Some("ForeignObjectExists"),
+            "run {run}"
+        );
+        assert_eq!(summary["data_writes"], 0, "run {run}: {summary}");
+        assert_eq!(summary["counts"]["conflicts"], 1, "run {run}: {summary}");
+        assert_eq!(s.binding_api_status().await.conflict_count, Some(1));
+    }
+    let warnings =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ForeignObjectExists"))
+            .count();
+    assert_eq!(warnings, 1, "one Event for one conflict");
+    assert_eq!(
+        s.provider().get("taken").await.unwrap().data["spec"]["size"],
+        1,
+        "the foreign object is untouched"
+    );
+    // The cause goes: the next run syncs the object and clears the mark.
+    s.provider()
+        .delete("taken", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.resync(&[]);
+    let c = s.consumer().get("taken").await.unwrap();
+    assert!(c.annotations().get("core.kbind.io/conflict").is_none());
+    assert_eq!(
+        s.provider().get("taken").await.unwrap().data["spec"]["size"],
+        7
+    );
+    assert_eq!(s.resync(&[])["data_writes"], 0);
+}
+
+/// Issue #10 reproduction: unbind, then re-bind, used to delete every provider copy (the consumer
+/// objects went with the CRD, so resync saw copies without a live owner). Now the copies are kept
+/// and marked at the unbind, counted after the re-bind, re-adopted by a returning object, and
+/// brought back whole by `orphans: Restore`.
+#[tokio::test]
+async fn unbind_then_rebind_keeps_every_provider_copy() {
+    let Some(s) = setup("rebind", "Fail").await else {
+        return;
+    };
+    for i in 0..3 {
+        s.create(
+            &s.consumer(),
+            &format!("w{i}"),
+            json!({"spec": {"size": i}}),
+        )
+        .await;
+    }
+    s.resync(&[]);
+    s.resync(&[]);
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    let uid = cbs.get(&s.cb).await.unwrap().uid().unwrap();
+    cbs.delete(&s.cb, &DeleteParams::default()).await.unwrap();
+    s.resync(&[]);
+    s.fx.run(&[]);
+    support::eventually("binding gone", || async {
+        cbs.get_opt(&s.cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    support::eventually("consumer CRD gone", || async {
+        s.fx.consumer_crd(&s.api).await.is_none().then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        let p = s
+            .provider()
+            .get(&format!("w{i}"))
+            .await
+            .expect("copy kept at unbind");
+        assert_eq!(
+            p.annotations()
+                .get("core.kbind.io/orphaned")
+                .map(String::as_str),
+            Some("Unbound"),
+            "w{i}"
+        );
+    }
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let note = events
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("ProviderCopiesKept")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+        })
+        .and_then(|e| e.note.clone())
+        .expect("an Event on the ClusterBinding says the copies stay");
+    assert!(note.contains("3 provider copies stay"), "{note}");
+
+    // The provider labels one copy while no consumer object exists.
+    s.provider()
+        .patch(
+            "w0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}})),
+        )
+        .await
+        .unwrap();
+
+    // Re-bind: two rounds of schema + resync keep every copy.
+    let cb = s.fx.cluster_binding("cb", &s.conn, &[&s.api]).await;
+    assert_eq!(cb, s.cb);
+    for _ in 0..2 {
+        s.fx.run(&[]);
+        support::wait_established(&Api::all(s.fx.consumer.clone()), &s.api).await;
+        s.resync(&[]);
+    }
+    for i in 0..3 {
+        assert!(
+            s.provider()
+                .get_opt(&format!("w{i}"))
+                .await
+                .unwrap()
+                .is_some(),
+            "w{i} survives the re-bind"
+        );
+    }
+    assert_eq!(s.binding_api_status().await.orphaned, Some(3));
+    assert_eq!(
+        s.resync(&[])["data_writes"],
+        0,
+        "marked orphans: nothing to write"
+    );
+
+    // A consumer object returning under one name re-adopts its copy; its spec wins.
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 10}}))
+        .await;
+    s.resync(&[]);
+    let p = s.provider().get("w1").await.unwrap();
+    assert_eq!(p.data["spec"]["size"], 10);
+    assert!(
+        p.annotations().get("core.kbind.io/orphaned").is_none(),
+        "mark cleared"
+    );
+    assert_eq!(s.binding_api_status().await.orphaned, Some(2));
+
+    // Restore brings the rest back from their copies (spec and labels), then they sync.
+    s.set_orphans("Restore").await;
+    s.resync(&[]);
+    s.resync(&[]);
+    for i in [0, 2] {
+        let c = s.consumer().get(&format!("w{i}")).await.expect("restored");
+        assert_eq!(c.data["spec"]["size"], i);
+        assert!(c.labels().keys().all(|k| !k.starts_with("core.kbind.io/")));
+        let p = s.provider().get(&format!("w{i}")).await.unwrap();
+        assert_eq!(
+            p.annotations()["core.kbind.io/consumer-object-uid"],
+            c.uid().unwrap(),
+            "re-adopted by the restored object"
+        );
+        assert!(p.annotations().get("core.kbind.io/orphaned").is_none());
+    }
+    assert_eq!(
+        s.consumer()
+            .get("w0")
+            .await
+            .unwrap()
+            .labels()
+            .get("tier")
+            .map(String::as_str),
+        Some("gold"),
+        "restored with the copy's labels"
+    );
+    assert_eq!(s.binding_api_status().await.orphaned, Some(0));
+    assert_eq!(s.resync(&[])["data_writes"], 0);
 }
 
 #[tokio::test]
@@ -844,4 +1071,226 @@ async fn a_finalizer_another_manager_also_lists_is_still_released() {
         "the deleted object is gone"
     );
     assert!(s.provider().get_opt("w1").await.unwrap().is_none());
+}
+
+/// A namespaced Binding syncs its own namespace end to end (spec up, status down, deletion);
+/// a ClusterBinding listing the same API wins over it even when it cannot sync (the spec's
+/// resolver), and once that ClusterBinding goes the Binding syncs again.
+#[tokio::test]
+async fn a_namespaced_binding_syncs_its_namespace_and_a_cluster_binding_wins_over_it() {
+    let Some(fx) = Fx::new("nsbind").await else {
+        return;
+    };
+    let api = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.binding("b", &conn, &[&api]).await;
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Gadget"),
+        "gadgets",
+    );
+    let other = support::namespace(&fx.consumer, "nsbind-other").await;
+    let consumer = |ns: &str| Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), ns, &ar);
+    let provider = |ns: &str| Api::<DynamicObject>::namespaced_with(fx.provider.clone(), ns, &ar);
+    let make = |name: &str, ns: &str| {
+        let mut o = DynamicObject::new(name, &ar).data(json!({"spec": {"size": 3}}));
+        o.metadata.namespace = Some(ns.to_string());
+        o
+    };
+    consumer(&fx.ns)
+        .create(&PostParams::default(), &make("g1", &fx.ns))
+        .await
+        .unwrap();
+    consumer(&other)
+        .create(&PostParams::default(), &make("g1", &other))
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    assert!(
+        provider(&fx.ns).get_opt("g1").await.unwrap().is_some(),
+        "synced in its namespace"
+    );
+    assert!(
+        provider(&other).get_opt("g1").await.unwrap().is_none(),
+        "another namespace is not covered"
+    );
+    assert!(
+        consumer(&other)
+            .get("g1")
+            .await
+            .unwrap()
+            .finalizers()
+            .is_empty(),
+        "uncovered objects are not touched"
+    );
+    provider(&fx.ns)
+        .patch_status(
+            "g1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Ready"}})),
+        )
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    assert_eq!(
+        consumer(&fx.ns).get("g1").await.unwrap().data["status"]["phase"],
+        "Ready",
+        "status comes down through a Binding"
+    );
+    let st = Api::<kbind::api::core::Binding>::namespaced(fx.consumer.clone(), &fx.ns)
+        .get("b")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let counts = st.bound_apis.iter().find(|a| a.name == api).unwrap();
+    assert_eq!(counts.in_sync, Some(1));
+
+    // A ClusterBinding listing the API wins, though it names another Connection: nothing syncs.
+    let cb = fx
+        .cluster_binding("shadow", "no-such-connection", &[&api])
+        .await;
+    consumer(&fx.ns)
+        .patch(
+            "g1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    assert_eq!(
+        provider(&fx.ns).get("g1").await.unwrap().data["spec"]["size"],
+        3,
+        "the ClusterBinding is checked first"
+    );
+    Api::<ClusterBinding>::all(fx.consumer.clone())
+        .delete(&cb, &DeleteParams::default())
+        .await
+        .unwrap();
+    support::eventually("shadowing ClusterBinding gone", || async {
+        Api::<ClusterBinding>::all(fx.consumer.clone())
+            .get_opt(&cb)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    fx.pass("resync", &[]);
+    assert_eq!(
+        provider(&fx.ns).get("g1").await.unwrap().data["spec"]["size"],
+        4,
+        "the Binding syncs again"
+    );
+    // Deletion through the Binding deletes the copy, then releases the object.
+    consumer(&fx.ns)
+        .delete("g1", &DeleteParams::default())
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    fx.pass("resync", &[]);
+    assert!(consumer(&fx.ns).get_opt("g1").await.unwrap().is_none());
+    assert!(provider(&fx.ns).get_opt("g1").await.unwrap().is_none());
+    assert_eq!(fx.pass("resync", &[])["data_writes"], 0);
+}
+
+/// One API whose consumer CRD write is forbidden makes the Connection not Ready; its other,
+/// healthy API keeps syncing.
+#[tokio::test]
+async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
+    let Some(fx) = Fx::new("oneapi").await else {
+        return;
+    };
+    let good = fx
+        .provider_crd("apples", "Namespaced", Some("true"), None)
+        .await;
+    let bad = fx
+        .provider_crd("pears", "Namespaced", Some("true"), None)
+        .await;
+    // An admission policy on the consumer refuses (403) writing the second API's CRD.
+    let vap = format!("{}-deny", fx.label);
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": vap},
+        "spec": {"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["apiextensions.k8s.io"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["customresourcedefinitions"]}]},
+            "validations": [{"expression": format!("object.metadata.name != '{bad}'"), "reason": "Forbidden",
+                "message": "this CRD may not be installed here"}]}});
+    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": vap}, "spec": {"policyName": vap, "validationActions": ["Deny"]}});
+    let dyn_api = |kind: &str, plural: &str| {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        );
+        Api::<DynamicObject>::all_with(fx.consumer.clone(), &ar)
+    };
+    let policies = dyn_api("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
+    let bindings = dyn_api(
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    );
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(policy).unwrap(),
+        )
+        .await
+        .unwrap();
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .unwrap();
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.cluster_binding("cb", &conn, &[&good, &bad]).await;
+    // Admission policies take effect asynchronously: run until the write is refused.
+    support::eventually("the pears CRD write refused", || async {
+        fx.run(&[]);
+        let st = fx.conn(&conn).await.status.unwrap_or_default();
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "PermissionDenied" && c.reason == "CRDWriteForbidden")
+            .then_some(())
+    })
+    .await;
+    assert!(fx.consumer_crd(&bad).await.is_none());
+    let st = fx.conn(&conn).await.status.unwrap();
+    assert_eq!(cond(&st.conditions, "Ready").0, "False");
+    support::wait_established(&Api::all(fx.consumer.clone()), &good).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Apple"),
+        "apples",
+    );
+    let mut o = DynamicObject::new("a1", &ar).data(json!({"spec": {"size": 1}}));
+    o.metadata.namespace = Some(fx.ns.clone());
+    Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &ar)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    let _ = bindings.delete(&vap, &DeleteParams::default()).await;
+    let _ = policies.delete(&vap, &DeleteParams::default()).await;
+    assert!(
+        Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &fx.ns, &ar)
+            .get_opt("a1")
+            .await
+            .unwrap()
+            .is_some(),
+        "the healthy API syncs although the Connection is not Ready"
+    );
 }

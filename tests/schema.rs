@@ -498,6 +498,44 @@ async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
     );
 }
 
+/// autoBind's reserved name held by a ClusterBinding the Connection does not own: left alone, and
+/// the Connection says so in a condition (a log line in a CronJob pod is read by nobody).
+#[tokio::test]
+async fn auto_bind_name_taken_is_reported_on_the_connection() {
+    let Some(fx) = Fx::new("abtaken").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    // The user's own ClusterBinding under the name autoBind would use (`<label>-p`).
+    let taken = fx
+        .cluster_binding("p", &format!("{}-p", fx.label), &[&widgets])
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), true)
+        .await;
+    assert_eq!(taken, conn);
+    fx.run(&[]);
+    let st = fx.conn(&conn).await.status.unwrap();
+    let (s, r, m) = cond(&st.conditions, "AutoBind");
+    assert_eq!((s, r), ("False", "NameTaken"), "{m}");
+    let cb = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&taken)
+        .await
+        .unwrap();
+    let apis: Vec<String> = cb.spec.apis.iter().map(|a| a.name.clone()).collect();
+    assert_eq!(apis, [widgets], "left alone: {gadgets} not added");
+    assert!(cb.owner_references().is_empty());
+    let again = fx.run(&[]);
+    assert_eq!(again["data_writes"], 0, "{again}");
+}
+
 #[tokio::test]
 async fn dry_run_plans_and_writes_nothing() {
     let Some(fx) = Fx::new("dry").await else {

@@ -202,6 +202,22 @@ pub enum ConflictPolicy {
     Adopt,
 }
 
+/// What happens to a provider copy of ours whose consumer object vanished without kbind (the CRD
+/// removed at an unbind, a finalizer removed by hand, a restore from backup): docs/resync.md
+/// "Orphans". A consumer object of the same namespace/name re-adopts the copy under every policy.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum OrphanPolicy {
+    /// Keep the copy, mark it `core.kbind.io/orphaned` and count it in `boundAPIs[].orphaned`.
+    #[default]
+    Keep,
+    /// Delete the copy (kbind before 0.2 did this unasked; now an explicit opt-in).
+    Delete,
+    /// Re-create the consumer object from the copy's spec and labels, then sync as usual.
+    Restore,
+}
+
 /// Activates synchronization of the listed APIs across the consumer cluster.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
@@ -224,6 +240,9 @@ pub struct ClusterBindingSpec {
     pub apis: Vec<ApiRef>,
     #[serde(default)]
     pub conflict_policy: ConflictPolicy,
+    /// Provider copies whose consumer object is gone: `Keep` (default), `Delete` or `Restore`.
+    #[serde(default)]
+    pub orphans: OrphanPolicy,
 }
 
 /// Activates synchronization of the listed namespaced APIs in this namespace.
@@ -249,6 +268,9 @@ pub struct BindingSpec {
     pub apis: Vec<ApiRef>,
     #[serde(default)]
     pub conflict_policy: ConflictPolicy,
+    /// Provider copies whose consumer object is gone: `Keep` (default), `Delete` or `Restore`.
+    #[serde(default)]
+    pub orphans: OrphanPolicy,
 }
 
 /// Per-API status. `kbind schema` owns name/scope/version/schemaHash; `kbind resync` owns the counts.
@@ -277,13 +299,17 @@ pub struct BoundApi {
     /// Objects whose provider write was rejected (400/422, admission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<i64>,
+    /// Provider copies of ours whose consumer object is gone (see `spec.orphans`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphaned: Option<i64>,
 }
 
 /// Where `kbind resync` stopped, so the next run continues.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResyncProgress {
-    /// `<api>/<namespace>/<name>` of the last object handled in an unfinished pass; empty when complete.
+    /// Deprecated and never written: the resume point of an unfinished pass is kept on the
+    /// pass Lease (annotation `kbind.io/resume-after`). Kept so no field leaves v1alpha1.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cursor: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -319,6 +345,9 @@ pub mod condition {
     pub const SYNCED: &str = "Synced";
     pub const CONFLICTS: &str = "Conflicts";
     pub const INSTANCES_RELEASED: &str = "InstancesReleased";
+    /// Connection: whether autoBind maintains its ClusterBinding (`NameTaken` when another
+    /// binding holds that name).
+    pub const AUTO_BIND: &str = "AutoBind";
 
     pub const REASON_CLUSTER_IDENTITY_CHANGED: &str = "ClusterIdentityChanged";
     pub const REASON_FOREIGN_CRD: &str = "ForeignCRD";

@@ -23,6 +23,14 @@ pub const DELETION_POLICY: &str = "core.kbind.io/deletion-policy";
 /// The only value of [`DELETION_POLICY`] kbind acts on.
 pub const DELETION_POLICY_ORPHAN: &str = "Orphan";
 
+/// Provider object annotation: a copy of ours whose consumer object is gone, and why
+/// ([`ORPHANED_CONSUMER_OBJECT_GONE`] or [`ORPHANED_UNBOUND`]).
+pub const ORPHANED: &str = "core.kbind.io/orphaned";
+/// The consumer object vanished without kbind (finalizer removed by hand, restore from backup).
+pub const ORPHANED_CONSUMER_OBJECT_GONE: &str = "ConsumerObjectGone";
+/// The ClusterBinding was deleted: the consumer CRD and its objects go, the copy stays.
+pub const ORPHANED_UNBOUND: &str = "Unbound";
+
 /// Prefix of the heartbeat Lease on the provider.
 pub const HEARTBEAT_LEASE_PREFIX: &str = "consumer-";
 

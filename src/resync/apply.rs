@@ -13,7 +13,8 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super::plan::{
-    Action, ConsumerObj, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, Ownership, ProviderObj, ownership,
+    Action, ConsumerObj, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, OrphanAction, Ownership,
+    ProviderObj, ownership,
 };
 use super::{BoundApi, Provider};
 use crate::api::core::ConflictPolicy;
@@ -112,6 +113,7 @@ pub async fn object(
             Action::ClearConflict => ("clear conflict", "consumer"),
             Action::DeleteProvider => ("delete", "provider"),
             Action::OrphanProvider => ("strip markers", "provider"),
+            Action::ClearOrphaned => ("clear orphaned mark", "provider"),
             Action::ReleaseFinalizer => ("release finalizer", "consumer"),
         };
         if !writes.will(verb, format!("{target} ({on})"), "") {
@@ -177,11 +179,21 @@ pub async fn object(
                 .patch(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {keys::CONSUMER_CLUSTER: null}, "annotations": {keys::CONSUMER_OBJECT_UID: null}}})),
+                    &Patch::Merge(json!({"metadata": {"labels": {keys::CONSUMER_CLUSTER: null}, "annotations": {keys::CONSUMER_OBJECT_UID: null, keys::ORPHANED: null}}})),
                 )
                 .await
                 .map(|_| ()),
+            Action::ClearOrphaned => prov
+                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::ORPHANED: null}}})))
+                .await
+                .map(|_| ()),
         };
+        if outcome == Outcome::Conflict {
+            // The create met an object we did not list: nothing after it applies (clearing a
+            // conflict mark just written would make the mark flap run to run).
+            writes.data_done();
+            return outcome;
+        }
         match r {
             Ok(()) => writes.data_done(),
             Err(e) => {
@@ -297,36 +309,137 @@ async fn mark_conflict(
         .await;
 }
 
-/// Delete a provider copy of ours whose consumer object is gone (UID precondition).
-pub async fn delete_garbage(
+/// Handle one orphan (a copy of ours whose consumer object is gone) as its binding's
+/// `spec.orphans` says. Returns whether the orphan is gone from the provider's point of view
+/// (deleted); a marked or restored copy is still counted as orphaned this run.
+pub async fn orphan(
+    consumer: &Client,
     provider: &Client,
     api: &BoundApi,
     o: &ProviderObj,
+    action: OrphanAction,
     writes: &mut Writes,
-) {
+) -> bool {
     let ns = o.namespace.as_deref();
     let target = format!(
-        "{} {}{} (provider; consumer object gone)",
+        "{} {}{}",
         api.resource.kind,
         ns.map(|n| format!("{n}/")).unwrap_or_default(),
         o.name
     );
-    if !writes.will("delete", target, "") {
-        return;
+    let prov = ns_api(provider, api, ns);
+    let r = match action {
+        OrphanAction::Mark(reason) => {
+            if !writes.will("annotate orphaned", format!("{target} (provider)"), reason) {
+                return false;
+            }
+            mark_orphaned(&prov, &o.name, reason).await
+        }
+        OrphanAction::Delete => {
+            if !writes.will(
+                "delete",
+                format!("{target} (provider)"),
+                "consumer object gone; spec.orphans: Delete",
+            ) {
+                return false;
+            }
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(o.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match prov.delete(&o.name, &dp).await {
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return true,
+                r => r.map(|_| ()),
+            }
+        }
+        OrphanAction::Restore => {
+            if !writes.will(
+                "restore",
+                format!("{target} (consumer)"),
+                "from its provider copy; spec.orphans: Restore",
+            ) {
+                return false;
+            }
+            restore(consumer, &prov, api, o).await
+        }
+    };
+    match r {
+        Ok(()) => {
+            writes.data_done();
+            action == OrphanAction::Delete
+        }
+        Err(e) => {
+            tracing::warn!(object = %target, error = %scrub(&e.to_string()), "orphan not handled; the next run retries");
+            false
+        }
     }
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(o.uid.clone()),
-            resource_version: None,
-        }),
+}
+
+/// Annotate a provider copy `core.kbind.io/orphaned: <reason>`.
+pub async fn mark_orphaned(
+    prov: &Api<DynamicObject>,
+    name: &str,
+    reason: &str,
+) -> Result<(), kube::Error> {
+    let patch = json!({"metadata": {"annotations": {keys::ORPHANED: reason}}});
+    prov.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+}
+
+/// Re-create the consumer object from the copy's spec and labels (kbind's own keys left out);
+/// the next run re-adopts the copy through the usual path. An object of that name appearing in
+/// between wins (409 is success: a consumer object exists again).
+async fn restore(
+    consumer: &Client,
+    prov: &Api<DynamicObject>,
+    api: &BoundApi,
+    o: &ProviderObj,
+) -> Result<(), kube::Error> {
+    let Some(copy) = prov.get_opt(&o.name).await? else {
+        return Ok(());
+    };
+    let mut labels = copy.metadata.labels.clone().unwrap_or_default();
+    labels.retain(|k, _| !k.starts_with("core.kbind.io/"));
+    let mut metadata = json!({"name": o.name, "labels": labels});
+    if let Some(ns) = &o.namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+        "metadata": metadata, "spec": copy.data.get("spec").cloned().unwrap_or(Value::Null)});
+    let obj: DynamicObject = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
         ..Default::default()
     };
-    match ns_api(provider, api, ns).delete(&o.name, &dp).await {
-        Ok(_) => writes.data_done(),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(e) => {
-            tracing::warn!(object = %o.name, error = %scrub(&e.to_string()), "provider garbage not deleted; next run retries")
+    let target = ns_api(consumer, api, o.namespace.as_deref());
+    match target.create(&pp, &obj).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 && o.namespace.is_some() => {
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: o.namespace.clone(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match Api::<Namespace>::all(consumer.clone())
+                .create(&PostParams::default(), &ns)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+            match target.create(&pp, &obj).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                r => r.map(|_| ()),
+            }
         }
+        r => r.map(|_| ()),
     }
 }
 

@@ -15,7 +15,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::core::{Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection};
+use crate::api::core::{
+    Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection, OrphanPolicy,
+};
 use crate::api::keys;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
@@ -32,8 +34,10 @@ pub struct BindingRef {
     pub connection: String,
     pub apis: Vec<String>,
     pub policy: ConflictPolicy,
+    pub orphans: OrphanPolicy,
     pub deleting: bool,
     pub has_cleanup: bool,
+    pub uid: String,
     pub generation: Option<i64>,
     pub status: BindingStatus,
 }
@@ -46,6 +50,7 @@ pub struct Counts {
     pub conflicts: i64,
     pub denied: i64,
     pub rejected: i64,
+    pub orphaned: i64,
 }
 
 /// A managed consumer CRD and the Connection it pins.
@@ -178,9 +183,16 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
             stopped = Some(why);
         }
     }
-    let released =
-        record::release_deleting_bindings(&ctx, &client, &bindings, &selected, &apis, &mut writes)
-            .await;
+    let released = record::release_deleting_bindings(
+        &ctx,
+        &client,
+        &bindings,
+        &selected,
+        &apis,
+        &providers,
+        &mut writes,
+    )
+    .await;
     summary.count("bindingsReleased", released);
     record::binding_statuses(&client, &bindings, &counts, stopped.is_none(), &mut writes)
         .await
@@ -216,7 +228,9 @@ impl From<crate::bindings::ObservedBinding> for BindingRef {
             connection: b.connection,
             apis: b.apis,
             policy: b.conflict_policy,
+            orphans: b.orphans,
             deleting: b.deleting,
+            uid: b.uid,
             generation: b.generation,
             status: b.status,
         }
@@ -283,11 +297,14 @@ async fn connect(
 ) -> Option<Provider> {
     let name = conn.name_any();
     let st = conn.status.clone().unwrap_or_default();
+    // Connected, not Ready: one API's failed discovery or forbidden CRD write makes the
+    // Connection not Ready, yet its other APIs' consumer CRDs are in place and keep syncing
+    // (docs/resync.md "Per bound API"). The identity is checked again below either way.
     if !crate::api::conditions::Conditions::is_true(
         &st.conditions,
-        crate::api::core::condition::READY,
+        crate::api::core::condition::CONNECTED,
     ) {
-        tracing::info!(connection = %name, "Connection is not Ready (see its conditions); not syncing");
+        tracing::info!(connection = %name, "Connection is not Connected (see its conditions); not syncing");
         return None;
     }
     let (Some(remote), Some(local)) = (st.remote_cluster_uid.clone(), st.local_cluster_uid.clone())
@@ -426,6 +443,11 @@ async fn sync_api(
             return Ok(());
         }
     };
+    let mut provider_by_key = provider_by_key;
+    if let Err(e) = observe_conflicts(&provider_api, &consumer, &mut provider_by_key).await {
+        // Not fatal: the conflicted objects meet their 409 again and stay marked.
+        tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
+    }
     let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
     consumer.sort_by_key(|c| obj_key(c.namespace.as_deref(), &c.name));
     if let Some(after) = start_after {
@@ -499,27 +521,45 @@ async fn sync_api(
             }
         }
     }
-    // Copies of ours whose consumer object is gone, in namespaces a live binding covers.
+    // Copies of ours whose consumer object is gone, in namespaces a live binding covers:
+    // orphans, handled by that binding's `spec.orphans` (docs/resync.md "Orphans").
     let consumer_keys: BTreeSet<String> = consumer
         .iter()
         .map(|c| obj_key(c.namespace.as_deref(), &c.name))
         .collect();
-    for key in plan::garbage(
+    for o in plan::orphans(
         &provider_by_key,
         &consumer_keys,
         &provider.local_uid,
         &live_uids,
     ) {
-        let Some(o) = provider_by_key.get(key) else {
+        let Some(b) = covering(bindings, &api.name, &api.connection, o.namespace.as_deref()) else {
             continue;
         };
-        if covering(bindings, &api.name, &api.connection, o.namespace.as_deref()).is_none() {
+        if !selected.contains(&b.key) {
             continue;
         }
+        let entry = counts.entry((b.key.clone(), api.name.clone())).or_default();
+        let Some(action) = plan::plan_orphan(o, b.orphans) else {
+            entry.orphaned += 1;
+            continue;
+        };
         if ctx.budget.check().is_err() {
-            break;
+            entry.orphaned += 1;
+            continue;
         }
-        apply::delete_garbage(&provider.client, api, o, writes).await;
+        let _ = ctx.budget.take();
+        if !apply::orphan(client, &provider.client, api, o, action, writes).await {
+            entry.orphaned += 1;
+        }
+        summary.count(
+            match action {
+                plan::OrphanAction::Mark(_) => "orphansMarked",
+                plan::OrphanAction::Delete => "orphansDeleted",
+                plan::OrphanAction::Restore => "orphansRestored",
+            },
+            1,
+        );
     }
     result
 }
@@ -533,8 +573,10 @@ static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| B
     connection: String::new(),
     apis: vec![],
     policy: ConflictPolicy::Fail,
+    orphans: OrphanPolicy::Keep,
     deleting: false,
     has_cleanup: false,
+    uid: String::new(),
     generation: None,
     status: BindingStatus::default(),
 });
@@ -561,16 +603,56 @@ fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
 }
 
 fn provider_obj(o: &DynamicObject) -> ProviderObj {
-    let (cluster_marker, object_marker) =
-        plan::markers(o.metadata.labels.as_ref(), o.metadata.annotations.as_ref());
     ProviderObj {
-        namespace: o.namespace(),
-        name: o.name_any(),
-        uid: o.uid().unwrap_or_default(),
-        cluster_marker,
-        object_marker,
         spec: field(o, "spec"),
         status: field(o, "status"),
-        deleting: o.metadata.deletion_timestamp.is_some(),
+        ..provider_meta(&o.metadata)
     }
+}
+
+/// What the plan reads of a provider object's metadata (spec and status left null).
+fn provider_meta(m: &kube::api::ObjectMeta) -> ProviderObj {
+    let (cluster_marker, object_marker) = plan::markers(m.labels.as_ref(), m.annotations.as_ref());
+    ProviderObj {
+        namespace: m.namespace.clone(),
+        name: m.name.clone().unwrap_or_default(),
+        uid: m.uid.clone().unwrap_or_default(),
+        cluster_marker,
+        object_marker,
+        deleting: m.deletion_timestamp.is_some(),
+        orphaned: m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::ORPHANED))
+            .cloned(),
+        ..Default::default()
+    }
+}
+
+/// The provider LIST is narrowed to our cluster's copies, so the object behind a reported
+/// conflict (not ours) is never in it. Without seeing it, every run would plan a create, meet
+/// 409 and re-mark, or clear the mark: a flapping annotation and a new Event per run. Where
+/// conflicted consumer objects exist, one more paginated LIST of names and markers finds them.
+async fn observe_conflicts(
+    provider_api: &Api<DynamicObject>,
+    consumer: &[ConsumerObj],
+    provider_by_key: &mut BTreeMap<String, ProviderObj>,
+) -> Result<(), kube::Error> {
+    let wanted: BTreeSet<String> = consumer
+        .iter()
+        .filter(|c| c.conflict.is_some() && !c.deleting)
+        .map(|c| obj_key(c.namespace.as_deref(), &c.name))
+        .filter(|k| !provider_by_key.contains_key(k))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for m in list::metadata(provider_api, &ListParams::default()).await? {
+        let p = provider_meta(&m.metadata);
+        let key = obj_key(p.namespace.as_deref(), &p.name);
+        if wanted.contains(&key) {
+            provider_by_key.insert(key, p);
+        }
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::api::core::ConflictPolicy;
+use crate::api::core::{ConflictPolicy, OrphanPolicy};
 use crate::api::keys;
 
 /// What the pass needs of a consumer object.
@@ -34,6 +34,8 @@ pub struct ProviderObj {
     pub spec: Value,
     pub status: Value,
     pub deleting: bool,
+    /// kbind's `core.kbind.io/orphaned` annotation: why the consumer object is gone.
+    pub orphaned: Option<String>,
 }
 
 /// Who a provider object belongs to.
@@ -80,6 +82,8 @@ pub enum Action {
     DeleteProvider,
     /// Hand the provider copy over: strip kbind's markers (deletion-policy Orphan).
     OrphanProvider,
+    /// A re-adopted orphan: drop its `core.kbind.io/orphaned` annotation.
+    ClearOrphaned,
     ReleaseFinalizer,
 }
 
@@ -149,6 +153,9 @@ pub fn plan_object(
             if own != Ownership::Ours || p.spec != c.spec {
                 a.push(Action::UpdateSpec);
             }
+            if p.orphaned.is_some() {
+                a.push(Action::ClearOrphaned);
+            }
             if own == Ownership::Ours && !p.status.is_null() && p.status != c.status {
                 a.push(Action::StatusDown(p.status.clone()));
             }
@@ -169,13 +176,13 @@ pub fn plan_object(
 }
 
 /// Provider copies of ours whose consumer object no longer exists (both markers must be ours and
-/// the object UID must match no live consumer object). Keys are `namespace/name`.
-pub fn garbage<'a>(
+/// the object UID must match no live consumer object): orphans. Keys are `namespace/name`.
+pub fn orphans<'a>(
     provider: &'a BTreeMap<String, ProviderObj>,
     consumer_keys: &BTreeSet<String>,
     local_uid: &str,
     live_uids: &BTreeSet<String>,
-) -> Vec<&'a str> {
+) -> Vec<&'a ProviderObj> {
     provider
         .iter()
         .filter(|(k, p)| {
@@ -186,8 +193,30 @@ pub fn garbage<'a>(
                     .as_deref()
                     .is_some_and(|o| !live_uids.contains(o))
         })
-        .map(|(k, _)| k.as_str())
+        .map(|(_, p)| p)
         .collect()
+}
+
+/// The one write an orphan gets under the covering binding's `spec.orphans`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanAction {
+    /// Annotate `core.kbind.io/orphaned` with the reason.
+    Mark(&'static str),
+    /// `Delete`: the explicit opt-in to delete the copy.
+    Delete,
+    /// `Restore`: re-create the consumer object from the copy.
+    Restore,
+}
+
+/// Kbind never deletes provider data its consumer did not ask to delete (docs/resync.md
+/// "Orphans"): only `Delete` deletes, and an orphan already marked stays as it is under `Keep`.
+pub fn plan_orphan(p: &ProviderObj, policy: OrphanPolicy) -> Option<OrphanAction> {
+    match policy {
+        OrphanPolicy::Keep if p.orphaned.is_some() => None,
+        OrphanPolicy::Keep => Some(OrphanAction::Mark(keys::ORPHANED_CONSUMER_OBJECT_GONE)),
+        OrphanPolicy::Delete => Some(OrphanAction::Delete),
+        OrphanPolicy::Restore => Some(OrphanAction::Restore),
+    }
 }
 
 /// Read kbind's markers from provider metadata.
@@ -441,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_only_ours_without_a_live_owner() {
+    fn orphans_are_only_ours_without_a_live_owner() {
         let provider_objs = BTreeMap::from([
             ("ns/live".to_string(), provider(Some(LOCAL), Some("u1"))),
             (
@@ -456,9 +485,54 @@ mod tests {
             ("ns/moved".to_string(), provider(Some(LOCAL), Some("u2"))),
         ]);
         let consumer_keys = BTreeSet::from(["ns/live".to_string()]);
-        assert_eq!(
-            garbage(&provider_objs, &consumer_keys, LOCAL, &live()),
-            ["ns/orphaned"]
+        let found: Vec<_> = orphans(&provider_objs, &consumer_keys, LOCAL, &live())
+            .iter()
+            .map(|p| p.object_marker.clone())
+            .collect();
+        assert_eq!(found, [Some("dead".to_string())]);
+    }
+
+    #[test]
+    fn orphan_policy_table() {
+        let unmarked = provider(Some(LOCAL), Some("dead"));
+        let marked = ProviderObj {
+            orphaned: Some(keys::ORPHANED_UNBOUND.into()),
+            ..unmarked.clone()
+        };
+        let cases = [
+            (
+                &unmarked,
+                OrphanPolicy::Keep,
+                Some(OrphanAction::Mark(keys::ORPHANED_CONSUMER_OBJECT_GONE)),
+            ),
+            // Already reported (at the unbind or by an earlier run): nothing to write.
+            (&marked, OrphanPolicy::Keep, None),
+            (&marked, OrphanPolicy::Delete, Some(OrphanAction::Delete)),
+            (
+                &unmarked,
+                OrphanPolicy::Restore,
+                Some(OrphanAction::Restore),
+            ),
+            (&marked, OrphanPolicy::Restore, Some(OrphanAction::Restore)),
+        ];
+        for (p, policy, want) in cases {
+            assert_eq!(plan_orphan(p, policy), want, "{policy:?} {:?}", p.orphaned);
+        }
+    }
+
+    #[test]
+    fn a_returning_consumer_object_re_adopts_an_orphan() {
+        let orphan = ProviderObj {
+            orphaned: Some(keys::ORPHANED_UNBOUND.into()),
+            ..provider(Some(LOCAL), Some("gone"))
+        };
+        let (a, _) = plan_object(
+            &consumer(),
+            Some(&orphan),
+            LOCAL,
+            &live(),
+            ConflictPolicy::Fail,
         );
+        assert_eq!(a, [Action::UpdateSpec, Action::ClearOrphaned]);
     }
 }

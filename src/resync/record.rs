@@ -8,10 +8,13 @@ use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{BindingRef, BoundApi, Counts, covering};
+use std::collections::HashMap;
+
+use super::{BindingRef, BoundApi, Counts, Provider, covering};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
 use crate::api::keys;
+use crate::pass::events::EventType;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, list};
 use crate::schema::plan::BindingKey;
@@ -54,13 +57,23 @@ pub async fn binding_statuses(
         };
         let changed_counts = mine.iter().any(|(api, c)| {
             let prev = b.status.bound_apis.iter().find(|x| &&x.name == api);
-            let got = prev.map(|p| (p.in_sync, p.pending, p.conflict_count, p.denied, p.rejected));
+            let got = prev.map(|p| {
+                (
+                    p.in_sync,
+                    p.pending,
+                    p.conflict_count,
+                    p.denied,
+                    p.rejected,
+                    p.orphaned,
+                )
+            });
             got != Some((
                 Some(c.in_sync),
                 Some(c.pending),
                 Some(c.conflicts),
                 Some(c.denied),
                 Some(c.rejected),
+                Some(c.orphaned),
             ))
         });
         if !changed_cond && !changed_counts {
@@ -75,7 +88,7 @@ pub async fn binding_statuses(
         }
         let apis: Vec<Value> = mine
             .iter()
-            .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected}))
+            .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected, "orphaned": c.orphaned}))
             .collect();
         let conflicts: Vec<_> = conds.into_iter().filter(|c| c.type_ == CONFLICTS).collect();
         let mut resync = json!({"lastPassTime": now.to_string()});
@@ -102,6 +115,7 @@ pub async fn release_deleting_bindings(
     bindings: &[BindingRef],
     selected: &std::collections::BTreeSet<BindingKey>,
     apis: &[BoundApi],
+    providers: &HashMap<String, Option<Provider>>,
     writes: &mut Writes,
 ) -> i64 {
     let mut released = 0;
@@ -109,7 +123,8 @@ pub async fn release_deleting_bindings(
         .iter()
         .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
     {
-        match release_one(ctx, client, b, bindings, apis, writes).await {
+        let provider = providers.get(&b.connection).and_then(Option::as_ref);
+        match release_one(ctx, client, b, bindings, apis, provider, writes).await {
             Ok(true) => released += 1,
             Ok(false) => {}
             // Not fatal: the binding keeps its finalizer and the next run tries again.
@@ -128,6 +143,7 @@ async fn release_one(
     b: &BindingRef,
     bindings: &[BindingRef],
     apis: &[BoundApi],
+    provider: Option<&Provider>,
     writes: &mut Writes,
 ) -> Result<bool, kube::Error> {
     {
@@ -135,6 +151,40 @@ async fn release_one(
             return Ok(false);
         }
         let mut done = true;
+        // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
+        // no other live binding listing the API): their consumer objects go with the CRD.
+        let unbound: Vec<&BoundApi> = apis
+            .iter()
+            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+            .filter(|a| {
+                b.key.namespace.is_none()
+                    && !bindings
+                        .iter()
+                        .any(|o| !o.deleting && o.apis.contains(&a.name))
+            })
+            .collect();
+        let mut kept = 0;
+        for api in &unbound {
+            match provider {
+                Some(p) => match mark_unbound(ctx, p, api, writes).await {
+                    Ok((n, complete)) => {
+                        kept += n;
+                        done &= complete;
+                    }
+                    // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
+                    // at the re-bind instead; it is never deleted either way.
+                    Err(e) => {
+                        tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
+                    }
+                },
+                None => {
+                    tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
+                }
+            }
+        }
+        if !done {
+            return Ok(false);
+        }
         for api in apis
             .iter()
             .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
@@ -193,6 +243,26 @@ async fn release_one(
         if !done {
             return Ok(false);
         }
+        if !unbound.is_empty() {
+            let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
+            let note = format!(
+                "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
+                 the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
+                names.join(", "),
+                keys::ORPHANED,
+                keys::ORPHANED_UNBOUND
+            );
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("core.kbind.io/v1alpha1".into()),
+                kind: Some("ClusterBinding".into()),
+                name: Some(b.key.name.clone()),
+                uid: Some(b.uid.clone()),
+                ..Default::default()
+            };
+            ctx.recorder
+                .publish(&reference, EventType::Normal, "ProviderCopiesKept", &note)
+                .await;
+        }
         let mut conds = b.status.conditions.clone();
         conds.set_condition(
             INSTANCES_RELEASED,
@@ -212,4 +282,59 @@ async fn release_one(
         }
         Ok(true)
     }
+}
+
+/// Annotate every copy of ours of an unbound API `core.kbind.io/orphaned: Unbound` (those not
+/// already marked). Returns how many copies there are and whether all were handled within the
+/// budget.
+async fn mark_unbound(
+    ctx: &PassContext,
+    provider: &Provider,
+    api: &BoundApi,
+    writes: &mut Writes,
+) -> Result<(i64, bool), kube::Error> {
+    let prov: Api<DynamicObject> = Api::all_with(provider.client.clone(), &api.resource);
+    let ours = ListParams::default().labels(&format!(
+        "{}={}",
+        keys::CONSUMER_CLUSTER,
+        provider.local_uid
+    ));
+    let copies = list::metadata(&prov, &ours).await?;
+    let total = copies.len() as i64;
+    for m in copies {
+        let marked = m
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(keys::ORPHANED));
+        if marked || m.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if ctx.budget.take().is_err() {
+            return Ok((total, false));
+        }
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let ns = m.metadata.namespace.clone();
+        if !writes.will(
+            "annotate orphaned",
+            format!(
+                "{} {}{name} (provider)",
+                api.resource.kind,
+                ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default()
+            ),
+            keys::ORPHANED_UNBOUND,
+        ) {
+            continue;
+        }
+        let scoped: Api<DynamicObject> = match &ns {
+            Some(ns) => Api::namespaced_with(provider.client.clone(), ns, &api.resource),
+            None => Api::all_with(provider.client.clone(), &api.resource),
+        };
+        match super::apply::mark_orphaned(&scoped, &name, keys::ORPHANED_UNBOUND).await {
+            Ok(()) => writes.data_done(),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((total, true))
 }

@@ -360,17 +360,15 @@ async fn reconcile(
         .find(|b| b.view.key.namespace.is_none() && b.view.key.name == name);
     let autobind_ours =
         autobind_cb.is_some_and(|b| b.owner_uids.contains(&conn.uid().unwrap_or_default()));
-    if autobind_cb.is_some() && !autobind_ours && conn.spec.auto_bind {
-        tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not owned by it; autoBind leaves it alone");
-    }
-    let plan = plan::plan_status(
-        &observed,
-        &actions,
-        &outcomes,
-        autobind_cb.filter(|_| autobind_ours).map(|b| &b.view),
-        conn.spec.auto_bind && (autobind_cb.is_none() || autobind_ours),
-        Timestamp::now(),
-    );
+    let autobind = match (conn.spec.auto_bind, autobind_cb) {
+        (false, _) => plan::AutoBindView::Off,
+        (true, Some(_)) if !autobind_ours => {
+            tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not owned by it; autoBind leaves it alone");
+            plan::AutoBindView::NameTaken
+        }
+        (true, cb) => plan::AutoBindView::Maintained(cb.map(|b| &b.view)),
+    };
+    let plan = plan::plan_status(&observed, &actions, &outcomes, autobind, Timestamp::now());
     let after = plan::crds_after(&observed, &actions, &outcomes);
     drop(observed);
     world.crds = after;

@@ -292,12 +292,20 @@ pub enum AutoBind {
     Delete,
 }
 
+/// What autoBind has to work with: off, its ClusterBinding (absent or owned by the Connection),
+/// or that name held by a binding the Connection does not own.
+#[derive(Clone, Copy, Debug)]
+pub enum AutoBindView<'a> {
+    Off,
+    Maintained(Option<&'a BindingView>),
+    NameTaken,
+}
+
 pub fn plan_status(
     o: &Observed,
     actions: &[CrdAction],
     outcomes: &[CrdOutcome],
-    autobind: Option<&BindingView>,
-    auto_bind: bool,
+    autobind: AutoBindView<'_>,
     now: Timestamp,
 ) -> StatusPlan {
     let crds = crds_after(o, actions, outcomes);
@@ -489,9 +497,33 @@ pub fn plan_status(
             .conditions
             .set_condition(READY, S::False, reason, msg, g, now),
     };
+    // autoBind's reserved name held by someone else is the user's to resolve: say so where they
+    // look (a log line in a CronJob's pod is seen by nobody).
+    match autobind {
+        AutoBindView::NameTaken => st.conditions.set_condition(
+            AUTO_BIND,
+            S::False,
+            "NameTaken",
+            &format!(
+                "ClusterBinding {} exists and is not owned by this Connection; autoBind leaves it alone. Delete or rename it to let autoBind maintain it",
+                o.name
+            ),
+            g,
+            now,
+        ),
+        AutoBindView::Maintained(_) => {
+            st.conditions
+                .set_condition(AUTO_BIND, S::True, "Maintained", "", g, now)
+        }
+        AutoBindView::Off => st.conditions.remove_condition(AUTO_BIND),
+    };
     st.observed_generation = g;
 
-    let autobind = plan_autobind(o, d, &st, autobind, auto_bind);
+    let (existing, auto_bind) = match autobind {
+        AutoBindView::Maintained(b) => (b, true),
+        _ => (None, false),
+    };
+    let autobind = plan_autobind(o, d, &st, existing, auto_bind);
     StatusPlan {
         connection: st,
         bindings,
@@ -1081,7 +1113,7 @@ mod tests {
     #[test]
     fn connection_conditions() {
         let case = Case::default();
-        let st = plan_status(&case.observed(), &[], &[], None, false, now()).connection;
+        let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).connection;
         assert_eq!(reason(&st.conditions, READY), "True/Ready");
         assert_eq!(
             (
@@ -1099,7 +1131,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let st = plan_status(&changed.observed(), &[], &[], None, false, now()).connection;
+        let st = plan_status(&changed.observed(), &[], &[], AutoBindView::Off, now()).connection;
         assert_eq!(
             reason(&st.conditions, CONNECTED),
             "False/ClusterIdentityChanged"
@@ -1122,7 +1154,7 @@ mod tests {
         });
         o.remote_uid = None;
         o.discovery = None;
-        let st = plan_status(&o, &[], &[], None, false, now()).connection;
+        let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
         assert_eq!(reason(&st.conditions, SECRET_VALID), "False/SecretNotFound");
         assert_eq!(reason(&st.conditions, READY), "False/SecretNotFound");
 
@@ -1131,7 +1163,7 @@ mod tests {
             forbidden: true,
             message: "listing: 403".into(),
         }));
-        let st = plan_status(&o, &[], &[], None, false, now()).connection;
+        let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
         assert_eq!(
             reason(&st.conditions, PERMISSION_DENIED),
             "True/DiscoveryForbidden"
@@ -1154,7 +1186,7 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let plan = plan_status(&case.observed(), &[], &[], None, false, now());
+        let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
         let by_name: BTreeMap<String, &BindingStatus> = plan
             .bindings
             .iter()
@@ -1193,8 +1225,7 @@ mod tests {
             &o,
             &actions,
             &[CrdOutcome::Forbidden("no".into())],
-            None,
-            false,
+            AutoBindView::Off,
             now(),
         );
         assert_eq!(
@@ -1212,10 +1243,10 @@ mod tests {
             crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
             ..Default::default()
         };
-        let first = plan_status(&case.observed(), &[], &[], None, false, now());
+        let first = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
         case.bindings[0].status = first.bindings[0].1.clone();
         assert!(
-            plan_status(&case.observed(), &[], &[], None, false, now())
+            plan_status(&case.observed(), &[], &[], AutoBindView::Off, now())
                 .bindings
                 .is_empty()
         );
@@ -1234,7 +1265,7 @@ mod tests {
             crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
             ..Default::default()
         };
-        let plan = plan_status(&case.observed(), &[], &[], None, false, now());
+        let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
         let ready = |name: &str| {
             let st = &plan
                 .bindings
@@ -1266,13 +1297,48 @@ mod tests {
     }
 
     #[test]
+    fn auto_bind_name_taken_is_a_condition() {
+        let case = Case::default();
+        let st = plan_status(&case.observed(), &[], &[], AutoBindView::NameTaken, now());
+        assert_eq!(
+            reason(&st.connection.conditions, AUTO_BIND),
+            "False/NameTaken"
+        );
+        assert_eq!(st.autobind, AutoBind::Leave, "never touched");
+        let st = plan_status(
+            &case.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(None),
+            now(),
+        );
+        assert_eq!(
+            reason(&st.connection.conditions, AUTO_BIND),
+            "True/Maintained"
+        );
+        let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+        assert!(
+            !st.connection
+                .conditions
+                .iter()
+                .any(|c| c.type_ == AUTO_BIND)
+        );
+    }
+
+    #[test]
     fn auto_bind_needs_two_empty_discoveries_to_delete() {
         let existing = binding(None, "c", "c", &["a.x.io"]);
         let mut case = Case {
             exports: vec![],
             ..Default::default()
         };
-        let first = plan_status(&case.observed(), &[], &[], Some(&existing), true, now());
+        let first = plan_status(
+            &case.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(Some(&existing)),
+            now(),
+        );
         assert_eq!(
             first.autobind,
             AutoBind::Leave,
@@ -1280,21 +1346,41 @@ mod tests {
         );
         assert_eq!(first.connection.empty_discoveries, Some(1));
         case.status = first.connection;
-        let second = plan_status(&case.observed(), &[], &[], Some(&existing), true, now());
+        let second = plan_status(
+            &case.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(Some(&existing)),
+            now(),
+        );
         assert_eq!(second.autobind, AutoBind::Delete);
 
         let case = Case::default();
         assert_eq!(
-            plan_status(&case.observed(), &[], &[], None, true, now()).autobind,
+            plan_status(
+                &case.observed(),
+                &[],
+                &[],
+                AutoBindView::Maintained(None),
+                now()
+            )
+            .autobind,
             AutoBind::Apply(vec!["a.x.io".into(), "b.x.io".into()])
         );
         let same = binding(None, "c", "c", &["a.x.io", "b.x.io"]);
         assert_eq!(
-            plan_status(&case.observed(), &[], &[], Some(&same), true, now()).autobind,
+            plan_status(
+                &case.observed(),
+                &[],
+                &[],
+                AutoBindView::Maintained(Some(&same)),
+                now()
+            )
+            .autobind,
             AutoBind::Leave
         );
         assert_eq!(
-            plan_status(&case.observed(), &[], &[], None, false, now()).autobind,
+            plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).autobind,
             AutoBind::Leave,
             "autoBind off leaves it"
         );
@@ -1307,9 +1393,15 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            plan_status(&reset.observed(), &[], &[], None, true, now())
-                .connection
-                .empty_discoveries,
+            plan_status(
+                &reset.observed(),
+                &[],
+                &[],
+                AutoBindView::Maintained(None),
+                now()
+            )
+            .connection
+            .empty_discoveries,
             None
         );
     }
