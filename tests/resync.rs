@@ -1252,22 +1252,33 @@ async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
         )
         .await
         .unwrap();
+    // Admission policies take effect asynchronously: wait until a dry-run create is refused.
+    let probe: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(json!({"metadata": {"name": bad}, "spec": {"group": fx.group, "scope": "Namespaced",
+            "names": {"plural": "pears", "kind": "Pear"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object"}}}]}}))
+        .unwrap();
+    let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(fx.consumer.clone());
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    support::eventually("the admission policy in effect", || async {
+        matches!(crds.create(&dry, &probe).await, Err(kube::Error::Api(s)) if s.code == 403)
+            .then_some(())
+    })
+    .await;
     fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
         .await;
     let conn = fx
         .connection("p", "provider", json!({"source": "CRD"}), false)
         .await;
     fx.cluster_binding("cb", &conn, &[&good, &bad]).await;
-    // Admission policies take effect asynchronously: run until the write is refused.
-    support::eventually("the pears CRD write refused", || async {
-        fx.run(&[]);
-        let st = fx.conn(&conn).await.status.unwrap_or_default();
-        st.conditions
-            .iter()
-            .any(|c| c.type_ == "PermissionDenied" && c.reason == "CRDWriteForbidden")
-            .then_some(())
-    })
-    .await;
+    fx.run(&[]);
+    let st = fx.conn(&conn).await.status.unwrap_or_default();
+    let (s, r, m) = cond(&st.conditions, "PermissionDenied");
+    assert_eq!((s, r), ("True", "CRDWriteForbidden"), "{m}");
     assert!(fx.consumer_crd(&bad).await.is_none());
     let st = fx.conn(&conn).await.status.unwrap();
     assert_eq!(cond(&st.conditions, "Ready").0, "False");
