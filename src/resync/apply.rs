@@ -416,29 +416,10 @@ async fn restore(
         ..Default::default()
     };
     let target = ns_api(consumer, api, o.namespace.as_deref());
+    // A missing consumer namespace is not created (the pass would need namespace create on the
+    // consumer for it): the create fails, is logged, and the next run tries again.
     match target.create(&pp, &obj).await {
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && o.namespace.is_some() => {
-            let ns = Namespace {
-                metadata: ObjectMeta {
-                    name: o.namespace.clone(),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            match Api::<Namespace>::all(consumer.clone())
-                .create(&PostParams::default(), &ns)
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e),
-            }
-            match target.create(&pp, &obj).await {
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                r => r.map(|_| ()),
-            }
-        }
         r => r.map(|_| ()),
     }
 }
