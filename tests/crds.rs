@@ -148,9 +148,10 @@ async fn invalid_objects_are_refused_with_a_message_naming_the_problem() {
             "<plural>.<group>",
         ),
         (
-            "maxScopesPerPass 0",
-            relsrc(json!({"maxScopesPerPass": 0})),
-            "greater than or equal to 1",
+            // Zero is accepted: unbounded (spec 002).
+            "maxScopesPerPass -1",
+            relsrc(json!({"maxScopesPerPass": -1})),
+            "greater than or equal to 0",
         ),
         (
             "conflictPolicy enum",

@@ -207,8 +207,8 @@ async fn budgeted_passes_resume_and_finish_the_cycle_without_reaping() {
             .any(|h| h.starts_with("C5#")),
         "never reaped by a budgeted pass"
     );
-    // Lifting the bound: one pass covers everything and reaps C5.
-    rx.patch_spec("s", json!({"sync": {"maxScopesPerPass": null}}))
+    // Lifting the bound (zero is unbounded, spec 002): one pass covers everything and reaps C5.
+    rx.patch_spec("s", json!({"sync": {"maxScopesPerPass": 0}}))
         .await;
     rx.run(&fake.url(), &[]).await;
     let st = rx.status("s").await;
@@ -853,41 +853,51 @@ async fn the_pass_runs_with_exactly_its_rbac() {
     let kc = kc.to_string_lossy().to_string();
     let src = format!("{}/s", rx.ns);
     // RBAC reaches the authorizer a moment late, and a concurrent run may hold the shared Lease.
-    let mut last = (0, json!(null), String::new());
-    for _ in 0..40 {
-        last = rx
-            .run_env(
-                &fake.url(),
-                &[
-                    "--kubeconfig",
-                    &kc,
-                    "--lease-namespace",
-                    "kbind-system",
-                    "--source",
-                    &src,
-                    "--deadline",
-                    "1m",
-                ],
-                &[],
-            )
-            .await;
-        if last.0 == 0 && last.1["outcome"] == "completed" {
-            break;
+    let run_as_sa = || async {
+        let mut last = (0, json!(null), String::new());
+        for _ in 0..40 {
+            last = rx
+                .run_env(
+                    &fake.url(),
+                    &[
+                        "--kubeconfig",
+                        &kc,
+                        "--lease-namespace",
+                        "kbind-system",
+                        "--source",
+                        &src,
+                        "--deadline",
+                        "1m",
+                    ],
+                    &[],
+                )
+                .await;
+            if last.0 == 0 && last.1["outcome"] == "completed" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    let (code, summary, stderr) = last;
-    assert_eq!(
-        (code, summary["outcome"].clone()),
-        (0, json!("completed")),
-        "{summary}\n{stderr}"
-    );
+        let (code, summary, stderr) = last;
+        assert_eq!(
+            (code, summary["outcome"].clone()),
+            (0, json!("completed")),
+            "{summary}\n{stderr}"
+        );
+        summary
+    };
+    run_as_sa().await;
     assert_eq!(
         rx.held("slack_channel").await,
         vec!["C1#member@ada", "C1#workspace@T1"]
     );
     let lp = rx.last_pass("s").await;
     assert_eq!(lp.join_misses, 1, "u2 is not in the directory");
+    // The finalizer (added above) and its release after the cleanup are within the same rules.
+    rx.delete_source("s").await;
+    let summary = run_as_sa().await;
+    assert_eq!(summary["counts"]["sourcesCleanedUp"], 1, "{summary}");
+    assert!(rx.get_source("s").await.is_none());
+    assert!(rx.held_by("s").await.is_empty());
 }
 
 /// A window of 32+ scopes reads SpiceDB in bulk (one export stream) instead of per scope: the
@@ -1012,4 +1022,174 @@ async fn a_transient_server_error_is_resent_not_counted() {
     let st = rx.status("s").await;
     assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "False");
     assert_eq!(rx.held("slack_channel").await.len(), 5);
+}
+
+fn last_sync(st: &kbind::api::relsync::RelationshipSourceStatus) -> Option<String> {
+    st.sync
+        .as_ref()
+        .and_then(|s| s.last_sync_time.as_ref())
+        .map(|t| t.0.to_string())
+}
+
+/// `status.sync.lastSyncTime` (the "Last Sync" column) is the last completed full cycle (spec
+/// 002): a token Slack refuses records the pass (`lastPass`) and `Ready=False`, never a sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_sync_time_moves_only_when_a_full_cycle_completed() {
+    let mut ws = workspace(
+        vec![user("U1")],
+        vec![channel("C1", &["U1"]), channel("C2", &["U1"])],
+    );
+    // Slack expects another token than the source's credential: invalid_auth.
+    ws.token = "xoxb-rotated-0000".into();
+    let Some((rx, fake)) = slack_setup("rs-lastsync", ws, json!({})).await else {
+        return;
+    };
+    let src = format!("{}/s", rx.ns);
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!((status, reason), ("False", "UpstreamAuthFailed"));
+    assert!(message.contains("invalid_auth"), "{message}");
+    assert_eq!(last_sync(&st), None, "nothing was synced");
+    assert!(
+        st.sync.unwrap().last_pass.unwrap().finished_at.is_some(),
+        "the pass is recorded"
+    );
+
+    // The token fixed: a full cycle completes and sets it.
+    fake.state.workspace().token = SLACK_TOKEN.into();
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True");
+    let synced = last_sync(&st).expect("a completed cycle sets lastSyncTime");
+    assert_eq!(rx.held("slack_channel").await.len(), 4);
+
+    // lastSyncTime has second precision: a later write would show.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Refused again by Slack, then refused before any request (the Secret gone): unchanged.
+    fake.state.workspace().token = "xoxb-rotated-0001".into();
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).1, "UpstreamAuthFailed");
+    assert_eq!(last_sync(&st).as_deref(), Some(synced.as_str()));
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(rx.client.clone(), &rx.ns)
+        .delete("slack", &Default::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    rx.run(&fake.url(), &["--source", &src]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).1, "SecretNotFound");
+    assert_eq!(last_sync(&st).as_deref(), Some(synced.as_str()));
+    assert_eq!(
+        rx.held("slack_channel").await.len(),
+        4,
+        "a refused pass prunes nothing"
+    );
+}
+
+fn has_finalizer(s: &kbind::api::relsync::RelationshipSource) -> bool {
+    s.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == kbind::api::relsync::CLEANUP_FINALIZER)
+}
+
+/// Deleting a source deletes what it wrote to SpiceDB (its own prefix), then lets it go; the
+/// other source on the same workspace and store keeps every relationship.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_source_deletes_its_relationships_and_nothing_else() {
+    let ws = workspace(
+        vec![user("U1"), user("U2")],
+        vec![channel("C1", &["U1", "U2"]), channel("C2", &["U2"])],
+    );
+    let Some((rx, fake)) = slack_setup("rs-delete", ws, json!({})).await else {
+        return;
+    };
+    rx.source("other", json!({"kind": "slack"})).await;
+    rx.run(&fake.url(), &[]).await;
+    for name in ["s", "other"] {
+        let src = rx.get_source(name).await.unwrap();
+        assert!(has_finalizer(&src), "{name}: {:?}", src.metadata.finalizers);
+    }
+    // C1: 2 members + workspace; C2: 1 + workspace; the workspace's 2 members.
+    assert_eq!(rx.held_by("s").await.len(), 7);
+    let others = rx.held_by("other").await;
+    assert_eq!(others.len(), 7);
+
+    rx.delete_source("s").await;
+    assert!(
+        rx.get_source("s").await.is_some(),
+        "the finalizer holds it until relsync ran"
+    );
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["sourcesCleanedUp"], 1, "{s}");
+    assert_eq!(s["counts"]["relationshipsDeleted"], 7, "{s}");
+    assert_eq!(
+        s["counts"]["sourcesDue"], 0,
+        "a deleted source is not synced: {s}"
+    );
+    assert!(rx.held_by("s").await.is_empty());
+    assert!(rx.get_source("s").await.is_none(), "the source is gone");
+    assert_eq!(
+        rx.held_by("other").await,
+        others,
+        "the other source is untouched"
+    );
+
+    // Across runs: nothing left to do.
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(rx.held_by("other").await, others);
+}
+
+/// With SpiceDB unreachable a deleted source keeps its finalizer and says why; the same failure
+/// again changes nothing; once SpiceDB is back the next run deletes its relationships.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_source_keeps_its_finalizer_until_spicedb_confirms() {
+    let ws = workspace(vec![user("U1")], vec![channel("C1", &["U1"])]);
+    let Some((mut rx, fake)) = slack_setup("rs-delete-down", ws, json!({})).await else {
+        return;
+    };
+    rx.run(&fake.url(), &[]).await;
+    let held = rx.held_by("s").await;
+    assert_eq!(held.len(), 3);
+    rx.delete_source("s").await;
+
+    // A closed loopback port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let real = std::mem::replace(&mut rx.env.spicedb_url, format!("http://127.0.0.1:{port}"));
+    let (code, _, stderr) = rx.run_env(&fake.url(), &[], &[]).await;
+    assert_eq!(code, 1, "SpiceDB unreachable fails the pass: {stderr}");
+    let src = rx.get_source("s").await.expect("still there");
+    assert!(has_finalizer(&src));
+    let st = src.status.clone().unwrap_or_default();
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!((status, reason), ("False", "CleanupFailed"));
+    assert!(message.contains("SpiceDB is unreachable"), "{message}");
+    assert!(
+        message.contains(kbind::api::relsync::CLEANUP_FINALIZER),
+        "{message}"
+    );
+    assert_eq!(rx.held_by("s").await, held, "nothing deleted");
+
+    // The same failure again: no condition changes, no status write.
+    let (code, _, _) = rx.run_env(&fake.url(), &[], &[]).await;
+    assert_eq!(code, 1);
+    let again = rx.get_source("s").await.expect("still there");
+    assert_eq!(
+        again.metadata.resource_version, src.metadata.resource_version,
+        "unchanged"
+    );
+
+    rx.env.spicedb_url = real;
+    let s = rx.run(&fake.url(), &[]).await;
+    assert_eq!(s["counts"]["sourcesCleanedUp"], 1, "{s}");
+    assert!(rx.held_by("s").await.is_empty());
+    assert!(rx.get_source("s").await.is_none());
 }

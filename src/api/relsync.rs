@@ -23,10 +23,10 @@ pub struct SourceSync {
     /// Interval between full passes, e.g. `15m`. Empty: 15m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<String>,
-    /// Scopes one pass processes at most. Absent: unbounded. A bound below the source's scope
-    /// count defers cross-resource reaping.
+    /// Scopes one pass processes at most. Zero or absent: unbounded. A bound below the
+    /// source's scope count defers cross-resource reaping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 0))]
     pub max_scopes_per_pass: Option<i32>,
 }
 
@@ -175,4 +175,10 @@ pub mod condition {
     pub const READY: &str = "Ready";
     pub const PARTIAL_FAILURE: &str = "PartialFailure";
     pub const REAP_DEFERRED: &str = "ReapDeferred";
+    /// `Ready=False` reason of a deleted source whose relationships could not be deleted yet.
+    pub const CLEANUP_FAILED: &str = "CleanupFailed";
 }
+
+/// The finalizer `kbind relsync` keeps on every RelationshipSource it syncs: a deleted source
+/// stays until its relationships are deleted from SpiceDB (docs/relsync.md "Deleting a source").
+pub const CLEANUP_FINALIZER: &str = "kbind.io/relsync-cleanup";

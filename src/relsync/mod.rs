@@ -9,9 +9,14 @@
 //!          (bounded concurrency, paced below the upstream's limits); cross-resource edges;
 //!          the reap, only on a pass that covered every enumerated scope
 //! record   status (cursor, lastPass, conditions) under `kbind-relsync`
+//!
+//! Before any due source, every run handles the deleted ones (their relationships are deleted
+//! from SpiceDB, then the finalizer `kbind.io/relsync-cleanup` is released) and adds that
+//! finalizer to live sources that lack it (see `cleanup`).
 
 pub mod apply;
 pub mod auth;
+pub mod cleanup;
 pub mod encode;
 pub mod hosts;
 pub mod join;
@@ -29,7 +34,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::relsync::RelationshipSource;
+use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
 use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
@@ -37,7 +42,7 @@ use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};
 use record::Outcome;
-use spicedb::HttpStore;
+use spicedb::{HttpStore, RelationshipStore};
 
 pub const PASS: &str = "relsync";
 
@@ -135,10 +140,12 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     let token = spicedb_token(&ctx.client, &args).await?;
     let store = HttpStore::with_stall_timeout(&url, token, ctx.args.request_timeout)
         .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?;
-    store.ping().await.map_err(|e| PassError::Unreachable {
-        what: "SpiceDB".into(),
-        message: crate::scrub::scrub(&e.to_string()),
-    })?;
+    // Checked once, before any source. An unreachable SpiceDB still lets this run say, on each
+    // deleted source, why its finalizer stays; then the pass fails.
+    let reachable = store
+        .ping()
+        .await
+        .map_err(|e| crate::scrub::scrub(&e.to_string()));
 
     // Observe.
     let api: Api<RelationshipSource> = match &args.namespace {
@@ -155,40 +162,94 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         }
         _ => PassError::kube("listing RelationshipSources", &e),
     })?;
-    let now = Timestamp::now().as_second();
-    let mut due = Vec::new();
-    for s in &sources {
-        let k = key(s);
-        if !shard::owns(ctx.args.shard, &k) {
+    summary.count("sources", sources.len() as i64);
+    let mut mine: Vec<RelationshipSource> = sources
+        .into_iter()
+        .filter(|s| {
+            let k = key(s);
+            shard::owns(ctx.args.shard, &k) && args.source.as_ref().is_none_or(|only| &k == only)
+        })
+        .collect();
+    let writes = Mutex::new(Writes::new(ctx.args.dry_run));
+
+    // Deleted sources first, due or not: they take their relationships with them.
+    for src in mine
+        .iter()
+        .filter(|s| cleanup::deleting(s) && cleanup::has_finalizer(s))
+    {
+        clean_up(
+            &ctx,
+            &store,
+            reachable.as_ref().err(),
+            src,
+            &writes,
+            &mut summary,
+        )
+        .await;
+    }
+    if let Err(message) = reachable {
+        return Err(PassError::Unreachable {
+            what: "SpiceDB".into(),
+            message,
+        });
+    }
+    if let Some(only) = &args.source
+        && mine.is_empty()
+    {
+        return Err(PassError::Config(format!(
+            "--source {only}: no such RelationshipSource (in this shard)"
+        )));
+    }
+    // A deleted source is never synced, whoever's finalizer keeps it.
+    mine.retain(|s| !cleanup::deleting(s));
+
+    // Live sources carry the finalizer before their first SpiceDB write.
+    let finalizer_manager = cleanup::manager(&ctx.field_manager());
+    let mut gone = Vec::new();
+    for src in mine.iter_mut().filter(|s| !cleanup::has_finalizer(s)) {
+        let k = key(src);
+        let go = lock(&writes).will(
+            "add finalizer",
+            format!("RelationshipSource {k}"),
+            CLEANUP_FINALIZER,
+        );
+        if !go {
             continue;
         }
-        if let Some(only) = &args.source {
-            if &k == only {
-                due.push((k, None));
+        let ns = src.namespace().unwrap_or_default();
+        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+        match cleanup::add_finalizer(&sapi, src, &finalizer_manager)
+            .await
+            .map_err(|e| {
+                PassError::kube(
+                    format!("adding finalizer {CLEANUP_FINALIZER} to RelationshipSource {k}"),
+                    &e,
+                )
+            })? {
+            Some(updated) => {
+                *src = updated;
+                lock(&writes).bookkeeping_done();
             }
+            None => gone.push(k),
+        }
+    }
+    mine.retain(|s| !gone.contains(&key(s)));
+
+    let now = Timestamp::now().as_second();
+    let mut due = Vec::new();
+    for s in &mine {
+        let k = key(s);
+        if args.source.is_some() {
+            due.push((k, None));
             continue;
         }
         let interval =
             plan::parse_interval(s.spec.sync.as_ref().and_then(|x| x.interval.as_deref()))
                 .unwrap_or(plan::DEFAULT_INTERVAL);
         if plan::is_due(s.status.as_ref(), s.metadata.generation, interval, now) {
-            let last = s
-                .status
-                .as_ref()
-                .and_then(|st| st.sync.as_ref())
-                .and_then(|y| y.last_sync_time.as_ref())
-                .map(|t| t.0.as_second());
-            due.push((k, last));
+            due.push((k, plan::last_pass_time(s.status.as_ref())));
         }
     }
-    if let Some(only) = &args.source
-        && due.is_empty()
-    {
-        return Err(PassError::Config(format!(
-            "--source {only}: no such RelationshipSource (in this shard)"
-        )));
-    }
-    summary.count("sources", sources.len() as i64);
     summary.count("sourcesDue", due.len() as i64);
     let order = plan::order_due(due);
     let upstreams = Upstreams {
@@ -196,7 +257,6 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         rate_scale: args.upstream_rate_scale,
         request_timeout: ctx.args.request_timeout,
     };
-    let writes = Mutex::new(Writes::new(ctx.args.dry_run));
     let mut stopped = None;
     for k in order {
         if let Err(why) = ctx.budget.check() {
@@ -204,7 +264,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
             summary.count("sourcesDeferred", 1);
             continue;
         }
-        let Some(src) = sources.iter().find(|s| key(s) == k) else {
+        let Some(src) = mine.iter().find(|s| key(s) == k) else {
             continue;
         };
         let (rec, throttles) =
@@ -234,12 +294,14 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
             "sync progress, lastPass, conditions",
         );
         if go {
-            record::write(&sapi, &src.name_any(), src, &rec, &ctx.field_manager())
+            let wrote = record::write(&sapi, &src.name_any(), src, &rec, &ctx.field_manager())
                 .await
                 .map_err(|e| {
                     PassError::kube(format!("recording status of RelationshipSource {k}"), &e)
                 })?;
-            lock(&writes).bookkeeping_done();
+            if wrote {
+                lock(&writes).bookkeeping_done();
+            }
         }
     }
     let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -261,6 +323,92 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         summary.message = format!("stopped early ({why}); the next run continues");
     }
     Ok(summary)
+}
+
+/// One deleted source that still carries our finalizer: delete its relationships from SpiceDB,
+/// then release the finalizer. A failure leaves the finalizer and says why on the source
+/// (`Ready=False CleanupFailed`); the next run retries. Never fails the pass: one source's
+/// cleanup must not hold up the others.
+async fn clean_up<S: RelationshipStore>(
+    ctx: &PassContext,
+    store: &S,
+    unreachable: Option<&String>,
+    src: &RelationshipSource,
+    writes: &Mutex<Writes>,
+    summary: &mut Summary,
+) {
+    let k = key(src);
+    let ns = src.namespace().unwrap_or_default();
+    let api: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+    // Deleting costs no --max-items; only the deadline (or SIGTERM) defers it to the next run.
+    if unreachable.is_none() && ctx.budget.remaining().is_zero() {
+        summary.count("sourcesCleanupDeferred", 1);
+        return;
+    }
+    let deleted = match unreachable {
+        Some(m) => Err(format!("SpiceDB is unreachable: {m}")),
+        None => {
+            let prefix = plan::source_prefix(&ns, &src.name_any());
+            cleanup::delete_relationships(store, &prefix, writes)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let failure = match deleted {
+        Ok(n) => {
+            summary.count("relationshipsDeleted", i64::try_from(n).unwrap_or(i64::MAX));
+            let go = lock(writes).will(
+                "release finalizer",
+                format!("RelationshipSource {k}"),
+                CLEANUP_FINALIZER,
+            );
+            if !go {
+                return;
+            }
+            let manager = cleanup::manager(&ctx.field_manager());
+            match cleanup::release_finalizer(&api, src, &manager).await {
+                Ok(()) => {
+                    lock(writes).bookkeeping_done();
+                    summary.count("sourcesCleanedUp", 1);
+                    tracing::info!(source = %k, relationships = n, "deleted source: its relationships are deleted and its finalizer released");
+                    return;
+                }
+                Err(e) => format!(
+                    "its relationships were deleted from SpiceDB but finalizer {CLEANUP_FINALIZER} could not be released; the next run retries: {e}"
+                ),
+            }
+        }
+        Err(e) => format!(
+            "its relationships could not be deleted from SpiceDB, so finalizer {CLEANUP_FINALIZER} stays; the next run retries: {e}"
+        ),
+    };
+    let failure = crate::scrub::scrub(&failure);
+    summary.count("sourcesCleanupFailed", 1);
+    tracing::warn!(source = %k, reason = %failure, "deleted source not cleaned up yet");
+    let go = lock(writes).will(
+        "apply-status",
+        format!("RelationshipSource {k}"),
+        "Ready=False CleanupFailed",
+    );
+    if !go {
+        return;
+    }
+    let now = Timestamp::now();
+    match record::apply(
+        &api,
+        &src.name_any(),
+        src,
+        &ctx.field_manager(),
+        |prev, generation| record::cleanup_failed(prev, generation, &failure, now),
+    )
+    .await
+    {
+        Ok(true) => lock(writes).bookkeeping_done(),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -98,7 +98,28 @@ pub fn is_due(
     now.saturating_sub(last.0.as_second()) >= i64::try_from(interval.as_secs()).unwrap_or(i64::MAX)
 }
 
-/// Order due sources least-recently-synced first (never synced first), ties by key.
+/// When this source last had a pass (the order key): `lastPass.finishedAt`, else
+/// `lastSyncTime`; `None` when it never had one. Not `lastSyncTime` alone: that moves only when
+/// a cycle completes, so a source whose cycle keeps stopping partway (or keeps failing) would
+/// sort first on every run and take the shared `--max-items` from the rest.
+pub fn last_pass_time(status: Option<&RelationshipSourceStatus>) -> Option<i64> {
+    let sync = status.and_then(|s| s.sync.as_ref())?;
+    sync.last_pass
+        .as_ref()
+        .and_then(|p| p.finished_at.as_ref())
+        .or(sync.last_sync_time.as_ref())
+        .map(|t| t.0.as_second())
+}
+
+/// `spec.sync.maxScopesPerPass` as a window limit: zero or absent is unbounded (spec 002: "Zero
+/// → UNBOUNDED"); the CRD refuses negative values, which would also be unbounded here.
+pub fn scope_limit(max_scopes_per_pass: Option<i32>) -> Option<usize> {
+    max_scopes_per_pass
+        .filter(|n| *n > 0)
+        .and_then(|n| usize::try_from(n).ok())
+}
+
+/// Order due sources least-recently-passed first (never passed first), ties by key.
 pub fn order_due(mut due: Vec<(String, Option<i64>)>) -> Vec<String> {
     due.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
     due.into_iter().map(|(k, _)| k).collect()
@@ -417,6 +438,59 @@ mod tests {
             ("a/old".into(), Some(10)),
         ]);
         assert_eq!(order, ["a/new", "a/old", "c/old", "b/big"]);
+    }
+
+    #[test]
+    fn max_scopes_per_pass_zero_or_absent_is_unbounded() {
+        let cases = [
+            (None, None),
+            (Some(0), None),
+            (Some(-1), None),
+            (Some(1), Some(1)),
+            (Some(250), Some(250)),
+        ];
+        for (field, want) in cases {
+            assert_eq!(scope_limit(field), want, "{field:?}");
+        }
+        let ids = ["channel/A", "channel/B", "channel/C"];
+        assert_eq!(window(&ids, "", scope_limit(Some(0))), (0, 3, true));
+        assert_eq!(window(&ids, "", scope_limit(Some(2))), (0, 2, false));
+    }
+
+    #[test]
+    fn the_order_key_is_the_last_pass_not_the_last_completed_cycle() {
+        let at = |s| Some(Time(Timestamp::from_second(s).unwrap()));
+        let st = |last_sync: Option<i64>, finished: Option<i64>| RelationshipSourceStatus {
+            sync: Some(SyncProgress {
+                last_sync_time: last_sync.and_then(at),
+                last_pass: finished.map(|f| crate::api::relsync::LastPass {
+                    finished_at: at(f),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(last_pass_time(None), None);
+        assert_eq!(last_pass_time(Some(&st(None, None))), None);
+        assert_eq!(last_pass_time(Some(&st(Some(10), None))), Some(10));
+        // A cycle completed at 10, then passes that stopped partway until 50.
+        assert_eq!(last_pass_time(Some(&st(Some(10), Some(50)))), Some(50));
+        // Never completed, but had a pass at 50: behind a source last passed at 20.
+        assert_eq!(last_pass_time(Some(&st(None, Some(50)))), Some(50));
+        assert_eq!(
+            order_due(vec![
+                (
+                    "a/partial".into(),
+                    last_pass_time(Some(&st(None, Some(50))))
+                ),
+                (
+                    "b/done".into(),
+                    last_pass_time(Some(&st(Some(20), Some(20))))
+                ),
+            ]),
+            ["b/done", "a/partial"]
+        );
     }
 
     #[test]

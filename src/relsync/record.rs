@@ -2,6 +2,11 @@
 //! fields, `lastPass`, and the `Ready`, `PartialFailure` and `ReapDeferred` conditions. The new
 //! status is a pure function of the previous one and the pass; it is applied with server-side
 //! apply as `kbind-relsync`, with a resourceVersion precondition because it moves the cursor.
+//!
+//! The status says only what happened: every pass records `lastPass`, but `lastSyncTime` (the
+//! last *completed full cycle*, spec 002) moves only when a non-scoped pass ran and its walk
+//! reached the last enumerated scope. A refused source, a failed enumeration and a pass that
+//! stopped partway leave it where it was (docs/relsync.md "Status").
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -9,7 +14,7 @@ use kube::Api;
 
 use super::plan::Deferral;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
-use crate::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
+use crate::api::relsync::condition::{CLEANUP_FAILED, PARTIAL_FAILURE, READY, REAP_DEFERRED};
 use crate::api::relsync::{
     LastPass, RelationshipSource, RelationshipSourceStatus, ScopeErrorSample,
 };
@@ -89,6 +94,30 @@ pub fn stable_samples(
     new
 }
 
+/// Whether `rec` completed a full cycle: a non-scoped pass that ran and whose walk reached the
+/// last enumerated scope (a cycle may span several passes). Scope errors do not make it
+/// incomplete: they are reported on `lastPass` and `PartialFailure`, and the failed scopes are
+/// retried in the next cycle (spec 002: "one scope failing is not a pass failure").
+pub fn completed_cycle(rec: &PassRecord) -> bool {
+    !rec.scoped && rec.outcome == Outcome::Ran && rec.reached_end
+}
+
+/// The status of a deleting source whose cleanup could not finish: `Ready=False`
+/// `CleanupFailed` with the (scrubbed) reason; nothing else changes. The same failure again
+/// yields the same status, so a retry that fails the same way writes nothing.
+pub fn cleanup_failed(
+    prev: Option<&RelationshipSourceStatus>,
+    generation: Option<i64>,
+    message: &str,
+    now: Timestamp,
+) -> RelationshipSourceStatus {
+    let mut st = prev.cloned().unwrap_or_default();
+    let message = crate::scrub::scrub(message);
+    st.conditions
+        .set_condition(READY, S::False, CLEANUP_FAILED, &message, generation, now);
+    st
+}
+
 /// The status after `rec`.
 pub fn next_status(
     prev: Option<&RelationshipSourceStatus>,
@@ -107,8 +136,10 @@ pub fn next_status(
     last.scope_error_samples =
         stable_samples(prev_sync.last_pass.as_ref(), last.scope_errors, samples);
     sync.last_pass = Some(last);
-    if !rec.scoped {
+    if completed_cycle(rec) {
         sync.last_sync_time = Some(Time(now));
+    }
+    if !rec.scoped {
         match &rec.outcome {
             Outcome::Refused { .. } => {}
             Outcome::EnumerationFailed { .. } => {
@@ -210,9 +241,31 @@ pub async fn write(
     manager: &str,
 ) -> Result<bool, kube::Error> {
     let now = Timestamp::now();
+    apply(api, name, first, manager, |prev, generation| {
+        next_status(prev, generation, rec, now)
+    })
+    .await
+}
+
+/// Apply the status `next` computes from the object's current status and generation, with a
+/// resourceVersion precondition, re-reading and recomputing on a 409. Returns whether it wrote:
+/// a status that would not change is not written.
+pub async fn apply<F>(
+    api: &Api<RelationshipSource>,
+    name: &str,
+    first: &RelationshipSource,
+    manager: &str,
+    next: F,
+) -> Result<bool, kube::Error>
+where
+    F: Fn(Option<&RelationshipSourceStatus>, Option<i64>) -> RelationshipSourceStatus,
+{
     let mut obj = first.clone();
     for attempt in 0..5 {
-        let next = next_status(obj.status.as_ref(), obj.metadata.generation, rec, now);
+        let next = next(obj.status.as_ref(), obj.metadata.generation);
+        if obj.status.as_ref() == Some(&next) {
+            return Ok(false);
+        }
         let body = serde_json::to_value(&next).map_err(kube::Error::SerdeError)?;
         match crate::pass::status::apply_status(
             api,
@@ -307,19 +360,115 @@ mod tests {
 
     #[test]
     fn scoped_pass_touches_only_last_pass() {
-        let s1 = next_status(None, Some(1), &ran(false, false, Some("channel/B")), t(100));
+        let s0 = next_status(None, Some(1), &ran(true, false, Some("channel/Z")), t(50));
+        let s1 = next_status(
+            Some(&s0),
+            Some(1),
+            &ran(false, false, Some("channel/B")),
+            t(100),
+        );
         let mut rec = ran(true, false, Some("channel/Z"));
         rec.scoped = true;
         rec.reap = Err(Deferral::Scoped);
         let s2 = next_status(Some(&s1), Some(1), &rec, t(200));
         assert_eq!(sync(&s2).resume_after, "channel/B");
-        assert_eq!(sync(&s2).last_sync_time, Some(Time(t(100))));
+        assert_eq!(sync(&s2).last_sync_time, Some(Time(t(50))));
         assert!(sync(&s2).last_pass.as_ref().unwrap().scoped);
         assert_eq!(
             cond(&s2, REAP_DEFERRED).1,
             "PartialCoverage",
             "unchanged by a scoped pass"
         );
+    }
+
+    /// `lastSyncTime` is the last completed full cycle (spec 002): only a non-scoped pass whose
+    /// walk reached the last scope moves it; every pass records `lastPass.finishedAt`.
+    #[test]
+    fn last_sync_time_moves_only_when_a_full_cycle_completed() {
+        let refused = PassRecord {
+            outcome: Outcome::Refused {
+                reason: "SecretNotFound",
+                message: "Secret \"slack\" not found".into(),
+            },
+            ..ran(false, true, None)
+        };
+        let auth_failed = PassRecord {
+            outcome: Outcome::EnumerationFailed {
+                reason: "UpstreamAuthFailed",
+                message: "enumerating scopes: invalid_auth".into(),
+            },
+            reap: Err(Deferral::EnumerationFailed),
+            ..ran(false, true, None)
+        };
+        let with_errors = PassRecord {
+            errors: vec![sample("channel/B", "not_in_channel")],
+            reap: Err(Deferral::ScopeErrors),
+            ..ran(true, false, Some("channel/C"))
+        };
+        let scoped = PassRecord {
+            scoped: true,
+            reap: Err(Deferral::Scoped),
+            ..ran(true, false, Some("channel/C"))
+        };
+        let cases = [
+            ("refused", refused, false),
+            ("upstream refused the credential", auth_failed, false),
+            (
+                "budget cut the walk",
+                ran(false, false, Some("channel/B")),
+                false,
+            ),
+            ("stopped before any scope", ran(false, true, None), false),
+            (
+                "new cycle reached the end",
+                ran(true, false, Some("channel/C")),
+                true,
+            ),
+            (
+                "continued cycle reached the end",
+                ran(true, true, Some("channel/C")),
+                true,
+            ),
+            ("reached the end with scope errors", with_errors, true),
+            ("scoped", scoped, false),
+        ];
+        let earlier = next_status(None, Some(1), &ran(true, false, Some("channel/C")), t(100));
+        for (what, rec, moves) in cases {
+            for prev in [None, Some(&earlier)] {
+                let before = prev.and_then(|p| sync(p).last_sync_time.clone());
+                let st = next_status(prev, Some(1), &rec, t(200));
+                let want = if moves { Some(Time(t(200))) } else { before };
+                assert_eq!(sync(&st).last_sync_time, want, "{what}, prev {prev:?}");
+                assert_eq!(
+                    sync(&st).last_pass.as_ref().unwrap().finished_at,
+                    Some(Time(t(200))),
+                    "{what}: lastPass records every pass"
+                );
+                assert_eq!(completed_cycle(&rec), moves, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_cleanup_says_why_and_the_same_failure_changes_nothing() {
+        let s1 = next_status(None, Some(1), &ran(true, false, Some("channel/C")), t(100));
+        let msg = "deleting its relationships from SpiceDB: connection refused \
+                   (http://127.0.0.1:9/v1/relationships/delete?token=xoxb-1)";
+        let s2 = cleanup_failed(Some(&s1), Some(2), msg, t(200));
+        let (status, reason, message) = cond(&s2, READY);
+        assert_eq!((status, reason), ("False", CLEANUP_FAILED));
+        assert!(message.contains("connection refused"), "{message}");
+        assert!(
+            !message.contains("xoxb") && !message.contains('?'),
+            "{message}"
+        );
+        assert_eq!(s2.sync, s1.sync, "a cleanup is not a pass");
+        assert_eq!(
+            s2.conditions.condition(READY).unwrap().last_transition_time,
+            Time(t(200))
+        );
+        let s3 = cleanup_failed(Some(&s2), Some(2), msg, t(300));
+        assert_eq!(s3, s2, "the same failure again: nothing to write");
     }
 
     #[test]

@@ -106,12 +106,8 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                     ""
                 };
                 let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
-                let limit = spec
-                    .sync
-                    .as_ref()
-                    .and_then(|s| s.max_scopes_per_pass)
-                    .filter(|n| *n > 0)
-                    .map(|n| n as usize);
+                let limit =
+                    plan::scope_limit(spec.sync.as_ref().and_then(|s| s.max_scopes_per_pass));
                 let (a, b, end) = plan::window(&ids, resume, limit);
                 (all[a..b].to_vec(), all, a == 0, end)
             }

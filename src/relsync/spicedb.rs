@@ -1,10 +1,11 @@
-//! SpiceDB over its HTTP gateway (`/v1/relationships/read|write`), behind [`RelationshipStore`]
-//! so a gRPC backend can be added without touching the pass.
+//! SpiceDB over its HTTP gateway (`/v1/relationships/read|write|delete`), behind
+//! [`RelationshipStore`] so a gRPC backend can be added without touching the pass.
 //!
 //! Hazards handled here: the gateway silently drops unknown JSON fields, so a misspelt filter
 //! field would *widen* a read (the field names are pinned by a test); a read is a
 //! newline-delimited stream whose failure can arrive in-band after HTTP 200; a write takes at
-//! most 1000 updates and refuses two updates of one relationship.
+//! most 1000 updates and refuses two updates of one relationship; a delete by filter without an
+//! object id or prefix would take every source's relationships of that type, so it is refused.
 
 use std::future::Future;
 use std::time::Duration;
@@ -15,6 +16,11 @@ use super::auth::Token;
 
 /// SpiceDB's default (and advisory) cap on updates per WriteRelationships call.
 pub const MAX_UPDATES: usize = 1000;
+
+/// Relationships one DeleteRelationships call deletes at most: SpiceDB's default
+/// `--max-delete-relationships-limit`. A larger match is deleted in several calls, each its own
+/// transaction.
+pub const DELETE_LIMIT: u32 = 1000;
 
 /// An object reference `type:id`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -102,6 +108,9 @@ pub enum SpiceError {
     Cut(String),
     #[error("SpiceDB write of {0} updates exceeds the {MAX_UPDATES}-update cap")]
     TooManyUpdates(usize),
+    /// A DeleteRelationships answer that cannot be trusted to mean progress.
+    #[error("SpiceDB delete: {0}")]
+    Delete(String),
 }
 
 impl SpiceError {
@@ -111,13 +120,14 @@ impl SpiceError {
         match self {
             Self::Transport { .. } | Self::Cut(_) => true,
             Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
-            Self::Stream(_) | Self::TooManyUpdates(_) => false,
+            Self::Stream(_) | Self::TooManyUpdates(_) | Self::Delete(_) => false,
         }
     }
 }
 
-/// Retries of a transient failure. Every call retried here is safe to repeat: reads, and writes
-/// made only of TOUCH and DELETE, which leave the same state however often they land.
+/// Retries of a transient failure. Every call retried here is safe to repeat: reads, writes
+/// made only of TOUCH and DELETE, and deletes by filter, which leave the same state however
+/// often they land.
 const RETRIES: u32 = 3;
 
 async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, SpiceError>
@@ -152,6 +162,9 @@ pub trait RelationshipStore: Send + Sync {
     }
     /// One atomic write of at most [`MAX_UPDATES`] updates.
     fn write(&self, updates: &[(Op, Rel)]) -> impl Future<Output = Result<(), SpiceError>> + Send;
+    /// Delete every relationship matching `filter` (DeleteRelationships), in transactions of at
+    /// most [`DELETE_LIMIT`]; returns how many SpiceDB reports deleted.
+    fn delete(&self, filter: &Filter) -> impl Future<Output = Result<u64, SpiceError>> + Send;
 }
 
 /// The HTTP gateway client.
@@ -183,6 +196,40 @@ fn parse_rel(v: &Value) -> Option<Rel> {
             id: s("/subject/object/objectId")?,
         },
     })
+}
+
+/// What one DeleteRelationships answer says: (relationships deleted, whether more match).
+/// `relationshipsDeletedCount` is a uint64, which the gateway writes as a string, and leaves out
+/// when zero; a partial deletion always reached the limit, so a server too old to report the
+/// count is taken to have deleted that many. A partial answer that deleted nothing would loop
+/// forever: it is an error.
+fn parse_delete(v: &Value) -> Result<(u64, bool), SpiceError> {
+    let partial =
+        v.get("deletionProgress").and_then(Value::as_str) == Some("DELETION_PROGRESS_PARTIAL");
+    let count = match v.get("relationshipsDeletedCount") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(
+            s.parse::<u64>()
+                .map_err(|_| SpiceError::Delete(format!("undecodable count {s:?}")))?,
+        ),
+        Some(Value::Number(n)) => Some(
+            n.as_u64()
+                .ok_or_else(|| SpiceError::Delete(format!("undecodable count {n}")))?,
+        ),
+        Some(other) => {
+            return Err(SpiceError::Delete(format!(
+                "undecodable count {}",
+                crate::scrub::bound(&other.to_string(), 40)
+            )));
+        }
+    };
+    let n = count.unwrap_or(if partial { u64::from(DELETE_LIMIT) } else { 0 });
+    if partial && n == 0 {
+        return Err(SpiceError::Delete(
+            "a partial deletion that deleted nothing".into(),
+        ));
+    }
+    Ok((n, partial))
 }
 
 /// Shorten an error body for a message (it may quote our request; scrubbed by callers).
@@ -385,6 +432,47 @@ impl RelationshipStore for HttpStore {
             .await
             .map(|_| ())
     }
+
+    async fn delete(&self, filter: &Filter) -> Result<u64, SpiceError> {
+        // A filter naming no object (nor a prefix) would delete a whole object type: every
+        // source's relationships. kbind never means that.
+        if filter.resource_id.as_deref().is_none_or(str::is_empty)
+            && filter
+                .resource_id_prefix
+                .as_deref()
+                .is_none_or(str::is_empty)
+        {
+            return Err(SpiceError::Delete(format!(
+                "refusing to delete every {} relationship: the filter names no object or prefix",
+                filter.resource_type
+            )));
+        }
+        let body = json!({
+            "relationshipFilter": filter.to_json(),
+            "optionalLimit": DELETE_LIMIT,
+            "optionalAllowPartialDeletions": true,
+        });
+        let mut total = 0u64;
+        loop {
+            let answer = with_retries(|| async {
+                let resp = self
+                    .post("delete", "/v1/relationships/delete", &body)
+                    .await?;
+                resp.json::<Value>()
+                    .await
+                    .map_err(|e| SpiceError::Transport {
+                        what: "delete",
+                        message: crate::scrub::scrub(&e.to_string()),
+                    })
+            })
+            .await?;
+            let (n, partial) = parse_delete(&answer)?;
+            total = total.saturating_add(n);
+            if !partial {
+                return Ok(total);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -412,6 +500,45 @@ mod tests {
             p.to_json(),
             json!({"resourceType": "scim_group", "optionalResourceIdPrefix": "a/b/"})
         );
+    }
+
+    #[test]
+    fn delete_answers() {
+        let ok = [
+            (
+                json!({"deletionProgress": "DELETION_PROGRESS_COMPLETE"}),
+                (0, false),
+            ),
+            (
+                json!({"deletionProgress": "DELETION_PROGRESS_COMPLETE", "relationshipsDeletedCount": "7"}),
+                (7, false),
+            ),
+            (
+                json!({"deletionProgress": "DELETION_PROGRESS_PARTIAL", "relationshipsDeletedCount": "1000"}),
+                (1000, true),
+            ),
+            (
+                json!({"deletionProgress": "DELETION_PROGRESS_PARTIAL", "relationshipsDeletedCount": 3}),
+                (3, true),
+            ),
+            // No count (an older server): a partial deletion reached the limit.
+            (
+                json!({"deletionProgress": "DELETION_PROGRESS_PARTIAL"}),
+                (u64::from(DELETE_LIMIT), true),
+            ),
+            (json!({}), (0, false)),
+        ];
+        for (v, want) in ok {
+            assert_eq!(parse_delete(&v).unwrap(), want, "{v}");
+        }
+        for bad in [
+            json!({"deletionProgress": "DELETION_PROGRESS_PARTIAL", "relationshipsDeletedCount": "0"}),
+            json!({"relationshipsDeletedCount": "many"}),
+            json!({"relationshipsDeletedCount": -1}),
+            json!({"relationshipsDeletedCount": [1]}),
+        ] {
+            assert!(parse_delete(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -239,6 +239,45 @@ impl Rx {
 }
 
 impl Rx {
+    /// Every relationship source `name` of this fixture's namespace holds in the store (its
+    /// object-id prefix, every object type any kind writes), read back through the gateway.
+    pub async fn held_by(&self, name: &str) -> Vec<Rel> {
+        let prefix = kbind::relsync::plan::source_prefix(&self.ns, name);
+        let mut out = Vec::new();
+        for t in kbind::relsync::kinds::all_object_types() {
+            out.extend(
+                self.spicedb
+                    .read(&Filter {
+                        resource_type: t.into(),
+                        resource_id_prefix: Some(prefix.clone()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap(),
+            );
+        }
+        out.sort();
+        out
+    }
+
+    /// The source `name`, if it still exists.
+    pub async fn get_source(&self, name: &str) -> Option<RelationshipSource> {
+        Api::<RelationshipSource>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+
+    /// Delete the source `name` (it stays while a finalizer holds it).
+    pub async fn delete_source(&self, name: &str) {
+        Api::<RelationshipSource>::namespaced(self.client.clone(), &self.ns)
+            .delete(name, &Default::default())
+            .await
+            .unwrap();
+    }
+}
+
+impl Rx {
     /// Server-side apply a repository manifest on the consumer apiserver with kubectl.
     pub fn kubectl_apply(&self, file: &str) {
         let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));

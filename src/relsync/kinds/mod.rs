@@ -105,6 +105,15 @@ pub trait Kind: Send + Sync {
     fn object_types(&self) -> &'static [&'static str];
 }
 
+/// Every object type any registered kind writes. A deleted source's cleanup covers them all, so
+/// relationships written before its `spec.kind` was changed go too.
+pub fn all_object_types() -> impl Iterator<Item = &'static str> {
+    slack::OBJECT_TYPES
+        .iter()
+        .chain(onepassword::OBJECT_TYPES)
+        .copied()
+}
+
 /// The relations kbind writes on an object type; no other relation is ever diffed or deleted.
 pub fn relations(object_type: &str) -> &'static [&'static str] {
     match object_type {

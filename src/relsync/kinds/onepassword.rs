@@ -20,6 +20,8 @@ use crate::relsync::auth::Token;
 use crate::relsync::ratelimit::Pacer;
 
 pub const GROUP: &str = "scim_group";
+/// Every object type this kind writes.
+pub const OBJECT_TYPES: &[&str] = &[GROUP];
 
 /// `spec.config` of kind `onepassword`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -287,7 +289,7 @@ impl Kind for OnePassword {
     }
 
     fn object_types(&self) -> &'static [&'static str] {
-        &[GROUP]
+        OBJECT_TYPES
     }
 
     fn throttles(&self) -> u64 {

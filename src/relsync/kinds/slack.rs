@@ -22,6 +22,8 @@ use crate::relsync::ratelimit::Pacer;
 pub const CHANNEL: &str = "slack_channel";
 pub const USERGROUP: &str = "slack_usergroup";
 pub const WORKSPACE: &str = "slack_workspace";
+/// Every object type this kind writes.
+pub const OBJECT_TYPES: &[&str] = &[CHANNEL, USERGROUP, WORKSPACE];
 
 /// `spec.config` of kind `slack`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -461,7 +463,7 @@ impl Kind for Slack {
     }
 
     fn object_types(&self) -> &'static [&'static str] {
-        &[CHANNEL, USERGROUP, WORKSPACE]
+        OBJECT_TYPES
     }
 
     fn throttles(&self) -> u64 {
