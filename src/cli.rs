@@ -55,6 +55,8 @@ pub struct SchemaArgs {
     /// maintenance window. Bindings of missing Connections are then left for a full run.
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+    #[command(flatten)]
+    pub credentials: crate::schema::credentials::CredentialArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +65,8 @@ pub struct ResyncArgs {
     /// over all bindings, ClusterBindings first).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+    #[command(flatten)]
+    pub credentials: crate::schema::credentials::CredentialArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -141,7 +141,8 @@ impl Faulty {
         self.provider.set_rate(rate);
     }
 
-    /// One run of `pass` through the proxies.
+    /// One run of `pass` (schema or resync) through the proxies. The proxies speak plain HTTP
+    /// to kbind, so the provider Secret's `http://` server is re-allowed explicitly.
     async fn run(&self, pass: &str) -> (i32, Value, String) {
         let selector = format!("kbind-test={}", self.fx.label);
         let kc = self.consumer_kubeconfig.to_string_lossy().to_string();
@@ -153,6 +154,8 @@ impl Faulty {
             &self.fx.ns,
             "--selector",
             &selector,
+            "--allow-kubeconfig-field",
+            "http",
             "--request-timeout",
             REQUEST_TIMEOUT,
             "--deadline",
@@ -299,7 +302,7 @@ async fn resync_converges_under_faults() {
         f.fx.connection("p", "provider", json!({"source": "CRD"}), false)
             .await;
     f.fx.cluster_binding("cb", &conn, &[&api]).await;
-    f.fx.run(&[]);
+    f.fx.run(&["--allow-kubeconfig-field", "http"]);
     support::wait_established(&Api::all(f.fx.consumer.clone()), &api).await;
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&f.fx.group, "v1", "Widget"),

@@ -234,6 +234,175 @@ async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
     }
 }
 
+/// Kubeconfig fields that widen the credential's reach (a proxy, no TLS check, clear text,
+/// impersonation) are refused by name, before any connection: the proxy is a local trap that
+/// must see nothing. A Connection naming a Secret outside the credential namespaces is refused
+/// without the Secret being read, and gets no finalizer on it (issue #11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_request() {
+    let Some(fx) = Fx::new("hostile-wide").await else {
+        return;
+    };
+    let good = fx.provider_kubeconfig();
+    let token = token_of(&good);
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let (proxy, proxy_hits, proxy_task) = trap().await;
+    let server = good
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server:"))
+        .map(|s| s.trim().to_string())
+        .expect("server");
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "proxyurl",
+            good.replace(
+                &format!("server: {server}"),
+                &format!("server: {server}\n    proxy-url: http://{proxy}"),
+            ),
+            "cluster.proxy-url",
+        ),
+        (
+            "insecure",
+            good.replace(
+                &format!("server: {server}"),
+                &format!("server: {server}\n    insecure-skip-tls-verify: true"),
+            ),
+            "cluster.insecure-skip-tls-verify",
+        ),
+        (
+            "cleartext",
+            with_server(&good, &format!("http://{proxy}")),
+            "http://",
+        ),
+        (
+            "impersonate",
+            with_user(&good, &format!("    token: {token}\n    as: system:admin")),
+            "impersonation",
+        ),
+    ];
+    let mut conns = Vec::new();
+    for (name, data, _) in &cases {
+        secret_bytes(&fx, name, "kubeconfig", data.clone().into_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let conn = fx
+            .connection(name, name, json!({"source": "CRD"}), false)
+            .await;
+        fx.cluster_binding(name, &conn, &[&widgets]).await;
+        conns.push(conn);
+    }
+    // A Connection pointing at a usable kubeconfig in a namespace that is not a credential
+    // namespace (another tool's Secret, say).
+    let elsewhere = support::namespace(&fx.consumer, "hostile-wide-other").await;
+    let foreign = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("admin".into()),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([("kubeconfig".to_string(), good.clone())])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(fx.consumer.clone(), &elsewhere)
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let name = format!("{}-foreign", fx.label);
+    let c: kbind::api::core::Connection = serde_json::from_value(json!({
+        "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+        "metadata": {"name": name, "labels": {"kbind-test": fx.label}},
+        "spec": {"kubeconfigSecretRef": {"namespace": elsewhere, "name": "admin"}, "schema": {"source": "CRD"}}}))
+    .unwrap();
+    Api::<kbind::api::core::Connection>::all(fx.consumer.clone())
+        .create(&PostParams::default(), &c)
+        .await
+        .unwrap();
+
+    let (code, summary, stderr) = support::kbind_async(&[
+        "schema",
+        "--kubeconfig",
+        &fx.env.consumer.to_string_lossy(),
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &format!("kbind-test={}", fx.label),
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(
+        code, 0,
+        "refused Secrets are conditions: {summary}\n{stderr}"
+    );
+    assert_eq!(
+        proxy_hits.load(Ordering::SeqCst),
+        0,
+        "nothing reached the proxy"
+    );
+    proxy_task.abort();
+    for ((what, _, needle), conn) in cases.iter().zip(&conns) {
+        let st = fx.conn(conn).await.status.unwrap_or_default();
+        let (s, r, m) = cond(&st.conditions, "SecretValid");
+        assert_eq!(
+            (s, r),
+            ("False", "KubeconfigFieldNotAllowed"),
+            "{what}: {m}"
+        );
+        assert!(m.contains(needle), "{what}: {m:?} lacks {needle:?}");
+        assert!(!m.contains(&token), "{what}: the token reached status");
+        assert!(st.remote_cluster_uid.is_none(), "{what}: nothing pinned");
+        let secret = Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+            .get(what)
+            .await
+            .unwrap();
+        assert!(
+            secret.finalizers().is_empty(),
+            "{what}: no finalizer on a Secret that did not validate"
+        );
+    }
+    let st = fx.conn(&name).await.status.unwrap_or_default();
+    let (s, r, m) = cond(&st.conditions, "SecretValid");
+    assert_eq!((s, r), ("False", "SecretNamespaceNotAllowed"), "{m}");
+    assert!(m.contains(&elsewhere), "{m}");
+    assert!(st.remote_cluster_uid.is_none());
+    let foreign = Api::<Secret>::namespaced(fx.consumer.clone(), &elsewhere)
+        .get("admin")
+        .await
+        .unwrap();
+    assert!(
+        foreign.finalizers().is_empty(),
+        "no finalizer on a foreign Secret"
+    );
+
+    // An operator may re-allow a field explicitly, and add a credential namespace.
+    let (code, summary, stderr) = support::kbind_async(&[
+        "schema",
+        "--kubeconfig",
+        &fx.env.consumer.to_string_lossy(),
+        "--lease-namespace",
+        &fx.ns,
+        "--credential-namespace",
+        &format!("{},{elsewhere}", fx.ns),
+        "--allow-kubeconfig-field",
+        "impersonation",
+        "--selector",
+        &format!("kbind-test={}", fx.label),
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    let st = fx.conn(&name).await.status.unwrap_or_default();
+    assert_eq!(cond(&st.conditions, "SecretValid").0, "True");
+    let impersonating = fx.conn(&conns[3]).await.status.unwrap_or_default();
+    assert_ne!(
+        cond(&impersonating.conditions, "SecretValid").1,
+        "KubeconfigFieldNotAllowed",
+        "re-allowed"
+    );
+}
+
 /// A provider CRD whose schema nests deeper than a JSON reader's recursion limit, and one with
 /// an enormous (~700 KiB) schema, both exported beside an ordinary API. The deep one cannot be
 /// read and its binding says so (`ExportUnusable`); it does not take discovery down for the

@@ -1006,6 +1006,8 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
             &kc,
             "--lease-namespace",
             &other,
+            "--credential-namespace",
+            &s.ns,
             "--selector",
             &selector,
             "-o",
@@ -1303,5 +1305,132 @@ async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
             .unwrap()
             .is_some(),
         "the healthy API syncs although the Connection is not Ready"
+    );
+}
+
+/// resync trusts neither what a consumer CRD's labels claim nor what a Connection's status says
+/// about the consumer: an API the provider does not export is never synced, and a
+/// `localClusterUID` that is not this cluster's (written into status before `kbind schema`
+/// pinned it) syncs nothing, so it cannot be used to write copies under another consumer's
+/// marker (issue #11).
+#[tokio::test]
+async fn a_hand_labelled_crd_or_a_forged_local_uid_syncs_nothing() {
+    let Some(s) = setup("trust", "Fail").await else {
+        return;
+    };
+    // The provider has an API it does not export; a consumer admin copies its CRD and labels it
+    // managed by the Connection.
+    let hidden = s.fx.provider_crd("secrets", "Namespaced", None, None).await;
+    let mut crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(s.fx.provider.clone())
+        .get(&hidden)
+        .await
+        .unwrap();
+    crd.metadata = kube::api::ObjectMeta {
+        name: Some(hidden.clone()),
+        labels: Some([("core.kbind.io/managed".to_string(), "true".to_string())].into()),
+        annotations: Some([("core.kbind.io/connection".to_string(), s.conn.clone())].into()),
+        ..Default::default()
+    };
+    crd.status = None;
+    support::apply_crds(&s.fx.consumer, &[crd]).await;
+    support::wait_established(&Api::all(s.fx.consumer.clone()), &hidden).await;
+    Api::<ClusterBinding>::all(s.fx.consumer.clone())
+        .patch(
+            &s.cb,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"apis": [{"name": s.api}, {"name": hidden}]}})),
+        )
+        .await
+        .unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&s.fx.group, "v1", "Secret"),
+        "secrets",
+    );
+    let mut o = DynamicObject::new("loot", &ar).data(json!({"spec": {"size": 1}}));
+    o.metadata.namespace = Some(s.ns.clone());
+    Api::<DynamicObject>::namespaced_with(s.fx.consumer.clone(), &s.ns, &ar)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+    let summary = s.resync(&[]);
+    assert!(
+        summary["counts"]["apisSkippedNotExported"].as_i64() >= Some(1),
+        "{summary}"
+    );
+    assert!(
+        Api::<DynamicObject>::namespaced_with(s.fx.provider.clone(), &s.ns, &ar)
+            .get_opt("loot")
+            .await
+            .unwrap()
+            .is_none(),
+        "an API the provider does not export is never written to"
+    );
+    assert!(
+        s.provider().get_opt("w1").await.unwrap().is_some(),
+        "the exported API still syncs"
+    );
+
+    // A second Connection whose status claims another consumer's identity (written by anyone
+    // allowed to patch Connection status; `kbind schema` would report ClusterIdentityChanged,
+    // so the forger also claims Connected and installs the consumer CRD by hand).
+    let remote = Api::<k8s_openapi::api::core::v1::Namespace>::all(s.fx.provider.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let forged_conn =
+        s.fx.connection("forged", "provider", json!({"source": "CRD"}), false)
+            .await;
+    let api2 =
+        s.fx.provider_crd("gizmos", "Namespaced", Some("true"), None)
+            .await;
+    let now = "2026-01-01T00:00:00Z";
+    Api::<kbind::api::core::Connection>::all(s.fx.consumer.clone())
+        .patch_status(
+            &forged_conn,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"localClusterUID": "someone-elses-cluster", "remoteClusterUID": remote,
+                "exportedAPIs": [{"name": api2}],
+                "conditions": [{"type": "Connected", "status": "True", "reason": "Connected", "message": "", "lastTransitionTime": now},
+                               {"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": now}]}})),
+        )
+        .await
+        .unwrap();
+    let mut crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(s.fx.provider.clone())
+        .get(&api2)
+        .await
+        .unwrap();
+    crd.metadata = kube::api::ObjectMeta {
+        name: Some(api2.clone()),
+        labels: Some([("core.kbind.io/managed".to_string(), "true".to_string())].into()),
+        annotations: Some([("core.kbind.io/connection".to_string(), forged_conn.clone())].into()),
+        ..Default::default()
+    };
+    crd.status = None;
+    support::apply_crds(&s.fx.consumer, &[crd]).await;
+    s.fx.cluster_binding("forgedcb", &forged_conn, &[&api2])
+        .await;
+    support::wait_established(&Api::all(s.fx.consumer.clone()), &api2).await;
+    let gar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&s.fx.group, "v1", "Gizmo"),
+        "gizmos",
+    );
+    let mut g = DynamicObject::new("g1", &gar).data(json!({"spec": {"size": 1}}));
+    g.metadata.namespace = Some(s.ns.clone());
+    Api::<DynamicObject>::namespaced_with(s.fx.consumer.clone(), &s.ns, &gar)
+        .create(&PostParams::default(), &g)
+        .await
+        .unwrap();
+    s.resync(&[]);
+    assert!(
+        Api::<DynamicObject>::namespaced_with(s.fx.provider.clone(), &s.ns, &gar)
+            .get_opt("g1")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is written under a forged consumer identity"
     );
 }

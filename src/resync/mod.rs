@@ -136,6 +136,10 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     }
     let mut resume_after: Option<String> = None;
 
+    let policy = credentials::CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    // The consumer's own identity, read now: copies are marked with it, so a Connection status
+    // claiming another (forged, or restored onto another cluster) must not be trusted.
+    let local = identity::cluster_uid(&client).await;
     let mut providers: HashMap<String, Option<Provider>> = HashMap::new();
     let mut counts: BTreeMap<(BindingKey, String), Counts> = BTreeMap::new();
     let mut stopped = None;
@@ -153,8 +157,19 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
             continue;
         }
         if !providers.contains_key(&api.connection) {
-            let p = connect(&ctx, &client, conn, &mut writes).await;
+            let p = connect(&ctx, &client, conn, &policy, &local, &mut writes).await;
             providers.insert(api.connection.clone(), p);
+        }
+        // Only what the provider exports: a consumer CRD hand-labelled managed is not a
+        // reason to write to the provider (docs/resync.md "Per bound API").
+        let exported = conn
+            .status
+            .as_ref()
+            .is_some_and(|s| s.exported_apis.iter().any(|e| e.name == api.name));
+        if !exported {
+            tracing::info!(api = %api.name, connection = %api.connection, "not among the Connection's exportedAPIs; not syncing");
+            summary.count("apisSkippedNotExported", 1);
+            continue;
         }
         let Some(Some(provider)) = providers.get(&api.connection) else {
             summary.count("apisSkippedConnectionNotReady", 1);
@@ -293,6 +308,8 @@ async fn connect(
     ctx: &PassContext,
     client: &Client,
     conn: &Connection,
+    policy: &credentials::CredentialPolicy,
+    live_local: &Result<String, identity::IdentityError>,
     writes: &mut Writes,
 ) -> Option<Provider> {
     let name = conn.name_any();
@@ -312,7 +329,22 @@ async fn connect(
         tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
         return None;
     };
+    match live_local {
+        Ok(uid) if uid == &local => {}
+        Ok(uid) => {
+            tracing::warn!(connection = %name, found = %uid, recorded = %local, "the consumer cluster's identity differs from the Connection's localClusterUID; nothing is synced");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "the consumer cluster's identity is unreadable; not syncing");
+            return None;
+        }
+    }
     let r = &conn.spec.kubeconfig_secret_ref;
+    if let Err(e) = policy.check_namespace(&r.namespace, &r.name) {
+        tracing::warn!(connection = %name, error = %e, "not syncing");
+        return None;
+    }
     let secret = match Api::<Secret>::namespaced(client.clone(), &r.namespace)
         .get_opt(&r.name)
         .await
@@ -344,14 +376,23 @@ async fn connect(
             return None;
         }
     };
-    let pk =
-        match credentials::kubeconfig_from_secret(secret.as_ref(), &r.namespace, &r.name, &r.key) {
-            Ok(pk) => pk,
-            Err(e) => {
-                tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
-                return None;
-            }
-        };
+    let pk = match credentials::kubeconfig_from_secret(
+        secret.as_ref(),
+        &r.namespace,
+        &r.name,
+        &r.key,
+        policy,
+    ) {
+        Ok(pk) => pk,
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
+            return None;
+        }
+    };
+    if let Err(e) = credentials::check_server_address(&pk).await {
+        tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
+        return None;
+    }
     let provider = credentials::provider_client(&pk, ctx.counter.clone(), ctx.args.request_timeout)
         .await
         .ok()?;

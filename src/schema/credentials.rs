@@ -3,6 +3,8 @@
 //! plugin, auth provider or file path). Every run builds its client from the Secret's current
 //! data, so a rotated credential is used on the next run without any restart.
 
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use sha2::Digest;
@@ -45,6 +47,20 @@ pub enum CredentialError {
         name: String,
         what: String,
     },
+    #[error(
+        "Secret {namespace}/{name} is outside the credential namespaces ({allowed}); kbind reads Connection Secrets only there (--credential-namespace)"
+    )]
+    SecretNamespaceNotAllowed {
+        namespace: String,
+        name: String,
+        allowed: String,
+    },
+    #[error("kubeconfig in Secret {namespace}/{name}: {what}")]
+    FieldNotAllowed {
+        namespace: String,
+        name: String,
+        what: String,
+    },
 }
 
 impl CredentialError {
@@ -55,7 +71,87 @@ impl CredentialError {
             Self::KeyNotFound { .. } => "KeyNotFound",
             Self::InvalidKubeconfig { .. } => "InvalidKubeconfig",
             Self::NotSelfContained { .. } => "NotSelfContained",
+            Self::SecretNamespaceNotAllowed { .. } => "SecretNamespaceNotAllowed",
+            Self::FieldNotAllowed { .. } => "KubeconfigFieldNotAllowed",
         }
+    }
+}
+
+/// Kubeconfig fields that widen a credential's reach beyond "this provider, over verified TLS, as
+/// this identity". Refused unless `--allow-kubeconfig-field` re-allows one (docs/schema.md
+/// "Credentials").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum KubeconfigField {
+    /// `cluster.proxy-url`: the token goes through a proxy of the Secret writer's choosing.
+    ProxyUrl,
+    /// `cluster.insecure-skip-tls-verify`: anyone on the path can impersonate the provider.
+    InsecureSkipTlsVerify,
+    /// An `http://` server: the token travels in clear text.
+    Http,
+    /// `user.as`, `as-groups`, `as-uid`, `as-user-extra`: acting as another identity.
+    Impersonation,
+}
+
+/// Where Connection Secrets may live and which widening fields are re-allowed: shared by every
+/// pass that reads a Connection's credentials (schema, resync).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct CredentialArgs {
+    /// Namespace Connection Secrets may live in (repeatable, or comma-separated). A Connection
+    /// naming a Secret elsewhere gets SecretValid=False SecretNamespaceNotAllowed and is never
+    /// read. Default: the install namespace (the pass Lease's: --lease-namespace, else
+    /// $POD_NAMESPACE, else kbind-system).
+    #[arg(
+        long = "credential-namespace",
+        env = "KBIND_CREDENTIAL_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub credential_namespaces: Vec<String>,
+    /// Re-allow a kubeconfig field refused by default (repeatable): proxy-url,
+    /// insecure-skip-tls-verify, http, impersonation.
+    #[arg(long = "allow-kubeconfig-field", value_enum)]
+    pub allow_kubeconfig_fields: Vec<KubeconfigField>,
+}
+
+/// [`CredentialArgs`] resolved for one run.
+#[derive(Clone, Debug, Default)]
+pub struct CredentialPolicy {
+    namespaces: BTreeSet<String>,
+    allowed: BTreeSet<KubeconfigField>,
+}
+
+impl CredentialPolicy {
+    pub fn new(args: &CredentialArgs, install_namespace: String) -> Self {
+        let mut namespaces: BTreeSet<String> = args
+            .credential_namespaces
+            .iter()
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .collect();
+        if namespaces.is_empty() {
+            namespaces.insert(install_namespace);
+        }
+        Self {
+            namespaces,
+            allowed: args.allow_kubeconfig_fields.iter().copied().collect(),
+        }
+    }
+
+    /// Refuse a Secret outside the credential namespaces before anything reads it: RBAC alone
+    /// made kbind a confused deputy for anyone allowed to create a Connection.
+    pub fn check_namespace(&self, namespace: &str, name: &str) -> Result<(), CredentialError> {
+        if self.namespaces.contains(namespace) {
+            return Ok(());
+        }
+        Err(CredentialError::SecretNamespaceNotAllowed {
+            namespace: namespace.into(),
+            name: name.into(),
+            allowed: self
+                .namespaces
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 }
 
@@ -68,6 +164,8 @@ pub struct ProviderKubeconfig {
     pub fingerprint: String,
     /// The context's namespace (heartbeat location), `default` if none.
     pub default_namespace: String,
+    /// `namespace/name` of the Secret it came from, for error messages.
+    secret: (String, String),
 }
 
 /// Largest kubeconfig accepted (a kubeconfig is a few KiB; a huge blob is a mistake or an attack).
@@ -79,6 +177,7 @@ pub fn kubeconfig_from_secret(
     namespace: &str,
     name: &str,
     key: &str,
+    policy: &CredentialPolicy,
 ) -> Result<ProviderKubeconfig, CredentialError> {
     let (ns, n, k) = (namespace.to_string(), name.to_string(), key.to_string());
     let secret = secret.ok_or_else(|| CredentialError::SecretNotFound {
@@ -125,11 +224,150 @@ pub fn kubeconfig_from_secret(
             name: n.clone(),
             what,
         })?;
+    check_fields(&kubeconfig, &policy.allowed).map_err(|what| {
+        CredentialError::FieldNotAllowed {
+            namespace: ns.clone(),
+            name: n.clone(),
+            what,
+        }
+    })?;
     Ok(ProviderKubeconfig {
         kubeconfig,
         fingerprint,
         default_namespace,
+        secret: (ns, n),
     })
+}
+
+/// The current context's cluster and user (already known to exist: checked by
+/// [`check_self_contained`] first).
+fn current(
+    kc: &Kubeconfig,
+) -> (
+    Option<&kube::config::Cluster>,
+    Option<&kube::config::AuthInfo>,
+) {
+    let ctx_name = kc
+        .current_context
+        .clone()
+        .or_else(|| (kc.contexts.len() == 1).then(|| kc.contexts[0].name.clone()));
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| Some(&c.name) == ctx_name.as_ref())
+        .and_then(|c| c.context.as_ref());
+    let cluster = ctx.and_then(|ctx| {
+        kc.clusters
+            .iter()
+            .find(|c| c.name == ctx.cluster)
+            .and_then(|c| c.cluster.as_ref())
+    });
+    let user = ctx.and_then(|ctx| ctx.user.as_ref()).and_then(|u| {
+        kc.auth_infos
+            .iter()
+            .find(|a| &a.name == u)
+            .and_then(|a| a.auth_info.as_ref())
+    });
+    (cluster, user)
+}
+
+/// Fields that widen the credential's reach, each refused unless re-allowed.
+fn check_fields(kc: &Kubeconfig, allowed: &BTreeSet<KubeconfigField>) -> Result<(), String> {
+    let (cluster, user) = current(kc);
+    let refused = |f: KubeconfigField| !allowed.contains(&f);
+    if let Some(c) = cluster {
+        if c.proxy_url.is_some() && refused(KubeconfigField::ProxyUrl) {
+            return Err("cluster.proxy-url would send the credential through a proxy; refused (--allow-kubeconfig-field proxy-url re-allows it)".into());
+        }
+        if c.insecure_skip_tls_verify == Some(true)
+            && refused(KubeconfigField::InsecureSkipTlsVerify)
+        {
+            return Err("cluster.insecure-skip-tls-verify turns off the provider's certificate check; refused (--allow-kubeconfig-field insecure-skip-tls-verify re-allows it)".into());
+        }
+        if c.server
+            .as_deref()
+            .is_some_and(|s| s.starts_with("http://"))
+            && refused(KubeconfigField::Http)
+        {
+            return Err("cluster.server is http://: the credential would travel in clear text; refused (--allow-kubeconfig-field http re-allows it)".into());
+        }
+    }
+    if let Some(u) = user {
+        let impersonates = u.impersonate.is_some()
+            || u.impersonate_uid.is_some()
+            || u.impersonate_groups.as_ref().is_some_and(|g| !g.is_empty())
+            || u.impersonate_user_extra
+                .as_ref()
+                .is_some_and(|e| !e.is_empty());
+        if impersonates && refused(KubeconfigField::Impersonation) {
+            return Err("user.as/as-groups/as-uid/as-user-extra (impersonation) would act as another identity; refused (--allow-kubeconfig-field impersonation re-allows it)".into());
+        }
+    }
+    Ok(())
+}
+
+/// Link-local and cloud metadata addresses: a provider is never there, and an error body read
+/// back from one would carry instance credentials into status.
+pub fn is_forbidden_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_link_local() // 169.254.0.0/16: AWS, GCP, Azure, OpenStack metadata
+                || v4 == Ipv4Addr::new(100, 100, 100, 200) // Alibaba Cloud metadata
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_forbidden_address(IpAddr::V4(v4)),
+            None => {
+                (v6.segments()[0] & 0xffc0) == 0xfe80 // fe80::/10 link-local
+                    || v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) // AWS IPv6 metadata
+            }
+        },
+    }
+}
+
+/// Check where the server's host resolves before any request is made: a link-local or metadata
+/// address is refused. A name that does not resolve is left to the connection attempt, which
+/// reports it as usual.
+pub async fn check_server_address(pk: &ProviderKubeconfig) -> Result<(), CredentialError> {
+    let (cluster, _) = current(&pk.kubeconfig);
+    let Some(uri) = cluster
+        .and_then(|c| c.server.as_deref())
+        .and_then(|s| s.parse::<http::Uri>().ok())
+    else {
+        return Ok(());
+    };
+    let Some(host) = uri.host() else {
+        return Ok(());
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => match tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::lookup_host((host, port)),
+        )
+        .await
+        {
+            Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
+            _ => return Ok(()),
+        },
+    };
+    match addrs.into_iter().find(|ip| is_forbidden_address(*ip)) {
+        Some(ip) => Err(CredentialError::FieldNotAllowed {
+            namespace: pk.secret.0.clone(),
+            name: pk.secret.1.clone(),
+            what: format!(
+                "cluster.server resolves to {ip}, a link-local or cloud metadata address; refused"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn scrub_yaml_error(msg: &str) -> String {
@@ -309,7 +547,13 @@ mod tests {
             ),
         ];
         for (what, s, want) in cases {
-            let got = kubeconfig_from_secret(s.as_ref(), "ns", "name", "kubeconfig");
+            let got = kubeconfig_from_secret(
+                s.as_ref(),
+                "ns",
+                "name",
+                "kubeconfig",
+                &CredentialPolicy::default(),
+            );
             match (got, want) {
                 (Ok(pk), Ok(ns)) => assert_eq!(pk.default_namespace, ns, "{what}"),
                 (Err(e), Err(needle)) => assert!(
@@ -324,7 +568,160 @@ mod tests {
     #[test]
     fn errors_never_quote_the_secret() {
         let s = secret("kubeconfig", "token: xoxb-secret-value\n  bad: [indent");
-        let e = kubeconfig_from_secret(Some(&s), "ns", "n", "kubeconfig").unwrap_err();
+        let e = kubeconfig_from_secret(
+            Some(&s),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        )
+        .unwrap_err();
         assert!(!e.to_string().contains("secret-value"), "{e}");
+    }
+
+    #[test]
+    fn widening_fields_are_refused_unless_re_allowed() {
+        let ok_user = "    token: abc\n";
+        let https = kubeconfig("", ok_user);
+        let cases: Vec<(&str, String, KubeconfigField)> = vec![
+            (
+                "proxy-url",
+                kubeconfig("    proxy-url: http://proxy.example:3128\n", ok_user),
+                KubeconfigField::ProxyUrl,
+            ),
+            (
+                "insecure-skip-tls-verify",
+                kubeconfig("    insecure-skip-tls-verify: true\n", ok_user),
+                KubeconfigField::InsecureSkipTlsVerify,
+            ),
+            (
+                "http",
+                https.replace("https://127.0.0.1:6443", "http://127.0.0.1:6443"),
+                KubeconfigField::Http,
+            ),
+            (
+                "impersonation",
+                kubeconfig("", "    token: abc\n    as: system:admin\n"),
+                KubeconfigField::Impersonation,
+            ),
+            (
+                "impersonated groups",
+                kubeconfig("", "    token: abc\n    as-groups: [system:masters]\n"),
+                KubeconfigField::Impersonation,
+            ),
+        ];
+        for (what, kc, field) in cases {
+            let s = secret("kubeconfig", &kc);
+            let refused = kubeconfig_from_secret(
+                Some(&s),
+                "ns",
+                "n",
+                "kubeconfig",
+                &CredentialPolicy::default(),
+            )
+            .unwrap_err();
+            assert_eq!(refused.reason(), "KubeconfigFieldNotAllowed", "{what}");
+            assert!(
+                refused
+                    .to_string()
+                    .contains(what.split(' ').next_back().unwrap_or(what))
+                    || refused.to_string().contains("impersonation"),
+                "{what}: {refused}"
+            );
+            let args = CredentialArgs {
+                allow_kubeconfig_fields: vec![field],
+                ..Default::default()
+            };
+            let policy = CredentialPolicy::new(&args, "ns".into());
+            assert!(
+                kubeconfig_from_secret(Some(&s), "ns", "n", "kubeconfig", &policy).is_ok(),
+                "{what} re-allowed"
+            );
+        }
+        let plain = secret("kubeconfig", &https);
+        assert!(
+            kubeconfig_from_secret(
+                Some(&plain),
+                "ns",
+                "n",
+                "kubeconfig",
+                &CredentialPolicy::default()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn forbidden_addresses() {
+        for (ip, forbidden) in [
+            ("169.254.169.254", true),
+            ("169.254.1.1", true),
+            ("100.100.100.200", true),
+            ("fe80::1", true),
+            ("fd00:ec2::254", true),
+            ("::ffff:169.254.169.254", true),
+            ("127.0.0.1", false),
+            ("10.0.0.1", false),
+            ("::1", false),
+            ("2001:db8::1", false),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(is_forbidden_address(ip), forbidden, "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_metadata_server_is_refused_before_any_request() {
+        let kc = kubeconfig("", "    token: abc\n")
+            .replace("https://127.0.0.1:6443", "https://169.254.169.254");
+        let pk = kubeconfig_from_secret(
+            Some(&secret("kubeconfig", &kc)),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        )
+        .unwrap();
+        let e = check_server_address(&pk).await.unwrap_err();
+        assert_eq!(e.reason(), "KubeconfigFieldNotAllowed");
+        assert!(e.to_string().contains("169.254.169.254"), "{e}");
+        let kc = kubeconfig("", "    token: abc\n")
+            .replace("https://127.0.0.1:6443", "https://[fe80::1]:6443");
+        let pk = kubeconfig_from_secret(
+            Some(&secret("kubeconfig", &kc)),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        )
+        .unwrap();
+        assert!(check_server_address(&pk).await.is_err());
+        let ok = kubeconfig_from_secret(
+            Some(&secret("kubeconfig", &kubeconfig("", "    token: abc\n"))),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        )
+        .unwrap();
+        assert!(check_server_address(&ok).await.is_ok());
+    }
+
+    #[test]
+    fn credential_namespaces() {
+        let p = CredentialPolicy::new(&CredentialArgs::default(), "kbind-system".into());
+        assert!(p.check_namespace("kbind-system", "s").is_ok());
+        let e = p.check_namespace("kube-system", "admin").unwrap_err();
+        assert_eq!(e.reason(), "SecretNamespaceNotAllowed");
+        let args = CredentialArgs {
+            credential_namespaces: vec!["a".into(), "b".into()],
+            ..Default::default()
+        };
+        let p = CredentialPolicy::new(&args, "kbind-system".into());
+        assert!(p.check_namespace("b", "s").is_ok());
+        assert!(
+            p.check_namespace("kbind-system", "s").is_err(),
+            "the flag replaces the default"
+        );
     }
 }

@@ -49,6 +49,8 @@ struct World {
     crds: BTreeMap<String, CrdMeta>,
     /// Per provider credential (kubeconfig fingerprint), within this pass only.
     providers: HashMap<String, ProviderMemo>,
+    /// Where Connection Secrets may live, which kubeconfig fields are re-allowed.
+    policy: credentials::CredentialPolicy,
 }
 
 /// What one pass learned about a provider, shared by the Connections using the same credential.
@@ -63,6 +65,8 @@ pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summa
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe(&ctx, args.selector.as_deref()).await?;
+    world.policy =
+        credentials::CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
     let names: Vec<String> = world
         .connections
         .iter()
@@ -214,6 +218,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
         views,
         crds,
         providers: HashMap::new(),
+        policy: credentials::CredentialPolicy::default(),
     })
 }
 
@@ -262,32 +267,37 @@ async fn reconcile(
         writes.bookkeeping_done();
     }
 
-    // Credentials: read the Secret now, every run (rotation needs no restart).
+    // Credentials: read the Secret now, every run (rotation needs no restart), and only in a
+    // credential namespace (docs/schema.md "Credentials").
     let r = &conn.spec.kubeconfig_secret_ref;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
-    let secret = match secrets.get_opt(&r.name).await {
-        Ok(s) => Ok(s),
-        Err(e) => Err(credentials::CredentialError::SecretUnreadable {
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            message: scrub(&e.to_string()),
-        }),
+    let secret = match world.policy.check_namespace(&r.namespace, &r.name) {
+        Err(e) => Err(e),
+        Ok(()) => match secrets.get_opt(&r.name).await {
+            Ok(s) => Ok(s),
+            Err(e) => Err(credentials::CredentialError::SecretUnreadable {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                message: scrub(&e.to_string()),
+            }),
+        },
     };
-    if let Ok(Some(s)) = &secret
-        && s.meta().deletion_timestamp.is_none()
-        && !has_finalizer(s.meta().finalizers.as_ref())
-        && writes.will(
-            "add finalizer",
-            format!("Secret {}/{}", r.namespace, r.name),
-            keys::CLEANUP_FINALIZER,
-        )
-    {
-        set_finalizer(&secrets, &r.name, Some(&r.namespace), &world.manager, true).await?;
-        writes.bookkeeping_done();
-    }
+    // Whether the Secret still needs kbind's cleanup finalizer, added only once it validated.
+    let needs_finalizer = matches!(&secret, Ok(Some(s))
+        if s.meta().deletion_timestamp.is_none() && !has_finalizer(s.meta().finalizers.as_ref()));
     let pk = secret.and_then(|s| {
-        credentials::kubeconfig_from_secret(s.as_ref(), &r.namespace, &r.name, &r.key)
+        credentials::kubeconfig_from_secret(
+            s.as_ref(),
+            &r.namespace,
+            &r.name,
+            &r.key,
+            &world.policy,
+        )
     });
+    let pk = match pk {
+        Ok(pk) => credentials::check_server_address(&pk).await.map(|()| pk),
+        Err(e) => Err(e),
+    };
     let fingerprint = pk
         .as_ref()
         .map(|p| p.fingerprint.clone())
@@ -307,6 +317,19 @@ async fn reconcile(
         }
         (Err(e), _) => Err(e.clone()),
     };
+    // The finalizer goes on only after the Secret validated as a usable kubeconfig for this
+    // Connection: naming a Secret must not let anyone block its deletion.
+    if provider.is_ok()
+        && needs_finalizer
+        && writes.will(
+            "add finalizer",
+            format!("Secret {}/{}", r.namespace, r.name),
+            keys::CLEANUP_FINALIZER,
+        )
+    {
+        set_finalizer(&secrets, &r.name, Some(&r.namespace), &world.manager, true).await?;
+        writes.bookkeeping_done();
+    }
     let remote_uid = match &provider {
         Ok(p) => {
             memo.client = Some(p.clone());
