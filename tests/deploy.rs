@@ -1094,3 +1094,29 @@ async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
         "{note}"
     );
 }
+
+/// Every Job and CronJob gives the pass its pod and Job names, so the Lease holder is
+/// `<job>/<pod>` and a pod the Job retries after a crash takes over its predecessor's Lease
+/// (docs/operations.md, "The pass Lease").
+#[test]
+fn every_job_passes_its_pod_and_job_name_for_the_lease() {
+    for (what, _, container) in job_containers() {
+        let env = container["env"].as_array().cloned().unwrap_or_default();
+        let field = |name: &str| {
+            env.iter()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["valueFrom"]["fieldRef"]["fieldPath"].as_str())
+                .map(String::from)
+        };
+        assert_eq!(
+            field("POD_NAME").as_deref(),
+            Some("metadata.name"),
+            "{what}: POD_NAME"
+        );
+        assert_eq!(
+            field("JOB_NAME").as_deref(),
+            Some("metadata.labels['batch.kubernetes.io/job-name']"),
+            "{what}: JOB_NAME"
+        );
+    }
+}

@@ -166,6 +166,7 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
                 Exhausted::MaxItems => "--max-items reached",
                 Exhausted::Deadline => "deadline near",
                 Exhausted::Terminated => "SIGTERM received",
+                Exhausted::LeaseLost => "pass Lease lost",
             }
         );
     }

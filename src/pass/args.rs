@@ -51,6 +51,11 @@ pub struct CommonArgs {
     /// Namespace of the pass Lease. Default: $POD_NAMESPACE, else kbind-system.
     #[arg(long, env = "KBIND_LEASE_NAMESPACE", global = true)]
     pub lease_namespace: Option<String>,
+    /// How long the pass Lease stays ours without renewal (whole seconds, at least 1s). The
+    /// running pass renews it every third of this, so a killed run locks later runs out for at
+    /// most this long (docs/operations.md, "The pass Lease").
+    #[arg(long, env = "KBIND_LEASE_DURATION", default_value = "60s", value_parser = parse_lease_duration, global = true)]
+    pub lease_duration: Duration,
     /// Log format. Default: text on a terminal, JSON otherwise.
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
@@ -139,6 +144,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// `--lease-duration`: a duration in whole seconds (a Lease counts whole seconds), at least 1s.
+pub fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+        return Err(format!(
+            "invalid Lease duration {s:?}: a whole number of seconds, at least 1s"
+        ));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +184,15 @@ mod tests {
             "8761h",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lease_durations_are_whole_seconds() {
+        assert_eq!(parse_lease_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_lease_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["0s", "500ms", "1500ms", "x"] {
+            assert!(parse_lease_duration(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `--max-items` and `--deadline`: a pass asks before each unit of work, and near the deadline
 //! stops taking new work so it can finish what is in flight and persist its cursor. SIGTERM (a
-//! CronJob pod past `activeDeadlineSeconds`, a node drain) ends the budget the same way.
+//! CronJob pod past `activeDeadlineSeconds`, a node drain) ends the budget the same way, and so
+//! does losing the pass Lease (docs/operations.md, "The pass Lease").
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ pub struct Budget {
     start: Instant,
     deadline: Duration,
     terminated: AtomicBool,
+    lease_lost: AtomicBool,
 }
 
 /// Why a pass stopped taking work.
@@ -21,6 +23,8 @@ pub enum Exhausted {
     Deadline,
     /// The process was asked to stop (SIGTERM).
     Terminated,
+    /// The pass Lease is no longer ours: another run took it, or it expired unrenewed.
+    LeaseLost,
 }
 
 impl Budget {
@@ -31,6 +35,7 @@ impl Budget {
             start: Instant::now(),
             deadline,
             terminated: AtomicBool::new(false),
+            lease_lost: AtomicBool::new(false),
         }
     }
 
@@ -49,8 +54,15 @@ impl Budget {
         self.terminated.store(true, Ordering::SeqCst);
     }
 
+    /// Stop taking work now, as at the deadline, because the pass Lease was lost.
+    pub fn lose_lease(&self) {
+        self.lease_lost.store(true, Ordering::SeqCst);
+    }
+
     fn out_of_time(&self) -> Option<Exhausted> {
-        if self.terminated.load(Ordering::SeqCst) {
+        if self.lease_lost.load(Ordering::SeqCst) {
+            Some(Exhausted::LeaseLost)
+        } else if self.terminated.load(Ordering::SeqCst) {
             Some(Exhausted::Terminated)
         } else if self.remaining().is_zero() {
             Some(Exhausted::Deadline)
@@ -61,7 +73,7 @@ impl Budget {
 
     /// Time left before the pass must stop taking work.
     pub fn remaining(&self) -> Duration {
-        if self.terminated.load(Ordering::SeqCst) {
+        if self.terminated.load(Ordering::SeqCst) || self.lease_lost.load(Ordering::SeqCst) {
             return Duration::ZERO;
         }
         self.deadline
@@ -151,5 +163,21 @@ mod tests {
         assert_eq!(b.check(), Err(Exhausted::Terminated));
         assert!(b.remaining().is_zero());
         assert!(b.would_cross_deadline(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn a_lost_lease_ends_the_budget_and_says_so() {
+        let b = Budget::new(None, Duration::from_secs(600));
+        assert!(b.take().is_ok());
+        b.lose_lease();
+        assert_eq!(b.take(), Err(Exhausted::LeaseLost));
+        assert_eq!(b.check(), Err(Exhausted::LeaseLost));
+        assert!(b.remaining().is_zero());
+        b.terminate();
+        assert_eq!(
+            b.check(),
+            Err(Exhausted::LeaseLost),
+            "the Lease is the reason"
+        );
     }
 }

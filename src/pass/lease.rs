@@ -1,12 +1,25 @@
 //! One run at a time: a `coordination.k8s.io/v1` Lease per pass (and shard). A run that finds the
-//! Lease held by a live holder skips; an expired Lease is taken over. Every write carries the
-//! resourceVersion it read, so two runs racing for one Lease cannot both win.
+//! Lease held by a live holder skips; an expired Lease is taken over, and so is a live one left
+//! by an earlier pod of the same Job (a retried pod). Every write carries the resourceVersion it
+//! read, so two runs racing for one Lease cannot both win.
+//!
+//! The Lease lasts `--lease-duration` (default 60 s) and the running pass renews it every third
+//! of that, so a killed run holds later runs off for at most one duration. A renewal that finds
+//! the Lease gone to another holder, or that cannot land before the Lease expires, ends the
+//! pass's budget like its deadline (docs/operations.md, "The pass Lease").
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::budget::Budget;
 
 /// Result of trying to take the Lease.
 #[derive(Debug)]
@@ -20,25 +33,65 @@ pub enum Acquired {
 #[derive(Debug)]
 pub struct LeaseGuard {
     api: Api<Lease>,
+    namespace: String,
     name: String,
     holder: String,
+    duration: Duration,
+    /// When the Lease was last made ours (by this process's clock).
+    renewed_at: Instant,
+    /// The Lease as we last wrote it, when the write's answer came back: its resourceVersion
+    /// guards the first renewal.
+    written: Option<Lease>,
     /// Where the previous budget-limited run stopped (the Lease's cursor annotation).
     pub cursor: Option<String>,
+    /// The holder this run took the Lease from: an expired holder (a killed run), or an earlier
+    /// pod of the same Job. `None` when the Lease was free or released.
+    pub taken_over: Option<String>,
 }
 
 /// Lease annotation holding a pass-level resume point between runs.
 pub const CURSOR_ANNOTATION: &str = "kbind.io/resume-after";
 
-/// A holder identity that is unique per process: the pod name (or host) plus pid and time.
+/// This process's holder identity: `$POD_NAME` if set, else the host name and pid; prefixed
+/// with `$JOB_NAME/` when set, so a retried pod of a Job recognises its predecessor's Lease.
 pub fn holder_identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "kbind".into());
-    format!(
-        "{host}-{}-{}",
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    identity(
+        var("POD_NAME").as_deref(),
+        var("JOB_NAME").as_deref(),
+        &host_name(),
         std::process::id(),
-        Timestamp::now().as_millisecond() % 1_000_000
     )
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kbind".into())
+}
+
+/// `[<job>/]<pod>`, or `[<job>/]<host>-<pid>` outside a pod. Pod, Job and host names never
+/// contain `/`, so the part before it is the Job.
+fn identity(pod: Option<&str>, job: Option<&str>, host: &str, pid: u32) -> String {
+    let me = match pod {
+        Some(p) => p.to_string(),
+        None => format!("{host}-{pid}"),
+    };
+    match job {
+        Some(j) => format!("{j}/{me}"),
+        None => me,
+    }
+}
+
+/// The Job a holder identity names, if any.
+fn job_of(holder: &str) -> Option<&str> {
+    holder
+        .split_once('/')
+        .map(|(j, _)| j)
+        .filter(|j| !j.is_empty())
 }
 
 fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
@@ -55,7 +108,35 @@ fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
     renewed.0 + SignedDuration::from_secs(secs) > now
 }
 
-/// Try to take the Lease `name` in `namespace` for `duration_secs`.
+/// What a run may do with a Lease it found.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Take it; `previous` is the holder it still named (expired or of our own Job).
+    Take { previous: Option<String> },
+    /// A live holder that is not ours keeps it.
+    Skip(String),
+}
+
+/// The takeover rule. A live Lease is taken only from an earlier incarnation of ourselves: the
+/// same identity (a container restarted in its pod: the identity is unique per live process),
+/// or another pod of the same Job (a Job with parallelism 1 starts a new pod only after the
+/// previous one failed; shards of an Indexed Job each have their own Lease).
+fn verdict(spec: &LeaseSpec, now: Timestamp, me: &str) -> Verdict {
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    let Some(holder) = holder else {
+        return Verdict::Take { previous: None };
+    };
+    let same_job = matches!((job_of(&holder), job_of(me)), (Some(a), Some(b)) if a == b);
+    if !is_live(spec, now) || holder == me || same_job {
+        Verdict::Take {
+            previous: Some(holder),
+        }
+    } else {
+        Verdict::Skip(holder)
+    }
+}
+
+/// Try to take the Lease `name` in `namespace` for `duration_secs` (at least 1).
 pub async fn acquire(
     client: Client,
     namespace: &str,
@@ -63,7 +144,9 @@ pub async fn acquire(
     holder: &str,
     duration_secs: i32,
 ) -> Result<Acquired, kube::Error> {
+    let duration_secs = duration_secs.max(1);
     let api: Api<Lease> = Api::namespaced(client, namespace);
+    let started = Instant::now();
     let now = Timestamp::now();
     let spec = LeaseSpec {
         holder_identity: Some(holder.to_string()),
@@ -72,11 +155,18 @@ pub async fn acquire(
         renew_time: Some(MicroTime(now)),
         ..Default::default()
     };
-    let guard = |cursor: Option<String>| LeaseGuard {
-        api: api.clone(),
-        name: name.to_string(),
-        holder: holder.to_string(),
-        cursor,
+    let guard = |cursor: Option<String>, taken_over: Option<String>, written: Option<Lease>| {
+        Acquired::Held(Box::new(LeaseGuard {
+            api: api.clone(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            holder: holder.to_string(),
+            duration: Duration::from_secs(u64::from(duration_secs.unsigned_abs())),
+            renewed_at: started,
+            written,
+            cursor,
+            taken_over,
+        }))
     };
     match api.get_opt(name).await? {
         None => {
@@ -91,26 +181,27 @@ pub async fn acquire(
                 }),
             };
             match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard(None)))),
+                Ok(l) => Ok(guard(None, None, Some(l))),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     // Our own earlier attempt may be what the conflict is with.
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => Acquired::Held(Box::new(guard(None))),
+                        h if h == holder => guard(None, None, None),
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(Acquired::Held(Box::new(guard(None))))
+                    Ok(guard(None, None, None))
                 }
                 Err(e) => Err(e),
             }
         }
         Some(existing) => {
             let old = existing.spec.clone().unwrap_or_default();
-            if is_live(&old, now) {
-                return Ok(Acquired::HeldBy(old.holder_identity.unwrap_or_default()));
-            }
+            let previous = match verdict(&old, now, holder) {
+                Verdict::Skip(h) => return Ok(Acquired::HeldBy(h)),
+                Verdict::Take { previous } => previous,
+            };
             let transitions = old.lease_transitions.unwrap_or(0) + 1;
             let cursor = existing
                 .metadata
@@ -125,16 +216,16 @@ pub async fn acquire(
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(_) => Ok(Acquired::Held(Box::new(guard(cursor)))),
+                Ok(l) => Ok(guard(cursor, previous, Some(l))),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => Acquired::Held(Box::new(guard(cursor))),
+                        h if h == holder => guard(cursor, previous, None),
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(Acquired::Held(Box::new(guard(cursor))))
+                    Ok(guard(cursor, previous, None))
                 }
                 Err(e) => Err(e),
             }
@@ -210,6 +301,178 @@ impl LeaseGuard {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Renew the Lease every third of its duration until [`Renewal::stop`], on a task of its
+    /// own. When the Lease is lost (another holder has it, it was released or deleted under us,
+    /// or no renewal landed before it expired) the task ends `budget` with
+    /// [`Budget::lose_lease`], as the deadline would, and stops renewing. A renewal that fails
+    /// otherwise is tried again at the next tick while the Lease is still unexpired.
+    pub fn renew_in_background(&mut self, budget: Arc<Budget>) -> Renewal {
+        let (stop, stopped) = oneshot::channel();
+        let renewer = Renewer {
+            api: self.api.clone(),
+            what: format!("Lease {}/{}", self.namespace, self.name),
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            duration: self.duration,
+            last: self.written.take(),
+        };
+        let task = tokio::spawn(renewer.run(self.renewed_at, budget, stopped));
+        Renewal { stop, task }
+    }
+}
+
+/// The background renewal of a held Lease; stop it before releasing the Lease.
+#[derive(Debug)]
+pub struct Renewal {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<RenewalReport>,
+}
+
+/// What the renewal did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RenewalReport {
+    /// Renewals that landed (Lease writes, for the summary's bookkeeping count).
+    pub renewals: u64,
+    /// Why the Lease was lost, if it was.
+    pub lost: Option<String>,
+}
+
+impl Renewal {
+    /// Stop renewing (an in-flight renewal is abandoned; the release that follows re-reads the
+    /// Lease) and report what happened.
+    pub async fn stop(self) -> RenewalReport {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_else(|e| RenewalReport {
+            renewals: 0,
+            lost: Some(format!("the Lease renewal task ended abnormally: {e}")),
+        })
+    }
+}
+
+/// What one renewal attempt found.
+#[derive(Debug)]
+enum Renewed {
+    Yes,
+    /// The Lease is not ours any more; why.
+    Lost(String),
+}
+
+struct Renewer {
+    api: Api<Lease>,
+    /// `Lease <namespace>/<name>`, for messages.
+    what: String,
+    name: String,
+    holder: String,
+    duration: Duration,
+    /// The Lease as last written or read; `None`: read it first.
+    last: Option<Lease>,
+}
+
+impl Renewer {
+    async fn run(
+        mut self,
+        mut renewed_at: Instant,
+        budget: Arc<Budget>,
+        mut stopped: oneshot::Receiver<()>,
+    ) -> RenewalReport {
+        let period = self.duration / 3;
+        let mut report = RenewalReport::default();
+        let mut next = renewed_at + period;
+        let mut last_error = String::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return report,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            let expires = renewed_at + self.duration;
+            let started = Instant::now();
+            let lost = if started >= expires {
+                Some(format!(
+                    "{} not renewed before it expired: {last_error}",
+                    self.what
+                ))
+            } else {
+                let attempt = tokio::time::timeout(expires - started, self.renew_once());
+                let outcome = tokio::select! {
+                    _ = &mut stopped => return report,
+                    r = attempt => r,
+                };
+                match outcome {
+                    Ok(Ok(Renewed::Yes)) => {
+                        report.renewals += 1;
+                        renewed_at = started;
+                        next = started + period;
+                        None
+                    }
+                    Ok(Ok(Renewed::Lost(why))) => Some(why),
+                    Ok(Err(e)) => {
+                        tracing::warn!(lease = %self.name, error = %e, "renewing the pass Lease failed; trying again");
+                        last_error = e;
+                        next = Instant::now() + period;
+                        None
+                    }
+                    Err(_) => Some(format!(
+                        "{} not renewed before it expired: the renewal did not finish in time",
+                        self.what
+                    )),
+                }
+            };
+            if let Some(why) = lost {
+                tracing::warn!(lease = %self.name, reason = %why, "pass Lease lost: taking no new work");
+                budget.lose_lease();
+                report.lost = Some(why);
+                return report;
+            }
+        }
+    }
+
+    /// Write a new renewTime over the Lease as last seen. A conflict re-reads it: still ours
+    /// (our own earlier write landed, or only annotations changed), it is written again.
+    /// `Err` is a failure that says nothing about who holds the Lease (scrubbed text).
+    async fn renew_once(&mut self) -> Result<Renewed, String> {
+        let scrubbed = |e: kube::Error| crate::scrub::scrub(&e.to_string());
+        for _ in 0..3 {
+            let mut lease = match self.last.take() {
+                Some(l) => l,
+                None => match self.api.get_opt(&self.name).await.map_err(scrubbed)? {
+                    Some(l) => l,
+                    None => return Ok(Renewed::Lost(format!("{} was deleted", self.what))),
+                },
+            };
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            match spec.holder_identity.as_deref() {
+                Some(h) if h == self.holder => {}
+                Some(h) if !h.is_empty() => {
+                    return Ok(Renewed::Lost(format!("{} taken over by {h}", self.what)));
+                }
+                _ => {
+                    return Ok(Renewed::Lost(format!(
+                        "{} released by another writer",
+                        self.what
+                    )));
+                }
+            }
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(l) => {
+                    self.last = Some(l);
+                    return Ok(Renewed::Yes);
+                }
+                // Someone wrote the Lease since we last saw it: look again.
+                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    return Ok(Renewed::Lost(format!("{} was deleted", self.what)));
+                }
+                Err(e) => return Err(scrubbed(e)),
+            }
+        }
+        Err(format!("{} kept changing while being renewed", self.what))
+    }
 }
 
 #[cfg(test)]
@@ -231,5 +494,68 @@ mod tests {
         assert!(!is_live(&spec(None, at(999_990), 60), now), "released");
         assert!(!is_live(&spec(Some(""), at(999_990), 60), now), "released");
         assert!(!is_live(&spec(Some("a"), None, 60), now), "never renewed");
+    }
+
+    #[test]
+    fn identity_is_the_pod_else_host_and_pid_with_the_job_in_front() {
+        assert_eq!(identity(Some("p-1"), None, "h", 7), "p-1");
+        assert_eq!(identity(None, None, "h", 7), "h-7");
+        assert_eq!(identity(Some("p-1"), Some("j"), "h", 7), "j/p-1");
+        assert_eq!(identity(None, Some("j"), "h", 7), "j/h-7");
+        assert_eq!(job_of("j/p-1"), Some("j"));
+        assert_eq!(job_of("p-1"), None);
+        assert_eq!(job_of("/p-1"), None);
+    }
+
+    #[test]
+    fn takeover_rule() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let spec = |holder: Option<&str>, renewed: i64| LeaseSpec {
+            holder_identity: holder.map(String::from),
+            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
+            lease_duration_seconds: Some(60),
+            ..Default::default()
+        };
+        let live = 999_990;
+        let expired = 999_000;
+        let take = |p: &str| Verdict::Take {
+            previous: Some(p.into()),
+        };
+        // Released: free to take, nobody taken over.
+        assert_eq!(
+            verdict(&spec(None, live), now, "j/b"),
+            Verdict::Take { previous: None }
+        );
+        assert_eq!(
+            verdict(&spec(Some(""), live), now, "j/b"),
+            Verdict::Take { previous: None }
+        );
+        // A live holder of another Job, or of no Job, keeps it.
+        assert_eq!(
+            verdict(&spec(Some("k/a"), live), now, "j/b"),
+            Verdict::Skip("k/a".into())
+        );
+        assert_eq!(
+            verdict(&spec(Some("a"), live), now, "j/b"),
+            Verdict::Skip("a".into())
+        );
+        assert_eq!(
+            verdict(&spec(Some("j/a"), live), now, "b"),
+            Verdict::Skip("j/a".into())
+        );
+        assert_eq!(
+            verdict(&spec(Some("h-1"), live), now, "h-2"),
+            Verdict::Skip("h-1".into())
+        );
+        // An earlier pod of our own Job, or our own identity (a restarted container): taken.
+        assert_eq!(verdict(&spec(Some("j/a"), live), now, "j/b"), take("j/a"));
+        assert_eq!(verdict(&spec(Some("j/b"), live), now, "j/b"), take("j/b"));
+        assert_eq!(verdict(&spec(Some("h-1"), live), now, "h-1"), take("h-1"));
+        // Expired: taken from anyone, and named.
+        assert_eq!(
+            verdict(&spec(Some("k/a"), expired), now, "j/b"),
+            take("k/a")
+        );
+        assert_eq!(verdict(&spec(Some("a"), expired), now, "b"), take("a"));
     }
 }

@@ -1,5 +1,5 @@
-//! Runs one pass: build the client, take the pass Lease (unless dry-run), run, release, print the
-//! summary, and turn the outcome into the exit code.
+//! Runs one pass: build the client, take the pass Lease (unless dry-run) and keep renewing it,
+//! run, stop renewing, release, print the summary, and turn the outcome into the exit code.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -9,7 +9,7 @@ use kube::Client;
 
 use super::args::CommonArgs;
 use super::budget::Budget;
-use super::client::{RequestCounter, own_client};
+use super::client::{RequestCounter, counted_client, own_config};
 use super::error::PassError;
 use super::events::Recorder;
 use super::lease::{self, Acquired};
@@ -64,7 +64,14 @@ where
         );
         code
     };
-    let client = match own_client(&args, counter.clone()).await {
+    // The Lease gets a client of its own, so its renewals never queue behind the pass's work.
+    let (client, lease_client) = match own_config(&args).await.and_then(|config| {
+        let build = |c| {
+            counted_client(c, counter.clone())
+                .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+        };
+        Ok((build(config.clone())?, build(config)?))
+    }) {
         Ok(c) => c,
         Err(e) => return fail(pass, dry_run, e, finish, &counter, &budget),
     };
@@ -74,11 +81,15 @@ where
     if !dry_run {
         let ns = args.lease_namespace();
         let name = lease_name(pass, &args);
-        // The Lease outlives the deadline a little so a crashed run's Lease expires soon after.
-        let secs = i32::try_from(args.deadline.as_secs() + 60).unwrap_or(i32::MAX);
-        match lease::acquire(client.clone(), &ns, &name, &lease::holder_identity(), secs).await {
+        // Renewed while the pass runs, so a killed run's Lease expires one duration later.
+        let secs = i32::try_from(args.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let holder = lease::holder_identity();
+        match lease::acquire(lease_client, &ns, &name, &holder, secs).await {
             Ok(Acquired::Held(g)) => {
                 lease_writes += 1;
+                if let Some(previous) = &g.taken_over {
+                    tracing::info!(lease = %name, %previous, "took over the pass Lease");
+                }
                 guard = Some(g);
             }
             Ok(Acquired::HeldBy(holder)) => {
@@ -102,6 +113,10 @@ where
     }
 
     let resume_after = guard.as_ref().and_then(|g| g.cursor.clone());
+    let taken_over = guard.as_ref().and_then(|g| g.taken_over.clone());
+    let renewal = guard
+        .as_mut()
+        .map(|g| g.renew_in_background(budget.clone()));
     let ctx = PassContext {
         pass,
         resume_after,
@@ -111,7 +126,22 @@ where
         counter: counter.clone(),
         budget: budget.clone(),
     };
-    let result = body(ctx).await;
+    let mut result = body(ctx).await;
+    // Renewal stops before the release, so it cannot write the Lease after we give it up.
+    if let Some(r) = renewal {
+        let report = r.stop().await;
+        lease_writes += report.renewals;
+        if let (Some(why), Ok(s)) = (report.lost, result.as_mut()) {
+            s.message = if s.message.is_empty() {
+                format!("lease lost: {why}")
+            } else {
+                format!("lease lost: {why}; {}", s.message)
+            };
+        }
+    }
+    if let Ok(s) = result.as_mut() {
+        s.lease_taken_over = taken_over;
+    }
     if let Some(g) = guard {
         // A failed run keeps the previous cursor so no work is skipped.
         let cursor = match &result {

@@ -43,6 +43,10 @@ pub struct Summary {
     /// Where the next run resumes, when this one stopped early (kept in the pass Lease).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume_after: Option<String>,
+    /// The holder whose Lease this run took over: a run that died holding it (the Lease had
+    /// expired), or an earlier pod of the same Job. Named as the CONTRACT spells it.
+    #[serde(rename = "leaseTakenOver", skip_serializing_if = "Option::is_none")]
+    pub lease_taken_over: Option<String>,
 }
 
 impl Summary {
@@ -81,11 +85,14 @@ impl Summary {
             }
             out.push('\n');
         }
-        let counts: Vec<String> = self
+        let mut counts: Vec<String> = self
             .counts
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
+        if let Some(previous) = &self.lease_taken_over {
+            counts.push(format!("leaseTakenOver={previous}"));
+        }
         out.push_str(&format!(
             "kbind {}: {}{} (data writes {}, bookkeeping writes {}, requests {}, {:.1}s){}",
             self.pass,
@@ -138,6 +145,19 @@ mod tests {
         );
         assert!(text.starts_with("kbind schema: completed"), "{text}");
         assert!(text.contains("connections=2"));
+        assert!(
+            v.get("leaseTakenOver").is_none(),
+            "only when taken over: {line}"
+        );
+        s.lease_taken_over = Some("kbind-resync-1/pod-a".into());
+        let v: serde_json::Value = serde_json::from_str(&s.render(None, false)).unwrap();
+        assert_eq!(v["leaseTakenOver"], "kbind-resync-1/pod-a");
+        assert!(
+            s.render(None, true)
+                .ends_with(" leaseTakenOver=kbind-resync-1/pod-a"),
+            "{}",
+            s.render(None, true)
+        );
     }
 
     #[test]
