@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The suite's secret scan (run by hack/test.sh after the tests, while the servers still run):
 # everything kbind emitted (each run's stdout and stderr, kept by the tests in $KBIND_TEST_EMIT_DIR),
-# the status of every kbind object and every Event kbind reported on both clusters, searched for
-# the credentials the suite used: the apiservers' admin and restricted tokens, the SpiceDB key,
-# the tests' Slack/SCIM tokens, and any ServiceAccount token (a JWT). Exits 1 naming what leaked.
+# and on both clusters every object of every listable kind except Secrets (kbind's objects whole,
+# annotations included; Leases; the provider copies; APIBindings; Events), searched for the
+# credentials the suite used: the apiservers' admin and restricted tokens, the SpiceDB key, the
+# tests' Slack/SCIM tokens, and any ServiceAccount token (a JWT), each also in its base64, JSON-
+# escaped and leading-part forms. Exits 1 naming what leaked.
 #   hack/secret-scan.sh TESTENV_DIR EMIT_DIR
 set -euo pipefail
 testenv=$1 emitted=$2
@@ -20,6 +22,25 @@ trap 'rm -rf "$scan"' EXIT
   grep -rhoE '"(xox[bpae]-|scim-)[A-Za-z0-9-]{6,}"' tests | tr -d '"' | sort -u
 } | awk 'length >= 8' | sort -u >"$scan/secrets"
 
+# Partial and escaped forms: base64 (a value copied into data), JSON-escaped, and the leading
+# 16 characters of a long secret (a cut-off echo).
+python3 - "$scan/secrets" >"$scan/forms" <<'PY'
+import base64, json, sys
+out = set()
+for line in open(sys.argv[1]):
+    s = line.rstrip("\n")
+    if not s:
+        continue
+    out.add(s)
+    out.add(base64.b64encode(s.encode()).decode().rstrip("="))
+    out.add(json.dumps(s)[1:-1])
+    if len(s) >= 24:
+        out.add(s[:16])
+for f in sorted(out):
+    if len(f) >= 8:
+        print(f)
+PY
+
 for cluster in CONSUMER PROVIDER; do
   kc_var=KBIND_TEST_${cluster}_KUBECONFIG
   kc=${!kc_var}
@@ -28,31 +49,36 @@ for cluster in CONSUMER PROVIDER; do
 for e in json.load(sys.stdin)["items"]:
     if (e.get("reportingController") or "").startswith("kbind.io/"):
         print(json.dumps(e))' >"$scan/events-$cluster.json"
-  for kind in connections.core.kbind.io clusterbindings.core.kbind.io bindings.core.kbind.io \
-      catalogentries.providers.kbind.io relationshipsources.agentprimitives.authzed.com; do
-    # A cluster without this CRD has nothing to scan for it.
-    kubectl --kubeconfig "$kc" get "$kind" -A -o json 2>/dev/null \
-      | python3 -c 'import json,sys
+  # Every listable kind but Secrets (which hold the credentials by design) and Events (above),
+  # whole objects: annotations, Leases, provider copies, APIBinding status included.
+  kinds=$(kubectl --kubeconfig "$kc" api-resources --verbs=list -o name 2>/dev/null \
+    | grep -vE '^(secrets|events|events\.events\.k8s\.io|componentstatuses|tokenreviews\..*|.*reviews\..*)$' || true)
+  # One request for all kinds (a kind the cluster cannot list is skipped by kubectl with a warning).
+  kubectl --kubeconfig "$kc" get "$(echo $kinds | tr ' ' ',')" -A -o json 2>/dev/null \
+    | python3 -c 'import json,sys
 text = sys.stdin.read()
-for o in (json.loads(text)["items"] if text.strip() else []):
-    print(json.dumps({"name": o["metadata"]["name"], "status": o.get("status")}))' >>"$scan/status-$cluster.json" || true
-  done
+for o in (json.loads(text).get("items", []) if text.strip() else []):
+    o.get("metadata", {}).pop("managedFields", None)
+    print(json.dumps(o))' >"$scan/objects-$cluster.json" || true
 done
 
 runs=$(find "$emitted" -type f | wc -l)
 events=$(cat "$scan"/events-*.json | wc -l)
-statuses=$(cat "$scan"/status-*.json | wc -l)
+objects=$(cat "$scan"/objects-*.json | wc -l)
 leaks=0
-while IFS= read -r secret; do
-  if hits=$(grep -rlF -- "$secret" "$emitted" "$scan"/events-*.json "$scan"/status-*.json 2>/dev/null); then
-    echo "secret-scan: a credential (${secret:0:4}…) appears in: $hits" >&2
-    leaks=$((leaks + 1))
-  fi
-done <"$scan/secrets"
+# One pass over everything for all forms at once; only on a hit, which form and where.
+if grep -rqF -f "$scan/forms" "$emitted" "$scan"/events-*.json "$scan"/objects-*.json 2>/dev/null; then
+  while IFS= read -r secret; do
+    if hits=$(grep -rlF -- "$secret" "$emitted" "$scan"/events-*.json "$scan"/objects-*.json 2>/dev/null); then
+      echo "secret-scan: a credential (${secret:0:4}…) appears in: $hits" >&2
+      leaks=$((leaks + 1))
+    fi
+  done <"$scan/forms"
+fi
 # ServiceAccount tokens are JWTs: none may appear anywhere kbind wrote.
-if hits=$(grep -rlE 'eyJhbGciOi[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.' "$emitted" "$scan"/events-*.json "$scan"/status-*.json 2>/dev/null); then
+if hits=$(grep -rlE 'eyJhbGciOi[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.' "$emitted" "$scan"/events-*.json "$scan"/objects-*.json 2>/dev/null); then
   echo "secret-scan: a JWT appears in: $hits" >&2
   leaks=$((leaks + 1))
 fi
-echo "secret-scan: $(wc -l <"$scan/secrets") credentials and any JWT searched in $runs kbind runs' output, $events Events and $statuses statuses: $leaks found"
+echo "secret-scan: $(wc -l <"$scan/secrets") credentials ($(wc -l <"$scan/forms") forms) and any JWT searched in $runs kbind runs' output, $events Events and $objects objects: $leaks found"
 [ "$leaks" -eq 0 ]

@@ -1139,7 +1139,10 @@ impl Scene {
     /// holding its Lease.
     async fn rerun_elsewhere(&self) -> (i32, serde_json::Value, String) {
         let other = support::namespace(&self.fx.consumer, "crash-rerun").await;
-        self.run(&other, &[])
+        self.run(
+            &other,
+            &[("KBIND_CREDENTIAL_NAMESPACES", self.fx.ns.as_str())],
+        )
     }
 
     /// Resolves once the run has written anything of this scene.

@@ -59,8 +59,9 @@ impl Conditions for Vec<Condition> {
         now: Timestamp,
     ) -> bool {
         let status = status.as_str();
-        // A condition message is bounded so one noisy error cannot bloat the object.
-        let message = crate::scrub::bound(message, 1024);
+        // A condition message is scrubbed (whatever built it) and bounded so one noisy error
+        // cannot bloat the object.
+        let message = crate::scrub::scrub_bounded(message, 1024);
         match self.iter_mut().find(|c| c.type_ == type_) {
             Some(c) => {
                 let changed = c.status != status

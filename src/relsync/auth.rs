@@ -14,7 +14,10 @@ pub struct Token(String);
 
 impl Token {
     pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
+        let s = s.into();
+        // Redacted by value in every scrubbed text from now on, whatever echoes it.
+        crate::scrub::register_secret(&s);
+        Self(s)
     }
     pub fn expose(&self) -> &str {
         &self.0

@@ -224,6 +224,7 @@ pub fn kubeconfig_from_secret(
             name: n.clone(),
             what,
         })?;
+    register_secrets(&kubeconfig);
     check_fields(&kubeconfig, &policy.allowed).map_err(|what| {
         CredentialError::FieldNotAllowed {
             namespace: ns.clone(),
@@ -237,6 +238,20 @@ pub fn kubeconfig_from_secret(
         default_namespace,
         secret: (ns, n),
     })
+}
+
+/// Every credential in the kubeconfig is redacted by value from then on: an apiserver or proxy
+/// echoing it back in an error must not carry it into status, an Event or a log.
+fn register_secrets(kc: &Kubeconfig) {
+    use secrecy::ExposeSecret;
+    for a in kc.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
+        for s in [&a.token, &a.password, &a.client_key_data]
+            .into_iter()
+            .flatten()
+        {
+            crate::scrub::register_secret(s.expose_secret());
+        }
+    }
 }
 
 /// The current context's cluster and user (already known to exist: checked by
