@@ -32,3 +32,4 @@ else
 fi
 echo "test.sh: tests took $((SECONDS - t0))s (total $((SECONDS - start))s)"
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR"
+hack/deps.sh

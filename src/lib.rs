@@ -1,6 +1,8 @@
 //! kbind: batch reconcilers for cross-cluster API binding, permission-claim upkeep and
 //! directory-to-SpiceDB sync, each one bounded pass run as a Kubernetes CronJob.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod bindings;
 pub mod claims;

@@ -1,3 +1,6 @@
+//! The `kbind` command: parses the command line and runs one pass.
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 
 use clap::Parser;

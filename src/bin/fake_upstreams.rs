@@ -1,6 +1,8 @@
 //! Runs the local Slack and SCIM stand-ins for the demo, with a small sample directory.
 //! Usage: kbind-fake-upstreams --slack-port P --scim-port Q --slack-token T --scim-token U
 
+#![forbid(unsafe_code)]
+
 use kbind::fakes::{scim, slack};
 
 fn arg(name: &str) -> Option<String> {

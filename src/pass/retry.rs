@@ -9,18 +9,62 @@
 //!   and truncated bodies, which it
 //!   detects by reading the whole body before handing the response on (passes never watch);
 //! - never retries a write whose outcome is unknown (a reset after sending a POST): that failure
-//!   reaches the pass, which records it, and the next run observes what actually happened.
+//!   reaches the pass, which records it, and the next run observes what actually happened;
+//! - bounds each attempt as a whole (connect, headers and body) by `--request-timeout`, and no
+//!   attempt or wait outlives the pass deadline by more than [`DEADLINE_GRACE`] (the time a pass
+//!   needs to record where it stopped);
+//! - reads at most [`MAX_RESPONSE_BYTES`] of a body: a hostile server's endless LIST page or
+//!   `/openapi/v3` document fails that request instead of exhausting the pod's memory.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use tower::{BoxError, Layer, Service, ServiceExt};
+
+/// The most a response body may hold (LIST pages are 500 objects; a CRD list or an OpenAPI
+/// document of a large provider is tens of MiB).
+pub const MAX_RESPONSE_BYTES: usize = 128 << 20;
+
+/// How long past the pass deadline a request may still run: long enough to record status and
+/// release the Lease, short enough that the CronJob's `activeDeadlineSeconds` never has to kill
+/// the pod.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(10);
+
+/// The pass's bounds, set once per process by the runner (one process is one pass).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// When the pass deadline falls.
+    pub deadline: Instant,
+    /// `--request-timeout`: the most one attempt may take, start to last body byte.
+    pub request_timeout: Duration,
+}
+
+static LIMITS: OnceLock<Limits> = OnceLock::new();
+
+/// Record the pass's bounds for every client it builds (first call wins).
+pub fn set_limits(limits: Limits) {
+    let _ = LIMITS.set(limits);
+}
+
+/// How long the next attempt may take: `--request-timeout`, cut so it ends by the deadline plus
+/// its grace.
+fn attempt_bound(l: Option<&Limits>, now: Instant) -> Option<Duration> {
+    let l = l?;
+    let left = (l.deadline + DEADLINE_GRACE).saturating_duration_since(now);
+    Some(l.request_timeout.min(left).max(Duration::from_millis(100)))
+}
+
+/// Whether waiting `wait` and trying again would start an attempt past the deadline.
+fn wait_crosses_deadline(l: Option<&Limits>, now: Instant, wait: Duration) -> bool {
+    l.is_some_and(|l| now + wait >= l.deadline)
+}
 
 /// How many times and how long to retry.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +75,8 @@ pub struct Policy {
     pub base: Duration,
     /// Cap on any one wait, `Retry-After` included.
     pub max_delay: Duration,
+    /// The most a response body may hold.
+    pub max_body: usize,
 }
 
 impl Default for Policy {
@@ -39,6 +85,7 @@ impl Default for Policy {
             retries: 4,
             base: Duration::from_millis(200),
             max_delay: Duration::from_secs(5),
+            max_body: MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -138,34 +185,57 @@ where
                 // A body that cannot be cloned (a stream) gets exactly one attempt.
                 let this = req.take().ok_or("request consumed")?;
                 let again = clone_request(&this);
-                let ready = svc.ready().await.map_err(Into::into);
-                let result = match ready {
-                    Ok(s) => s.call(this).await.map_err(Into::into),
-                    Err(e) => Err(e),
+                let attempt_fut = async {
+                    let s = svc.ready().await.map_err(Into::into)?;
+                    let resp = s.call(this).await.map_err(Into::into)?;
+                    let status = resp.status();
+                    let retry_after = resp
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let (parts, body) = resp.into_parts();
+                    let collected = http_body_util::Limited::new(body, policy.max_body)
+                        .collect()
+                        .await;
+                    Ok::<_, BoxError>((status, retry_after, parts, collected))
+                };
+                let result = match attempt_bound(LIMITS.get(), Instant::now()) {
+                    Some(bound) => match tokio::time::timeout(bound, attempt_fut).await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!(
+                            "no complete answer within {bound:?} (--request-timeout, or the pass deadline)"
+                        )
+                        .into()),
+                    },
+                    None => attempt_fut.await,
                 };
                 let (verdict, outcome) = match result {
-                    Ok(resp) => {
-                        let status = resp.status();
-                        let retry_after = resp
-                            .headers()
-                            .get(http::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_string);
-                        let (parts, body) = resp.into_parts();
-                        match body.collect().await {
-                            Ok(b) => (
-                                policy.verdict(
-                                    &method,
-                                    Some(status),
-                                    retry_after.as_deref(),
-                                    attempt,
-                                ),
-                                Ok(Response::from_parts(parts, Body::from(b.to_bytes()))),
-                            ),
-                            Err(e) => (policy.verdict(&method, None, None, attempt), Err(e.into())),
+                    Ok((status, retry_after, parts, Ok(b))) => (
+                        policy.verdict(&method, Some(status), retry_after.as_deref(), attempt),
+                        Ok(Response::from_parts(parts, Body::from(b.to_bytes()))),
+                    ),
+                    Ok((_, _, _, Err(e))) => {
+                        if e.is::<http_body_util::LengthLimitError>() {
+                            // Not transient: the same request would bring the same body.
+                            let msg = format!(
+                                "response body larger than {} bytes; refused",
+                                policy.max_body
+                            );
+                            (Verdict::Done, Err(msg.into()))
+                        } else {
+                            (policy.verdict(&method, None, None, attempt), Err(e))
                         }
                     }
                     Err(e) => (policy.verdict(&method, None, None, attempt), Err(e)),
+                };
+                let verdict = match verdict {
+                    Verdict::RetryAfter(wait)
+                        if wait_crosses_deadline(LIMITS.get(), Instant::now(), wait) =>
+                    {
+                        Verdict::Done
+                    }
+                    v => v,
                 };
                 match (verdict, again) {
                     (Verdict::RetryAfter(wait), Some(next)) => {
@@ -295,7 +365,71 @@ mod tests {
             retries: 2,
             base: Duration::from_millis(1),
             max_delay: Duration::from_millis(1),
+            max_body: 1024,
         })
+    }
+
+    #[test]
+    fn attempts_and_waits_end_by_the_deadline() {
+        let now = Instant::now();
+        let l = Limits {
+            deadline: now + Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
+        };
+        assert_eq!(
+            attempt_bound(None, now),
+            None,
+            "no pass: kube's own timeouts only"
+        );
+        assert_eq!(
+            attempt_bound(Some(&l), now),
+            Some(Duration::from_secs(40)),
+            "cut to the deadline plus its grace"
+        );
+        let late = now + Duration::from_secs(35);
+        assert_eq!(attempt_bound(Some(&l), late), Some(Duration::from_secs(5)));
+        let early = Limits {
+            request_timeout: Duration::from_secs(2),
+            ..l
+        };
+        assert_eq!(
+            attempt_bound(Some(&early), now),
+            Some(Duration::from_secs(2))
+        );
+        assert!(!wait_crosses_deadline(
+            Some(&l),
+            now,
+            Duration::from_secs(5)
+        ));
+        assert!(wait_crosses_deadline(
+            Some(&l),
+            late,
+            Duration::from_millis(1)
+        ));
+        assert!(!wait_crosses_deadline(
+            None,
+            late,
+            Duration::from_secs(3600)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_cap_fails_once_and_is_not_retried() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut svc = fast().layer(mock);
+        let get = Request::get("/openapi/v3").body(Body::empty()).unwrap();
+        let call = tokio::spawn(async move { svc.ready().await?.call(get).await });
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_response(Response::new(Body::from(vec![b'x'; 4096])));
+        let err = call.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("larger than 1024 bytes"), "{err}");
+        assert!(
+            !matches!(
+                tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await,
+                Ok(Some(_))
+            ),
+            "not sent again"
+        );
     }
 
     #[tokio::test]

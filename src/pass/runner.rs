@@ -51,6 +51,11 @@ where
     crate::install_crypto_provider();
     let counter = Arc::new(RequestCounter::default());
     let budget = Arc::new(Budget::new(args.max_items, args.deadline));
+    // Every client the pass builds bounds its requests by these (src/pass/retry.rs).
+    super::retry::set_limits(super::retry::Limits {
+        deadline: std::time::Instant::now() + args.deadline,
+        request_timeout: args.request_timeout,
+    });
     stop_on_sigterm(budget.clone());
     let output = args.output;
     let dry_run = args.dry_run;
