@@ -8,6 +8,17 @@ use serde::de::DeserializeOwned;
 
 pub const PAGE: u32 = 500;
 
+/// Most pages one LIST may take (5 million objects): a server handing out continue tokens
+/// forever must not keep a pass listing until its deadline.
+pub const MAX_PAGES: usize = 10_000;
+
+fn too_many_pages() -> kube::Error {
+    kube::Error::Service(
+        format!("the server returned more than {MAX_PAGES} pages of {PAGE}; listing stopped")
+            .into(),
+    )
+}
+
 /// Every object matching `lp`, fetched in pages.
 pub async fn all<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<K>, kube::Error>
 where
@@ -26,7 +37,7 @@ where
 {
     let mut lp = lp.clone().limit(PAGE);
     let mut out = Vec::new();
-    loop {
+    for _ in 0..MAX_PAGES {
         let page = api.list_metadata(&lp).await?;
         out.extend(page.items);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -34,6 +45,7 @@ where
             None => return Ok(out),
         }
     }
+    Err(too_many_pages())
 }
 
 /// Every object matching `lp`, each mapped through `f` as its page arrives, so only the mapped
@@ -48,12 +60,42 @@ where
 {
     let mut lp = lp.clone().limit(PAGE);
     let mut out = Vec::new();
-    loop {
+    for _ in 0..MAX_PAGES {
         let page = api.list(&lp).await?;
         out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => return Ok(out),
         }
+    }
+    Err(too_many_pages())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::client::Body;
+
+    /// A server that hands out a continue token on every page is cut off at MAX_PAGES.
+    #[tokio::test]
+    async fn endless_continue_tokens_stop_at_the_page_cap() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut served = 0usize;
+            while let Some((_, send)) = handle.next_request().await {
+                served += 1;
+                let page = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {"continue": format!("page-{served}")}, "items": []});
+                send.send_response(Response::new(Body::from(page.to_string().into_bytes())));
+            }
+            served
+        });
+        let api: Api<ConfigMap> = Api::all(kube::Client::new(mock, "default"));
+        let err = all(&api, &ListParams::default()).await.unwrap_err();
+        assert!(err.to_string().contains("more than 10000 pages"), "{err}");
+        drop(api);
+        assert_eq!(server.await.unwrap(), MAX_PAGES);
     }
 }
