@@ -111,6 +111,40 @@ fn apply_for_real(env: &support::Env, file: &str) {
     );
 }
 
+/// An operator's step for a further credential namespace `ns`: the file's `*-credentials` Role
+/// and RoleBinding (subject the pass's ServiceAccount in kbind-system), created in `ns`.
+async fn credential_namespace(consumer: &Client, file: &str, ns: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    for d in support::identity::rbac_documents(file) {
+        let named = d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-credentials"));
+        if !named {
+            continue;
+        }
+        let mut d = d.clone();
+        d["metadata"]["namespace"] = json!(ns);
+        let pp = PostParams::default();
+        match d["kind"].as_str() {
+            Some("Role") => {
+                let r: Role = serde_json::from_value(d).expect("Role");
+                Api::<Role>::namespaced(consumer.clone(), ns)
+                    .create(&pp, &r)
+                    .await
+                    .expect("create Role");
+            }
+            Some("RoleBinding") => {
+                let r: RoleBinding = serde_json::from_value(d).expect("RoleBinding");
+                Api::<RoleBinding>::namespaced(consumer.clone(), ns)
+                    .create(&pp, &r)
+                    .await
+                    .expect("create RoleBinding");
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A kubeconfig file for the existing ServiceAccount `namespace/name`.
 async fn token_kubeconfig(env: &support::Env, namespace: &str, name: &str) -> PathBuf {
     write_kubeconfig(&support::token_kubeconfig(&env.consumer, namespace, name).await)
@@ -318,6 +352,8 @@ async fn schema_pass_runs_as_its_service_account() {
     apply_for_real(&env, "deploy/namespace.yaml");
     apply_for_real(&env, "deploy/rbac/schema.yaml");
     let s = setup(&env, &consumer, "deploy-sa").await;
+    // The test's Secret lives in its own namespace: a further credential namespace.
+    credential_namespace(&consumer, "deploy/rbac/schema.yaml", &s.ns).await;
     let kubeconfig = token_kubeconfig(&env, NAMESPACE, SERVICE_ACCOUNT).await;
     let kc = kubeconfig.to_string_lossy().to_string();
     let selector = format!("kbind-test={}", s.label);
@@ -413,6 +449,7 @@ async fn resync_pass_runs_as_its_service_account() {
     apply_for_real(&env, "deploy/namespace.yaml");
     apply_for_real(&env, "deploy/rbac/resync.yaml");
     let s = setup(&env, &consumer, "deploy-resync").await;
+    credential_namespace(&consumer, "deploy/rbac/resync.yaml", &s.ns).await;
     let selector = format!("kbind-test={}", s.label);
     let group = s
         .crd
@@ -1118,5 +1155,74 @@ fn every_job_passes_its_pod_and_job_name_for_the_lease() {
             Some("metadata.labels['batch.kubernetes.io/job-name']"),
             "{what}: JOB_NAME"
         );
+    }
+}
+
+/// The default install's RBAC, rule by rule with why it is needed (the comment above it in the
+/// file): every rule must say why, and no pass reads Secrets cluster-wide except relsync (the
+/// AgentIdentity Secrets live in the sources' own namespaces). Run with `--nocapture` to see the
+/// table; the counts per pass are what docs/operations.md quotes.
+#[test]
+fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
+    let mut table = Vec::new();
+    for file in RBAC_FILES {
+        let text = read(file);
+        for doc in text.split("\n---") {
+            let kind = doc
+                .lines()
+                .find_map(|l| l.strip_prefix("kind: "))
+                .unwrap_or_default()
+                .to_string();
+            let name = doc
+                .lines()
+                .skip_while(|l| !l.starts_with("metadata:"))
+                .find_map(|l| l.trim().strip_prefix("name: "))
+                .unwrap_or_default()
+                .to_string();
+            let mut why = String::new();
+            let mut block = String::new();
+            let lines: Vec<&str> = doc.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let t = line.trim();
+                if let Some(c) = t.strip_prefix('#') {
+                    block.push_str(c.trim());
+                    block.push(' ');
+                    continue;
+                }
+                if !block.is_empty() {
+                    why = std::mem::take(&mut block);
+                }
+                if !line.starts_with("  - apiGroups:") {
+                    continue;
+                }
+                let rule: String = lines[i..]
+                    .iter()
+                    .take(4)
+                    .take_while(|l| *l == line || l.starts_with("    "))
+                    .map(|l| l.trim())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                assert!(
+                    !why.trim().is_empty(),
+                    "{file}: {kind} {name}: rule without a reason: {rule}"
+                );
+                if rule.contains("\"secrets\"") && kind == "ClusterRole" {
+                    assert!(
+                        file.ends_with("relsync.yaml"),
+                        "{file}: {name} reads Secrets cluster-wide: {rule}"
+                    );
+                }
+                let short: String = why.chars().take(90).collect();
+                table.push(format!("{file:<26} {kind:<12} {rule:<110} {short}"));
+            }
+        }
+    }
+    for row in &table {
+        eprintln!("{row}");
+    }
+    for file in RBAC_FILES {
+        let n = table.iter().filter(|r| r.starts_with(file)).count();
+        eprintln!("{file}: {n} rules");
+        assert!(n > 0, "{file} has rules");
     }
 }

@@ -1,6 +1,7 @@
 //! A pass identity built from a `deploy/rbac/<pass>.yaml` file: its ServiceAccount, its
-//! ClusterRole (minus what a test takes away) under a unique name with a binding, and its Lease
-//! Role in the test's namespace. The "missing rule" tests use it to show each rule is needed, and
+//! ClusterRole (minus what a test takes away) under a unique name with a binding, and its Roles
+//! (the Lease, and where the file has one, the credential Secrets) in the test's namespace,
+//! which stands for the install namespace. The "missing rule" tests use it to show each rule is needed, and
 //! that kbind names the missing permission.
 
 use std::path::PathBuf;
@@ -34,44 +35,54 @@ pub fn rbac_documents(file: &str) -> Vec<Value> {
         .collect()
 }
 
-fn take_away(role: &mut Value, without: Without<'_>, file: &str) {
-    let rules = role["rules"].as_array_mut().expect("ClusterRole rules");
-    let grants = |rules: &Vec<Value>| -> usize {
-        rules
-            .iter()
-            .map(|r| {
-                r["resources"].as_array().map_or(0, Vec::len)
-                    * r["verbs"].as_array().map_or(0, Vec::len)
-            })
-            .sum()
-    };
-    let before = grants(rules);
-    match without {
-        Without::Nothing => return,
-        Without::Resource(resource) => {
-            for rule in rules.iter_mut() {
-                if let Some(resources) = rule["resources"].as_array_mut() {
-                    resources.retain(|r| r != resource);
-                }
-            }
-        }
-        Without::Verb { resource, verb } => {
-            for rule in rules.iter_mut() {
-                let on = rule["resources"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().any(|r| r == resource));
-                if on && let Some(verbs) = rule["verbs"].as_array_mut() {
-                    verbs.retain(|v| v != verb);
-                }
-            }
-        }
+fn grants(roles: &[&mut Value]) -> usize {
+    roles
+        .iter()
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        .map(|r| {
+            r["resources"].as_array().map_or(0, Vec::len)
+                * r["verbs"].as_array().map_or(0, Vec::len)
+        })
+        .sum()
+}
+
+/// Take `without` away from every role of the file (ClusterRole and Roles alike).
+fn take_away(roles: &mut [&mut Value], without: Without<'_>, file: &str) {
+    let before = grants(roles);
+    if let Without::Nothing = without {
+        return;
     }
-    rules.retain(|r| {
-        r["resources"].as_array().is_some_and(|r| !r.is_empty())
-            && r["verbs"].as_array().is_some_and(|v| !v.is_empty())
-    });
+    for role in roles.iter_mut() {
+        let Some(rules) = role["rules"].as_array_mut() else {
+            continue;
+        };
+        match without {
+            Without::Nothing => {}
+            Without::Resource(resource) => {
+                for rule in rules.iter_mut() {
+                    if let Some(resources) = rule["resources"].as_array_mut() {
+                        resources.retain(|r| r != resource);
+                    }
+                }
+            }
+            Without::Verb { resource, verb } => {
+                for rule in rules.iter_mut() {
+                    let on = rule["resources"]
+                        .as_array()
+                        .is_some_and(|r| r.iter().any(|r| r == resource));
+                    if on && let Some(verbs) = rule["verbs"].as_array_mut() {
+                        verbs.retain(|v| v != verb);
+                    }
+                }
+            }
+        }
+        rules.retain(|r| {
+            r["resources"].as_array().is_some_and(|r| !r.is_empty())
+                && r["verbs"].as_array().is_some_and(|v| !v.is_empty())
+        });
+    }
     assert!(
-        grants(rules) < before,
+        grants(roles) < before,
         "{file} grants nothing like {without:?}"
     );
 }
@@ -128,7 +139,15 @@ pub async fn pass_identity(
     let name = super::unique(&sa);
     let mut role = find("ClusterRole", Some(&sa));
     role["metadata"] = json!({"name": name});
-    take_away(&mut role, without, file);
+    let mut roles: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role")
+        .cloned()
+        .collect();
+    {
+        let mut all: Vec<&mut Value> = std::iter::once(&mut role).chain(roles.iter_mut()).collect();
+        take_away(&mut all, without, file);
+    }
     let role: ClusterRole = serde_json::from_value(role).expect("ClusterRole");
     Api::<ClusterRole>::all(client.clone())
         .create(&PostParams::default(), &role)
@@ -143,23 +162,25 @@ pub async fn pass_identity(
         .await
         .expect("create ClusterRoleBinding");
 
-    let mut lease = find("Role", None);
-    let lease_name = lease["metadata"]["name"].clone();
-    lease["metadata"] = json!({"name": lease_name, "namespace": ns});
-    let lease: Role = serde_json::from_value(lease).expect("Role");
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect("create Role");
-    let rb: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": lease_name, "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_name},
-        "subjects": subject}))
-    .expect("RoleBinding");
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &rb)
-        .await
-        .expect("create RoleBinding");
+    // Every Role of the file, in the test's namespace (it holds the Lease and the Secrets).
+    for mut r in roles {
+        let role_name = r["metadata"]["name"].clone();
+        r["metadata"] = json!({"name": role_name, "namespace": ns});
+        let r: Role = serde_json::from_value(r).expect("Role");
+        Api::<Role>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("create Role");
+        let rb: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": role_name, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            "subjects": subject}))
+        .expect("RoleBinding");
+        Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &rb)
+            .await
+            .expect("create RoleBinding");
+    }
     PassIdentity {
         kubeconfig: super::temp_file("pass-identity", &kubeconfig),
         client,
