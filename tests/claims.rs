@@ -373,6 +373,74 @@ async fn an_unreadable_own_identity_fails_safe_and_says_so() {
     );
 }
 
+/// One CatalogEntry per export: a second entry naming an export already in the catalog (say,
+/// one declaring more requirements than the provider's real entry) writes nothing.
+#[tokio::test]
+async fn two_catalog_entries_on_one_export_the_oldest_wins() {
+    let Some(fx) = ClaimsFx::new("cl-dup").await else {
+        return;
+    };
+    let (path, export) = fx.provider().await;
+    // The older entry's name sorts last, so only creation order can make it win.
+    let older = format!("z-{}", unique("older"));
+    fx.entry(&older, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    // creationTimestamp has second resolution.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let newer = format!("a-{}", unique("newer"));
+    fx.entry(
+        &newer,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let created = |e: &CatalogEntry| e.metadata.creation_timestamp.clone().unwrap().0;
+    assert!(created(&fx.catalog_entry(&older).await) < created(&fx.catalog_entry(&newer).await));
+    let ws = fx.workspace("ws").await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+
+    let s = fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted")]),
+        "only the oldest entry's requirements reach the binding"
+    );
+    assert_eq!(count(&s, "duplicateEntries"), 1, "{s}");
+    let (status, reason, message) = condition(&fx.catalog_entry(&newer).await, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "DuplicateEntry")
+    );
+    assert!(message.contains(&older), "{message}");
+    assert_eq!(
+        condition(&fx.catalog_entry(&older).await, "Ready").0,
+        "True"
+    );
+
+    let again = fx.run(&[]).await;
+    assert_eq!(again["data_writes"], 0, "{again}");
+    assert_eq!(
+        condition(&fx.catalog_entry(&newer).await, "Ready").1,
+        "DuplicateEntry"
+    );
+
+    // The older entry deleted: the other one is the export's entry from the next run on.
+    Api::<CatalogEntry>::all(fx.hub.clone())
+        .delete(&older, &Default::default())
+        .await
+        .unwrap();
+    fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted"), ("secrets", "Accepted")])
+    );
+    assert_eq!(
+        condition(&fx.catalog_entry(&newer).await, "Ready").0,
+        "True"
+    );
+}
+
 #[tokio::test]
 async fn a_tenants_rejection_and_selector_are_kept() {
     let Some(fx) = ClaimsFx::new("cl-keep").await else {

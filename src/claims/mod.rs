@@ -49,13 +49,24 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
 
     // Observe: the catalog (this shard's share), consent and every visible binding.
     let entries_api: Api<CatalogEntry> = Api::all(ctx.client.clone());
-    let mut lp = ListParams::default();
-    if let Some(sel) = &args.selector {
-        lp = lp.labels(sel);
-    }
-    let mut entries = list::all(&entries_api, &lp)
+    // One CatalogEntry per export, decided over the whole catalog (not this shard's share or the
+    // selector's), so every run and every shard agrees on the winner.
+    let catalog = list::all(&entries_api, &ListParams::default())
         .await
         .map_err(|e| PassError::kube("listing CatalogEntries", &e))?;
+    let losers = policy::duplicate_entries(catalog.iter().map(|e| {
+        (
+            &e.spec.export,
+            e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            e.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }));
+    let mut entries = match &args.selector {
+        None => catalog.clone(),
+        Some(sel) => list::all(&entries_api, &ListParams::default().labels(sel))
+            .await
+            .map_err(|e| PassError::kube("listing CatalogEntries", &e))?,
+    };
     entries.retain(|e| shard::owns(ctx.args.shard, &e.name_any()));
     entries.sort_by_key(|e| e.name_any());
     let grants = observe_grants(&ctx.client, args.hub.grant_namespace.as_deref()).await?;
@@ -153,6 +164,21 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
             entry.spec.export.path.clone(),
             entry.spec.export.name.clone(),
         );
+        if let Some(winner) = losers.get(&entry.name_any()) {
+            summary.count("duplicateEntries", 1);
+            let outcome = EntryOutcome {
+                blocked: Some(Blocked {
+                    reason: record::DUPLICATE_ENTRY,
+                    message: format!(
+                        "CatalogEntry {winner} is older and names the same APIExport {}; this entry writes nothing to any binding until that one is deleted",
+                        display_export(&entry.spec.export)
+                    ),
+                }),
+                ..Default::default()
+            };
+            record(&ctx, entry, &outcome, &manager, &mut writes).await;
+            continue;
+        }
         let mine = by_export.get(&key).map(Vec::as_slice).unwrap_or_default();
         let (outcome, exhausted) = reconcile_entry(
             &ctx,

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::kcp::{ClaimState, PermissionClaim};
-use crate::api::providers::Requirement;
+use crate::api::providers::{ExportRef, Requirement};
+use k8s_openapi::jiff::Timestamp;
 
 /// Groups whose resources are built into kcp, so their claims carry no identityHash.
 const BUILTIN_GROUPS: &[&str] = &[
@@ -247,6 +248,35 @@ pub fn export_claims<E>(
             })
         })
         .collect()
+}
+
+/// One CatalogEntry per export: given every entry's export, creation time and name, each entry
+/// that loses mapped to the name of the one that wins. The oldest wins; equal creation times
+/// (they have second resolution) are broken by name. An entry without a creation time (never
+/// one read from an API server) cannot be the oldest.
+pub fn duplicate_entries<'a, I>(entries: I) -> BTreeMap<String, String>
+where
+    I: IntoIterator<Item = (&'a ExportRef, Option<Timestamp>, &'a str)>,
+{
+    let mut by_export: BTreeMap<&ExportRef, Vec<(bool, Option<Timestamp>, &str)>> = BTreeMap::new();
+    for (export, created, name) in entries {
+        by_export
+            .entry(export)
+            .or_default()
+            .push((created.is_none(), created, name));
+    }
+    let mut losers = BTreeMap::new();
+    for mut named in by_export.into_values() {
+        named.sort();
+        let mut it = named.into_iter();
+        let Some((_, _, winner)) = it.next() else {
+            continue;
+        };
+        for (_, _, loser) in it {
+            losers.insert(loser.to_string(), winner.to_string());
+        }
+    }
+    losers
 }
 
 /// A stable hash of `spec.requires` (order and duplicates do not matter), recorded in the
@@ -558,6 +588,40 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn one_entry_per_export_the_oldest_then_the_first_name_wins() {
+        let at = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let x = ExportRef {
+            path: "root:p".into(),
+            name: "x.io".into(),
+        };
+        let y = ExportRef {
+            path: "root:q".into(),
+            name: "x.io".into(),
+        };
+        let same_name_elsewhere = ExportRef {
+            path: String::new(),
+            name: "x.io".into(),
+        };
+        let got = duplicate_entries([
+            (&x, at(5), "a-newer"),
+            (&x, at(1), "z-oldest"),
+            (&x, at(1), "zz-same-second"),
+            (&x, None, "0-no-time"),
+            (&y, at(9), "alone"),
+            (&same_name_elsewhere, at(0), "other-path"),
+        ]);
+        let want: BTreeMap<String, String> = [
+            ("a-newer", "z-oldest"),
+            ("zz-same-second", "z-oldest"),
+            ("0-no-time", "z-oldest"),
+        ]
+        .into_iter()
+        .map(|(l, w)| (l.to_string(), w.to_string()))
+        .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

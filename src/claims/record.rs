@@ -11,11 +11,13 @@ use crate::api::providers::{CatalogEntryStatus, Requirement};
 pub const READY: &str = "Ready";
 pub const EXPORT_COMPLETE: &str = "ExportComplete";
 pub const IDENTITY_KNOWN: &str = "IdentityKnown";
+/// `Ready=False` reason of a CatalogEntry naming the same APIExport as an older one.
+pub const DUPLICATE_ENTRY: &str = "DuplicateEntry";
 
 /// What stopped an entry from being reconciled at all.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// `ExportNotFound`, `PermissionDenied` or `ExportUnreadable`.
+    /// `ExportNotFound`, `PermissionDenied`, `ExportUnreadable` or `DuplicateEntry`.
     pub reason: &'static str,
     pub message: String,
 }
