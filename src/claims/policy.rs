@@ -258,7 +258,9 @@ pub fn duplicate_entries<'a, I>(entries: I) -> BTreeMap<String, String>
 where
     I: IntoIterator<Item = (&'a ExportRef, Option<Timestamp>, &'a str)>,
 {
-    let mut by_export: BTreeMap<&ExportRef, Vec<(bool, Option<Timestamp>, &str)>> = BTreeMap::new();
+    // Sort key: no creation time last, then the oldest, then the name.
+    type Age<'a> = (bool, Option<Timestamp>, &'a str);
+    let mut by_export: BTreeMap<&ExportRef, Vec<Age<'a>>> = BTreeMap::new();
     for (export, created, name) in entries {
         by_export
             .entry(export)
