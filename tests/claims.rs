@@ -207,6 +207,240 @@ async fn compositions_are_accepted_only_with_recorded_consent() {
     );
 }
 
+/// Whether a requirement needs consent is decided by the identityHash its export claim carries,
+/// not by the `provider` field the provider writes itself: leaving `provider` out of a claim on
+/// another export's kinds must not skip the workspace's consent (docs/hostile-inputs.md).
+#[tokio::test]
+async fn a_composition_with_provider_omitted_and_a_foreign_identity_needs_consent() {
+    let Some(fx) = ClaimsFx::new("cl-idc").await else {
+        return;
+    };
+    let path = format!("root:{}", unique("prov"));
+    let export = format!("{}.compute.io", unique("c"));
+    let own_identity = unique("h-own");
+    fx.export(
+        &path,
+        &export,
+        vec![
+            claim("configmaps", &["get"], ""),
+            claim("compute.io/instances", &["*"], &own_identity),
+            claim("hub.io/tenants", &["get"], &fx.core_identity),
+            claim("storage.io/volumes", &["get", "list"], "h-storage"),
+        ],
+        &own_identity,
+    )
+    .await;
+    let entry = unique("compute");
+    // Not one requirement names a provider, the one on storage's volumes included.
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("compute.io", "instances", None),
+            req("hub.io", "tenants", None),
+            req("storage.io", "volumes", None),
+        ],
+    )
+    .await;
+    let consenting = fx.workspace("yes").await;
+    let other = fx.workspace("no").await;
+    let upgraded = fx.workspace("old").await;
+    for ws in [&consenting, &other] {
+        fx.binding(ws, "compute", &path, &export, vec![]).await;
+    }
+    // What kbind 0.1 wrote: the foreign claim Accepted on the provider's word alone.
+    fx.binding(
+        &upgraded,
+        "compute",
+        &path,
+        &export,
+        vec![held(
+            "storage.io/volumes",
+            &["get", "list"],
+            "h-storage",
+            "Accepted",
+        )],
+    )
+    .await;
+    fx.grant(&consenting, &entry, &[("storage.io", "volumes")])
+        .await;
+    let with = |volumes: &str| {
+        pairs(&[
+            ("configmaps", "Accepted"),
+            ("compute.io/instances", "Accepted"),
+            ("hub.io/tenants", "Accepted"),
+            ("storage.io/volumes", volumes),
+        ])
+    };
+
+    fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&consenting, "compute").await,
+        with("Accepted"),
+        "own identity, core identity and built-ins are own; the foreign one has consent"
+    );
+    assert_eq!(
+        fx.claims(&other, "compute").await,
+        with("Rejected"),
+        "a foreign identityHash without consent is Rejected though no provider is named"
+    );
+    assert_eq!(
+        fx.claims(&upgraded, "compute").await,
+        with("Rejected"),
+        "an acceptance by self-declaration is withdrawn until the workspace consents"
+    );
+    let e = fx.catalog_entry(&entry).await;
+    assert_eq!(condition(&e, "IdentityKnown").1, "IdentitiesRead");
+    let ready = condition(&e, "Ready");
+
+    let again = fx.run(&[]).await;
+    assert_eq!(again["data_writes"], 0, "{again}");
+    let e = fx.catalog_entry(&entry).await;
+    assert_eq!(condition(&e, "Ready").1, ready.1);
+
+    // The upgraded workspace consents: kbind's placeholder becomes Accepted, only there.
+    fx.grant(&upgraded, &entry, &[("storage.io", "volumes")])
+        .await;
+    let s = fx.run(&[]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    assert_eq!(fx.claims(&upgraded, "compute").await, with("Accepted"));
+    assert_eq!(fx.claims(&other, "compute").await, with("Rejected"));
+}
+
+/// An export whose identityHash cannot be read yet: its claims cannot be told from another
+/// export's, so they need consent until it can, and the CatalogEntry says why.
+#[tokio::test]
+async fn an_unreadable_own_identity_fails_safe_and_says_so() {
+    let Some(fx) = ClaimsFx::new("cl-idu").await else {
+        return;
+    };
+    let path = format!("root:{}", unique("prov"));
+    let export = format!("{}.compute.io", unique("c"));
+    let own_identity = unique("h-own");
+    let claims = vec![
+        claim("configmaps", &["get"], ""),
+        claim("compute.io/instances", &["*"], &own_identity),
+    ];
+    fx.export(&path, &export, claims.clone(), "").await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("compute.io", "instances", None),
+        ],
+    )
+    .await;
+    let ws = fx.workspace("ws").await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+
+    fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[
+            ("compute.io/instances", "Rejected"),
+            ("configmaps", "Accepted")
+        ])
+    );
+    let (status, reason, message) = condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ExportIdentityUnknown")
+    );
+    assert!(message.contains(&export), "{message}");
+    let again = fx.run(&[]).await;
+    assert_eq!(again["data_writes"], 0, "{again}");
+
+    // kcp fills the identity in: the placeholder becomes Accepted without any consent.
+    fx.export(&path, &export, claims, &own_identity).await;
+    let s = fx.run(&[]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[
+            ("compute.io/instances", "Accepted"),
+            ("configmaps", "Accepted")
+        ])
+    );
+    let (status, reason, _) = condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "IdentitiesRead")
+    );
+}
+
+/// One CatalogEntry per export: a second entry naming an export already in the catalog (say,
+/// one declaring more requirements than the provider's real entry) writes nothing.
+#[tokio::test]
+async fn two_catalog_entries_on_one_export_the_oldest_wins() {
+    let Some(fx) = ClaimsFx::new("cl-dup").await else {
+        return;
+    };
+    let (path, export) = fx.provider().await;
+    // The older entry's name sorts last, so only creation order can make it win.
+    let older = format!("z-{}", unique("older"));
+    fx.entry(&older, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    // creationTimestamp has second resolution.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let newer = format!("a-{}", unique("newer"));
+    fx.entry(
+        &newer,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let created = |e: &CatalogEntry| e.metadata.creation_timestamp.clone().unwrap().0;
+    assert!(created(&fx.catalog_entry(&older).await) < created(&fx.catalog_entry(&newer).await));
+    let ws = fx.workspace("ws").await;
+    fx.binding(&ws, "compute", &path, &export, vec![]).await;
+
+    let s = fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted")]),
+        "only the oldest entry's requirements reach the binding"
+    );
+    assert_eq!(count(&s, "duplicateEntries"), 1, "{s}");
+    let (status, reason, message) = condition(&fx.catalog_entry(&newer).await, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "DuplicateEntry")
+    );
+    assert!(message.contains(&older), "{message}");
+    assert_eq!(
+        condition(&fx.catalog_entry(&older).await, "Ready").0,
+        "True"
+    );
+
+    let again = fx.run(&[]).await;
+    assert_eq!(again["data_writes"], 0, "{again}");
+    assert_eq!(
+        condition(&fx.catalog_entry(&newer).await, "Ready").1,
+        "DuplicateEntry"
+    );
+
+    // The older entry deleted: the other one is the export's entry from the next run on.
+    Api::<CatalogEntry>::all(fx.hub.clone())
+        .delete(&older, &Default::default())
+        .await
+        .unwrap();
+    fx.run(&[]).await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        pairs(&[("configmaps", "Accepted"), ("secrets", "Accepted")])
+    );
+    assert_eq!(
+        condition(&fx.catalog_entry(&newer).await, "Ready").0,
+        "True"
+    );
+}
+
 #[tokio::test]
 async fn a_tenants_rejection_and_selector_are_kept() {
     let Some(fx) = ClaimsFx::new("cl-keep").await else {
@@ -251,9 +485,10 @@ async fn accepted_claims_matching_no_export_claim_are_removed() {
     let Some(fx) = ClaimsFx::new("cl-stale").await else {
         return;
     };
-    let (path, export, _entry) =
-        provider_entry(&fx, vec![req("storage.io", "volumes", None)]).await;
+    let (path, export, entry) = provider_entry(&fx, vec![req("storage.io", "volumes", None)]).await;
     let ws = fx.workspace("ws").await;
+    // volumes carries another export's identity: a composition, Accepted with consent.
+    fx.grant(&ws, &entry, &[("storage.io", "volumes")]).await;
     fx.binding(
         &ws,
         "compute",
@@ -506,10 +741,12 @@ async fn a_missing_export_is_a_condition_not_a_failure() {
         return;
     };
     let entry = unique("ghost");
+    // A name of its own: an entry left by an earlier run on the same export would be the older.
+    let export = format!("{}.example.io", unique("ghost"));
     fx.entry(
         &entry,
         "root:nowhere",
-        "ghost.example.io",
+        &export,
         vec![req("", "configmaps", None)],
     )
     .await;
@@ -519,7 +756,7 @@ async fn a_missing_export_is_a_condition_not_a_failure() {
         (status.as_str(), reason.as_str()),
         ("False", "ExportNotFound")
     );
-    assert!(message.contains("ghost.example.io"), "{message}");
+    assert!(message.contains(&export), "{message}");
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::kcp::{ClaimState, PermissionClaim};
-use crate::api::providers::{CatalogEntry, Grant};
+use crate::api::providers::{CatalogEntry, ExportRef, Grant};
 use crate::pass::budget::Exhausted;
 use crate::pass::client::{counted_client, own_config};
 use crate::pass::status::apply_status;
@@ -31,8 +31,8 @@ use crate::scrub::scrub;
 pub use args::{ClaimsArgs, HubArgs};
 use hub::{Hub, HubError, SlimBinding};
 use merge::{ClaimKey, merge, parse_placeholders, render_placeholders};
-use policy::{Consent, Desired};
-use record::{Blocked, EntryOutcome};
+use policy::{Consent, Desired, OwnIdentities};
+use record::{Blocked, EntryOutcome, IdentityGap};
 
 pub const PASS: &str = "claims";
 
@@ -49,13 +49,24 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
 
     // Observe: the catalog (this shard's share), consent and every visible binding.
     let entries_api: Api<CatalogEntry> = Api::all(ctx.client.clone());
-    let mut lp = ListParams::default();
-    if let Some(sel) = &args.selector {
-        lp = lp.labels(sel);
-    }
-    let mut entries = list::all(&entries_api, &lp)
+    // One CatalogEntry per export, decided over the whole catalog (not this shard's share or the
+    // selector's), so every run and every shard agrees on the winner.
+    let catalog = list::all(&entries_api, &ListParams::default())
         .await
         .map_err(|e| PassError::kube("listing CatalogEntries", &e))?;
+    let losers = policy::duplicate_entries(catalog.iter().map(|e| {
+        (
+            &e.spec.export,
+            e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            e.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }));
+    let mut entries = match &args.selector {
+        None => catalog.clone(),
+        Some(sel) => list::all(&entries_api, &ListParams::default().labels(sel))
+            .await
+            .map_err(|e| PassError::kube("listing CatalogEntries", &e))?,
+    };
     entries.retain(|e| shard::owns(ctx.args.shard, &e.name_any()));
     entries.sort_by_key(|e| e.name_any());
     let grants = observe_grants(&ctx.client, args.hub.grant_namespace.as_deref()).await?;
@@ -66,18 +77,28 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
     // virtual workspace show that workspace's provider bindings, so the run lists once more.
     let mut stopped: Option<Exhausted> = None;
     let core_owner = ctx.args.shard.is_none_or(|s| s.index == 0);
-    if let (Some(core), true) = (&core, core_owner) {
-        let core_export = hub
-            .get_export(&core.path, &core.export)
-            .await
-            .map_err(unreachable)?
-            .ok_or_else(|| {
-                PassError::Config(format!(
-                    "core APIExport {} not found in {} (check --core-export and --core-export-path)",
-                    core.export,
-                    if core.path.is_empty() { "the hub" } else { &core.path }
-                ))
-            })?;
+    // Every shard reads the core export: its identity is one a provider's own requirement may
+    // carry. Unreadable, the pass stops before any write.
+    let core_export = match &core {
+        Some(core) => Some(
+            hub.get_export(&core.path, &core.export)
+                .await
+                .map_err(unreachable)?
+                .ok_or_else(|| {
+                    PassError::Config(format!(
+                        "core APIExport {} not found in {} (check --core-export and --core-export-path)",
+                        core.export,
+                        if core.path.is_empty() { "the hub" } else { &core.path }
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let core_identity = match (&core, &core_export) {
+        (Some(core), Some(export)) => CoreIdentity::read(core, export),
+        _ => CoreIdentity::NotConfigured,
+    };
+    if let (Some(core), Some(core_export), true) = (&core, core_export, core_owner) {
         let claims = core_export.spec.permission_claims;
         let desired = policy::core_desired(&claims);
         let mut opened: BTreeSet<String> = BTreeSet::new();
@@ -143,9 +164,33 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
             entry.spec.export.path.clone(),
             entry.spec.export.name.clone(),
         );
+        if let Some(winner) = losers.get(&entry.name_any()) {
+            summary.count("duplicateEntries", 1);
+            let outcome = EntryOutcome {
+                blocked: Some(Blocked {
+                    reason: record::DUPLICATE_ENTRY,
+                    message: format!(
+                        "CatalogEntry {winner} is older and names the same APIExport {}; this entry writes nothing to any binding until that one is deleted",
+                        display_export(&entry.spec.export)
+                    ),
+                }),
+                ..Default::default()
+            };
+            record(&ctx, entry, &outcome, &manager, &mut writes).await;
+            continue;
+        }
         let mine = by_export.get(&key).map(Vec::as_slice).unwrap_or_default();
-        let (outcome, exhausted) =
-            reconcile_entry(&ctx, &hub, entry, mine, &grants, &mut writes, &mut summary).await;
+        let (outcome, exhausted) = reconcile_entry(
+            &ctx,
+            &hub,
+            entry,
+            mine,
+            &grants,
+            &core_identity,
+            &mut writes,
+            &mut summary,
+        )
+        .await;
         stopped = exhausted;
         record(&ctx, entry, &outcome, &manager, &mut writes).await;
     }
@@ -173,13 +218,79 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
     Ok(summary)
 }
 
+/// The core export's identity as this run read it.
+enum CoreIdentity {
+    /// No core export configured (single-cluster mode without the core flags).
+    NotConfigured,
+    /// Configured, but its `status.identityHash` is empty: the message says which export.
+    Unknown(String),
+    Known(String),
+}
+
+impl CoreIdentity {
+    fn read(core: &args::Core, export: &crate::api::kcp::APIExport) -> Self {
+        match export.status.as_ref().map(|s| s.identity_hash.as_str()) {
+            Some(h) if !h.is_empty() => Self::Known(h.to_string()),
+            _ => Self::Unknown(display_export(&ExportRef {
+                path: core.path.clone(),
+                name: core.export.clone(),
+            })),
+        }
+    }
+
+    fn known(&self) -> Option<String> {
+        match self {
+            Self::Known(h) => Some(h.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// `<name> in <path>` (or `in the hub`).
+fn display_export(e: &ExportRef) -> String {
+    format!(
+        "{} in {}",
+        e.name,
+        if e.path.is_empty() {
+            "the hub"
+        } else {
+            &e.path
+        }
+    )
+}
+
+/// Say which identity could not be read (docs/claims.md, "The policy"): claims carrying it were
+/// treated as compositions.
+fn identity_gap(entry: &CatalogEntry, own_known: bool, core: &CoreIdentity) -> Option<IdentityGap> {
+    if !own_known {
+        return Some(IdentityGap {
+            reason: "ExportIdentityUnknown",
+            message: format!(
+                "APIExport {} has no status.identityHash yet, so claims carrying an identityHash cannot be recognised as this provider's own: they are treated as compositions (Rejected without the workspace's Grant) until it can be read",
+                display_export(&entry.spec.export)
+            ),
+        });
+    }
+    match core {
+        CoreIdentity::Unknown(export) => Some(IdentityGap {
+            reason: "CoreIdentityUnknown",
+            message: format!(
+                "the core APIExport {export} has no status.identityHash, so claims carrying its identity are treated as compositions (Rejected without the workspace's Grant) until it can be read"
+            ),
+        }),
+        _ => None,
+    }
+}
+
 /// Reconcile one provider's bindings from where its last unfinished cycle stopped.
+#[allow(clippy::too_many_arguments)]
 async fn reconcile_entry(
     ctx: &PassContext,
     hub: &Hub,
     entry: &CatalogEntry,
     bindings: &[&SlimBinding],
     grants: &Option<BTreeMap<GrantKey, Consent>>,
+    core_identity: &CoreIdentity,
     writes: &mut Writes,
     summary: &mut Summary,
 ) -> (EntryOutcome, Option<Exhausted>) {
@@ -193,7 +304,7 @@ async fn reconcile_entry(
         .get_export(&entry.spec.export.path, &entry.spec.export.name)
         .await
     {
-        Ok(Some(e)) => e.spec.permission_claims,
+        Ok(Some(e)) => e,
         Ok(None) => {
             outcome.blocked = Some(Blocked {
                 reason: "ExportNotFound",
@@ -215,9 +326,18 @@ async fn reconcile_entry(
         }
     };
 
+    let own_identity = export
+        .status
+        .as_ref()
+        .map(|s| s.identity_hash.clone())
+        .filter(|h| !h.is_empty());
+    outcome.identity_gap = identity_gap(entry, own_identity.is_some(), core_identity);
+    let own = OwnIdentities::new(own_identity, core_identity.known());
+    let export = export.spec.permission_claims;
+
     // What the export lacks does not depend on any workspace's consent.
     outcome.missing_on_export =
-        policy::desired(&name, &entry.spec.requires, &export, None).missing_on_export;
+        policy::desired(&name, &entry.spec.requires, &export, &own, None).missing_on_export;
     let prev = entry.status.clone().unwrap_or_default();
     let resume = record::resume_point(&prev, &hash);
     outcome.resumed = resume.is_some();
@@ -240,7 +360,7 @@ async fn reconcile_entry(
             .as_ref()
             .and_then(|g| g.get(&(b.cluster.clone(), name.clone())).cloned());
         let desired = cache.entry(consent.clone()).or_insert_with(|| {
-            policy::desired(&name, &entry.spec.requires, &export, consent.as_ref())
+            policy::desired(&name, &entry.spec.requires, &export, &own, consent.as_ref())
         });
         match reconcile_binding(hub, b, desired, &export, false, writes, ctx).await {
             Ok(Written::Updated(_)) => outcome.updated += 1,

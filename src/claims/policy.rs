@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::kcp::{ClaimState, PermissionClaim};
-use crate::api::providers::Requirement;
+use crate::api::providers::{ExportRef, Requirement};
+use k8s_openapi::jiff::Timestamp;
 
 /// Groups whose resources are built into kcp, so their claims carry no identityHash.
 const BUILTIN_GROUPS: &[&str] = &[
@@ -80,11 +81,54 @@ pub fn coordinates(requires: &[Requirement]) -> Vec<Coordinate<'_>> {
         .collect()
 }
 
-/// Whether a requirement is a composition (a claim on another provider's kinds).
-pub fn is_composition(entry: &str, r: &Requirement) -> bool {
+/// The export identities a claim may carry and still be the provider's own (docs/claims.md, "The
+/// policy"). `None` is an identity that could not be read (or, for the core export, is not
+/// configured): it matches nothing, so such claims count as compositions and need consent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnIdentities {
+    /// `status.identityHash` of the entry's own APIExport.
+    pub export: Option<String>,
+    /// `status.identityHash` of the configured core APIExport.
+    pub core: Option<String>,
+}
+
+impl OwnIdentities {
+    /// An empty identity is treated as unknown, never as a match for a non-empty hash.
+    pub fn new(export: Option<String>, core: Option<String>) -> Self {
+        Self {
+            export: export.filter(|h| !h.is_empty()),
+            core: core.filter(|h| !h.is_empty()),
+        }
+    }
+
+    /// Whether a claim carrying `identity_hash` is on the provider's own (or built-in, or the
+    /// hub's core) kinds.
+    pub fn is_own(&self, identity_hash: &str) -> bool {
+        identity_hash.is_empty()
+            || self.export.as_deref() == Some(identity_hash)
+            || self.core.as_deref() == Some(identity_hash)
+    }
+}
+
+/// Whether the requirement names another provider in its `provider` field.
+pub fn names_other_provider(entry: &str, r: &Requirement) -> bool {
     r.provider
         .as_deref()
         .is_some_and(|p| !p.is_empty() && p != entry)
+}
+
+/// Whether a requirement is a composition (a claim on another provider's kinds) needing the
+/// workspace's consent. The identityHash the live export's claim carries decides: any identity
+/// other than the entry's own export's or the core export's makes it a composition, whatever
+/// `provider` says, so leaving `provider` out cannot skip consent. `provider` can only add a
+/// consent requirement: naming another provider is a composition even on an own identity.
+pub fn is_composition(
+    entry: &str,
+    r: &Requirement,
+    identity_hash: &str,
+    own: &OwnIdentities,
+) -> bool {
+    !own.is_own(identity_hash) || names_other_provider(entry, r)
 }
 
 /// The compositions a Grant consents to, as declared coordinates (`group`, `resource`).
@@ -110,13 +154,15 @@ pub struct Desired {
 
 /// `Desired(provider, export, grant)`: every declared requirement the live export also lists,
 /// with verbs and identityHash copied from the export. The provider's own requirements are
-/// Accepted; a claim holding a composition is Accepted only when `consent` (the workspace's
+/// Accepted; a claim holding a composition ([`is_composition`], judged by the identityHash the
+/// export's claim carries against `own`) is Accepted only when `consent` (the workspace's
 /// Grant; `None` when there is none or no Grant store) covers every composition coordinate in
 /// it, and Rejected otherwise.
 pub fn desired(
     entry: &str,
     requires: &[Requirement],
     export: &[PermissionClaim],
+    own: &OwnIdentities,
     consent: Option<&Consent>,
 ) -> Desired {
     let mut out = Desired::default();
@@ -132,7 +178,7 @@ pub fn desired(
         let compositions: Vec<&&Requirement> = coord
             .requirements
             .iter()
-            .filter(|r| is_composition(entry, r))
+            .filter(|r| is_composition(entry, r, &live.identity_hash, own))
             .collect();
         let all_consented = compositions
             .iter()
@@ -204,6 +250,37 @@ pub fn export_claims<E>(
         .collect()
 }
 
+/// One CatalogEntry per export: given every entry's export, creation time and name, each entry
+/// that loses mapped to the name of the one that wins. The oldest wins; equal creation times
+/// (they have second resolution) are broken by name. An entry without a creation time (never
+/// one read from an API server) cannot be the oldest.
+pub fn duplicate_entries<'a, I>(entries: I) -> BTreeMap<String, String>
+where
+    I: IntoIterator<Item = (&'a ExportRef, Option<Timestamp>, &'a str)>,
+{
+    // Sort key: no creation time last, then the oldest, then the name.
+    type Age<'a> = (bool, Option<Timestamp>, &'a str);
+    let mut by_export: BTreeMap<&ExportRef, Vec<Age<'a>>> = BTreeMap::new();
+    for (export, created, name) in entries {
+        by_export
+            .entry(export)
+            .or_default()
+            .push((created.is_none(), created, name));
+    }
+    let mut losers = BTreeMap::new();
+    for mut named in by_export.into_values() {
+        named.sort();
+        let mut it = named.into_iter();
+        let Some((_, _, winner)) = it.next() else {
+            continue;
+        };
+        for (_, _, loser) in it {
+            losers.insert(loser.to_string(), winner.to_string());
+        }
+    }
+    losers
+}
+
 /// A stable hash of `spec.requires` (order and duplicates do not matter), recorded in the
 /// CatalogEntry status so a changed requirement starts a new cycle.
 pub fn requirements_hash(requires: &[Requirement]) -> String {
@@ -267,6 +344,11 @@ mod tests {
     }
 
     use ClaimState::{Accepted, Rejected};
+
+    /// The identities the table tests' entry `compute` owns: its export's and the core's.
+    fn own_ids() -> OwnIdentities {
+        OwnIdentities::new(Some("h-compute".into()), Some("h-core".into()))
+    }
 
     #[test]
     fn desired_rules() {
@@ -370,7 +452,7 @@ mod tests {
             ),
         ];
         for (name, requires, consent, want) in cases {
-            let d = desired("compute", &requires, &export, consent.as_ref());
+            let d = desired("compute", &requires, &export, &own_ids(), consent.as_ref());
             let want: Vec<(String, ClaimState, bool)> = want
                 .into_iter()
                 .map(|(k, s, c)| (k.to_string(), s, c))
@@ -380,6 +462,170 @@ mod tests {
         }
     }
 
+    /// Which requirements need consent is decided by the identityHash the live export's claim
+    /// carries, not by the `provider` field the provider writes itself.
+    #[test]
+    fn the_identity_hash_decides_what_is_a_composition() {
+        let export = vec![
+            exp("", "configmaps", &["get"], ""),
+            exp("compute.io", "instances", &["*"], "h-compute"),
+            exp("hub.io", "tenants", &["get"], "h-core"),
+            exp("storage.io", "volumes", &["get"], "h-storage"),
+        ];
+        let ids = |export: Option<&str>, core: Option<&str>| {
+            OwnIdentities::new(export.map(String::from), core.map(String::from))
+        };
+        type Case = (
+            &'static str,
+            Requirement,
+            OwnIdentities,
+            Option<Consent>,
+            (&'static str, ClaimState, bool),
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "provider omitted, foreign identityHash: a composition, Rejected without a Grant",
+                req("storage.io", "volumes", None),
+                own_ids(),
+                None,
+                ("storage.io/volumes", Rejected, false),
+            ),
+            (
+                "provider omitted, foreign identityHash: Accepted with the Grant",
+                req("storage.io", "volumes", None),
+                own_ids(),
+                Some(consent(&[("storage.io", "volumes")])),
+                ("storage.io/volumes", Accepted, true),
+            ),
+            (
+                "a Grant for another coordinate does not cover it",
+                req("storage.io", "volumes", None),
+                own_ids(),
+                Some(consent(&[("storage.io", "snapshots")])),
+                ("storage.io/volumes", Rejected, false),
+            ),
+            (
+                "naming itself as provider does not make a foreign identity its own",
+                req("storage.io", "volumes", Some("compute")),
+                own_ids(),
+                None,
+                ("storage.io/volumes", Rejected, false),
+            ),
+            (
+                "an empty provider with a foreign identity is a composition",
+                req("storage.io", "volumes", Some("")),
+                own_ids(),
+                None,
+                ("storage.io/volumes", Rejected, false),
+            ),
+            (
+                "the entry's own export identity: own",
+                req("compute.io", "instances", None),
+                own_ids(),
+                None,
+                ("compute.io/instances", Accepted, false),
+            ),
+            (
+                "the core export's identity: own",
+                req("hub.io", "tenants", None),
+                own_ids(),
+                None,
+                ("hub.io/tenants", Accepted, false),
+            ),
+            (
+                "built-in (empty identityHash): own",
+                req("", "configmaps", None),
+                own_ids(),
+                None,
+                ("/configmaps", Accepted, false),
+            ),
+            (
+                "naming another provider on an own identity still needs consent",
+                req("compute.io", "instances", Some("storage")),
+                own_ids(),
+                None,
+                ("compute.io/instances", Rejected, false),
+            ),
+            (
+                "own export identity unreadable: its claims need consent",
+                req("compute.io", "instances", None),
+                ids(None, Some("h-core")),
+                None,
+                ("compute.io/instances", Rejected, false),
+            ),
+            (
+                "own export identity unreadable: Accepted with consent",
+                req("compute.io", "instances", None),
+                ids(None, Some("h-core")),
+                Some(consent(&[("compute.io", "instances")])),
+                ("compute.io/instances", Accepted, true),
+            ),
+            (
+                "core identity unreadable or not configured: its claims need consent",
+                req("hub.io", "tenants", None),
+                ids(Some("h-compute"), None),
+                None,
+                ("hub.io/tenants", Rejected, false),
+            ),
+            (
+                "an empty identity read is unknown, not a match",
+                req("hub.io", "tenants", None),
+                ids(Some(""), Some("")),
+                None,
+                ("hub.io/tenants", Rejected, false),
+            ),
+            (
+                "built-ins stay own when no identity could be read",
+                req("", "configmaps", None),
+                ids(None, None),
+                None,
+                ("/configmaps", Accepted, false),
+            ),
+        ];
+        for (name, requirement, own, consent, (key, state, consented)) in cases {
+            let d = desired("compute", &[requirement], &export, &own, consent.as_ref());
+            assert_eq!(
+                states(&d),
+                vec![(key.to_string(), state, consented)],
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_entry_per_export_the_oldest_then_the_first_name_wins() {
+        let at = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let x = ExportRef {
+            path: "root:p".into(),
+            name: "x.io".into(),
+        };
+        let y = ExportRef {
+            path: "root:q".into(),
+            name: "x.io".into(),
+        };
+        let same_name_elsewhere = ExportRef {
+            path: String::new(),
+            name: "x.io".into(),
+        };
+        let got = duplicate_entries([
+            (&x, at(5), "a-newer"),
+            (&x, at(1), "z-oldest"),
+            (&x, at(1), "zz-same-second"),
+            (&x, None, "0-no-time"),
+            (&y, at(9), "alone"),
+            (&same_name_elsewhere, at(0), "other-path"),
+        ]);
+        let want: BTreeMap<String, String> = [
+            ("a-newer", "z-oldest"),
+            ("zz-same-second", "z-oldest"),
+            ("0-no-time", "z-oldest"),
+        ]
+        .into_iter()
+        .map(|(l, w)| (l.to_string(), w.to_string()))
+        .collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn verbs_and_identity_come_from_the_live_export() {
         let export = vec![exp("compute.io", "instances", &["get", "create"], "h1")];
@@ -387,6 +633,7 @@ mod tests {
             "compute",
             &[req("compute.io", "instances/exec", None)],
             &export,
+            &OwnIdentities::new(Some("h1".into()), None),
             None,
         );
         assert_eq!(d.claims[0].claim, export[0]);
@@ -400,7 +647,7 @@ mod tests {
             req("", "secrets", None),
             req("x.io", "things/exec", Some("x")),
         ];
-        let d = desired("p", &requires, &export, None);
+        let d = desired("p", &requires, &export, &own_ids(), None);
         assert_eq!(
             states(&d),
             vec![("/configmaps".to_string(), Accepted, false)]
@@ -451,6 +698,7 @@ mod tests {
             "compute",
             &requires,
             &got,
+            &OwnIdentities::new(Some("h-c".into()), None),
             Some(&consent(&[("storage.io", "volumes")])),
         );
         let claimed: Vec<PermissionClaim> = d.claims.into_iter().map(|c| c.claim).collect();

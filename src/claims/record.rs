@@ -10,11 +10,23 @@ use crate::api::providers::{CatalogEntryStatus, Requirement};
 
 pub const READY: &str = "Ready";
 pub const EXPORT_COMPLETE: &str = "ExportComplete";
+pub const IDENTITY_KNOWN: &str = "IdentityKnown";
+/// `Ready=False` reason of a CatalogEntry naming the same APIExport as an older one.
+pub const DUPLICATE_ENTRY: &str = "DuplicateEntry";
 
 /// What stopped an entry from being reconciled at all.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// `ExportNotFound`, `PermissionDenied` or `ExportUnreadable`.
+    /// `ExportNotFound`, `PermissionDenied`, `ExportUnreadable` or `DuplicateEntry`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// An export identity the run could not read, so claims carrying it were treated as
+/// compositions (`IdentityKnown=False`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityGap {
+    /// `ExportIdentityUnknown` or `CoreIdentityUnknown`.
     pub reason: &'static str,
     pub message: String,
 }
@@ -33,6 +45,8 @@ pub struct EntryOutcome {
     pub failed: i64,
     pub missing_on_export: Vec<Requirement>,
     pub blocked: Option<Blocked>,
+    /// `None` when every identity own requirements are recognised by could be read.
+    pub identity_gap: Option<IdentityGap>,
 }
 
 /// Where a run starts for this entry: after the recorded cursor when it continues a cycle for
@@ -91,6 +105,22 @@ pub fn next_status(
             ConditionStatus::False,
             "WritesFailed",
             &format!("{counts}; {n} binding writes failed this run (see Events)"),
+        ),
+    }
+    match &outcome.identity_gap {
+        None => set(
+            &mut st,
+            IDENTITY_KNOWN,
+            ConditionStatus::True,
+            "IdentitiesRead",
+            "claims carrying the APIExport's own identityHash (or the core export's, or none) are the provider's own; any other identityHash is a composition needing the workspace's Grant",
+        ),
+        Some(gap) => set(
+            &mut st,
+            IDENTITY_KNOWN,
+            ConditionStatus::False,
+            gap.reason,
+            &gap.message,
         ),
     }
     if outcome.missing_on_export.is_empty() {
@@ -158,6 +188,10 @@ mod tests {
         };
         let st = next_status(&prev, Some(2), &out, now());
         assert_eq!((st.bindings_checked, st.bindings_updated), (15, 5));
+        assert_eq!(
+            reason(&st, IDENTITY_KNOWN),
+            ("True".into(), "IdentitiesRead".into())
+        );
         assert_eq!(st.cursor, "");
         assert_eq!(reason(&st, READY), ("True".into(), "InStep".into()));
         assert_eq!(st.observed_generation, Some(2));
@@ -207,6 +241,20 @@ mod tests {
         };
         let st = next_status(&prev, None, &failed, now());
         assert_eq!(reason(&st, READY), ("False".into(), "WritesFailed".into()));
+
+        let unknown = EntryOutcome {
+            identity_gap: Some(IdentityGap {
+                reason: "ExportIdentityUnknown",
+                message: "APIExport x has no status.identityHash".into(),
+            }),
+            ..Default::default()
+        };
+        let st = next_status(&prev, None, &unknown, now());
+        assert_eq!(
+            reason(&st, IDENTITY_KNOWN),
+            ("False".into(), "ExportIdentityUnknown".into())
+        );
+        assert_eq!(reason(&st, READY), ("True".into(), "InStep".into()));
 
         let blocked = EntryOutcome {
             blocked: Some(Blocked {

@@ -25,6 +25,8 @@ pub struct ClaimsFx {
     pub ns: String,
     pub hub_ws: String,
     pub core_export: String,
+    /// The core export's `status.identityHash`: claims carrying it are a provider's own.
+    pub core_identity: String,
     pub front: Running<kcp::KcpState>,
     kubeconfig: PathBuf,
     _dir: tempdir::Dir,
@@ -83,6 +85,7 @@ impl ClaimsFx {
         let label = unique(prefix);
         let hub_ws = format!("root:{}", unique("hub"));
         let core_export = format!("core.{}.io", unique("c"));
+        let core_identity = unique("h-core");
         let front = kcp::start(hub.clone(), &hub_ws, 0)
             .await
             .expect("start kcp front");
@@ -97,12 +100,18 @@ impl ClaimsFx {
             ns,
             hub_ws: hub_ws.clone(),
             core_export: core_export.clone(),
+            core_identity: core_identity.clone(),
             front,
             kubeconfig,
             _dir: tempdir::Dir(dir),
         };
-        fx.export(&hub_ws, &core_export, vec![apibindings_claim()], "")
-            .await;
+        fx.export(
+            &hub_ws,
+            &core_export,
+            vec![apibindings_claim()],
+            &core_identity,
+        )
+        .await;
         fx.endpoint_slice(&fx.front.url()).await;
         Some(fx)
     }
