@@ -1,0 +1,1324 @@
+//! Model-based multi-run test (docs/testing.md): seeded random sequences of user and world
+//! actions interleaved with runs of `kbind schema` and `kbind resync` (some killed at a random
+//! write or by SIGKILL), against the real servers, checked after every step against a simple
+//! reference model (tests/support/model_gen.rs).
+//!
+//! Invariants (docs/testing.md has the reasoning):
+//! 1. No provider copy disappears unless its consumer object was deleted through the syncer
+//!    finalizer; a foreign provider object is never touched.
+//! 2. After two clean rounds (schema then resync, twice) the servers equal the model, and a third
+//!    round writes no data.
+//! 3. With no intervening action, no condition or kbind annotation flips between runs.
+//! 4. After a kill, no run is skipped for longer than the Lease duration (when `--lease-duration`
+//!    exists).
+//!
+//! `KBIND_MODEL_SEEDS=a,b,c` and `KBIND_MODEL_STEPS=N` (steps per seed) override the fixed CI
+//! set; `KBIND_MODEL_REPLAY='step; step; …'` runs exactly those steps; `KBIND_MODEL_SHRINK=1`
+//! shrinks a failing sequence; `KBIND_MODEL_IGNORE=check,…` reports those checks without failing.
+
+#[path = "support/model_gen.rs"]
+mod model_gen;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kbind::api::core::{ClusterBinding, Connection};
+use kbind::api::keys;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
+use kube::{Api, ResourceExt};
+use model_gen::{CObj, Key, Kill, Model, PObj, Pass, Rng, Step};
+use serde_json::{Value, json};
+use support::fx::Fx;
+
+/// The orphan marker of docs/resync.md (not yet a constant in `kbind::api::keys`).
+const ORPHANED: &str = "core.kbind.io/orphaned";
+const ORPHAN_REASONS: [&str; 2] = ["Unbound", "ConsumerObjectGone"];
+const FOREIGN_OBJECT_EXISTS: &str = "ForeignObjectExists";
+
+/// The fixed CI set: about 3 × 60 steps, sized to finish in a few minutes on 2 cores.
+const CI_SEEDS: [u64; 3] = [11, 23, 42];
+const CI_STEPS: usize = 60;
+
+#[derive(Clone, Debug)]
+struct Violation {
+    check: &'static str,
+    detail: String,
+}
+
+/// Which invariant of the module doc a check belongs to.
+fn invariant(check: &str) -> &'static str {
+    match check {
+        "copy-kept" | "foreign-untouched" | "consumer-kept" => "1 (nothing disappears)",
+        "converged" | "orphan-annotation" | "counts" | "quiet-writes" | "status-kept"
+        | "run-failed" => "2 (converges on the model)",
+        "flap" => "3 (no flip without a cause)",
+        "lease" => "4 (no skip beyond the Lease)",
+        _ => "harness",
+    }
+}
+
+fn harness(what: impl std::fmt::Display) -> Violation {
+    Violation {
+        check: "harness",
+        detail: what.to_string(),
+    }
+}
+
+/// How a run that was killed stops blocking the next ones.
+#[derive(Clone, Copy, Debug)]
+enum LeaseMode {
+    /// Today: a killed run's Lease is held for the deadline plus 60 s, so the next run of that
+    /// pass goes to a fresh Lease namespace, as an operator would.
+    FreshNamespace,
+    /// `--lease-duration d` exists: runs keep their Lease namespace and a killed run's Lease
+    /// must be taken over within about `d` (invariant 4).
+    Takeover(Duration),
+}
+
+struct Config {
+    seeds: Vec<u64>,
+    steps: usize,
+    replay: Option<Vec<Step>>,
+    shrink: bool,
+    ignore: BTreeSet<String>,
+    lease: LeaseMode,
+    /// Extra flags every run gets (`--write-concurrency 1` when the binary has it).
+    extra: Vec<String>,
+}
+
+fn help_has(flag: &str) -> bool {
+    support::kbind_command(&["resync", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let seeds = var("KBIND_MODEL_SEEDS")
+            .map(|s| {
+                s.split(',')
+                    .map(|x| x.trim().parse().expect("KBIND_MODEL_SEEDS: numbers"))
+                    .collect()
+            })
+            .unwrap_or_else(|| CI_SEEDS.to_vec());
+        let steps = var("KBIND_MODEL_STEPS")
+            .map(|s| s.parse().expect("KBIND_MODEL_STEPS: a number"))
+            .unwrap_or(CI_STEPS);
+        let replay = var("KBIND_MODEL_REPLAY")
+            .map(|s| model_gen::parse_steps(&s).expect("KBIND_MODEL_REPLAY"));
+        let ignore = var("KBIND_MODEL_IGNORE")
+            .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
+            .unwrap_or_default();
+        let duration = var("KBIND_MODEL_LEASE_DURATION")
+            .map(|s| kbind::pass::args::parse_duration(&s).expect("KBIND_MODEL_LEASE_DURATION"))
+            .unwrap_or(Duration::from_secs(3));
+        let takeover = match var("KBIND_MODEL_LEASE_TAKEOVER").as_deref() {
+            Some("1" | "true" | "on") => true,
+            Some("0" | "false" | "off") => false,
+            _ => help_has("--lease-duration"),
+        };
+        let mut extra = Vec::new();
+        let lease = if takeover {
+            extra.push("--lease-duration".to_string());
+            extra.push(format!("{}ms", duration.as_millis()));
+            LeaseMode::Takeover(duration)
+        } else {
+            LeaseMode::FreshNamespace
+        };
+        // docs/testing.md: model runs write one at a time, so a crash point is one write.
+        if help_has("--write-concurrency") {
+            extra.push("--write-concurrency".into());
+            extra.push("1".into());
+        }
+        Self {
+            seeds,
+            steps,
+            replay,
+            shrink: var("KBIND_MODEL_SHRINK").is_some_and(|v| v != "0"),
+            ignore,
+            lease,
+            extra,
+        }
+    }
+}
+
+/// What the servers hold, read after every step.
+struct Obs {
+    crd: Option<CustomResourceDefinition>,
+    consumer: BTreeMap<Key, DynamicObject>,
+    provider: BTreeMap<Key, DynamicObject>,
+    cb: Option<ClusterBinding>,
+    conn: Connection,
+}
+
+impl Obs {
+    fn crd_established(&self) -> bool {
+        self.crd.as_ref().is_some_and(|c| {
+            c.metadata.deletion_timestamp.is_none()
+                && c.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+        })
+    }
+}
+
+/// Invariant 3: within a window with no disturbing step, no value of the snapshot returns to
+/// an earlier one (A → B → A), and once the window holds two full rounds (schema, resync,
+/// schema, resync), nothing changes at all.
+#[derive(Default)]
+struct Quiet {
+    history: BTreeMap<String, Vec<String>>,
+    progress: usize,
+    baseline: Option<BTreeMap<String, String>>,
+}
+
+const ROUNDS: [Pass; 4] = [Pass::Schema, Pass::Resync, Pass::Schema, Pass::Resync];
+
+impl Quiet {
+    fn reset(&mut self, snap: &BTreeMap<String, String>) {
+        self.history = snap
+            .iter()
+            .map(|(k, v)| (k.clone(), vec![v.clone()]))
+            .collect();
+        self.progress = 0;
+        self.baseline = None;
+    }
+
+    fn see(&mut self, snap: &BTreeMap<String, String>, clean: Option<Pass>) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (k, v) in snap {
+            let h = self.history.entry(k.clone()).or_default();
+            if h.last() != Some(v) {
+                if h.contains(v) {
+                    problems.push(format!("{k}: {} → {v} again", h.join(" → ")));
+                }
+                h.push(v.clone());
+            }
+        }
+        if let Some(base) = &self.baseline
+            && base != snap
+        {
+            let keys: BTreeSet<&String> = base.keys().chain(snap.keys()).collect();
+            for k in keys {
+                let (a, b) = (base.get(k), snap.get(k));
+                if a != b {
+                    problems.push(format!(
+                        "{k}: {} after two clean rounds, now {}",
+                        a.map_or("(absent)", String::as_str),
+                        b.map_or("(absent)", String::as_str)
+                    ));
+                }
+            }
+        }
+        if let Some(p) = clean
+            && self.progress < ROUNDS.len()
+            && ROUNDS[self.progress] == p
+        {
+            self.progress += 1;
+            if self.progress == ROUNDS.len() {
+                self.baseline = Some(snap.clone());
+            }
+        }
+        problems
+    }
+}
+
+struct RunOutcome {
+    clean: bool,
+    summary: Value,
+    note: String,
+}
+
+/// One fixture (its own API group, namespaces, Connection, ClusterBinding) and the model of it.
+struct World {
+    fx: Fx,
+    api: String,
+    ar: ApiResource,
+    conn: String,
+    cb: String,
+    nss: Vec<String>,
+    sa_ns: String,
+    crb: String,
+    kubeconfig: String,
+    rotations: u32,
+    local_uid: String,
+    lease: LeaseMode,
+    lease_ns: BTreeMap<Pass, String>,
+    killed_at: BTreeMap<Pass, Instant>,
+    extra: Vec<String>,
+    m: Model,
+    quiet: Quiet,
+    ignore: BTreeSet<String>,
+    /// Violations of ignored checks, reported at the end.
+    ignored: Vec<String>,
+    step_no: usize,
+    runs: usize,
+    kills: usize,
+}
+
+const SA: &str = "model-syncer";
+
+impl World {
+    async fn new(cfg: &Config) -> Option<Self> {
+        let fx = Fx::new("model").await?;
+        let (api, conn, cb) = fx.bound_api("widgets", "Namespaced").await;
+        let ns_b = support::namespace(&fx.consumer, "model-b").await;
+        // The Connection's identity: a ServiceAccount of the provider (fresh tokens on rotation).
+        let sa_ns = support::namespace(&fx.provider, "model-sa").await;
+        let kubeconfig = support::service_account_kubeconfig(&fx.env.provider, &sa_ns, SA).await;
+        let crb = format!("{}-syncer", fx.label);
+        let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding =
+            serde_json::from_value(json!({"metadata": {"name": crb},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": sa_ns}]}))
+            .unwrap();
+        Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(fx.provider.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("ClusterRoleBinding");
+        fx.secret("provider", "kubeconfig", &kubeconfig).await;
+        Api::<ClusterBinding>::all(fx.consumer.clone())
+            .patch(
+                &cb,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"conflictPolicy": "Fail"}})),
+            )
+            .await
+            .expect("conflictPolicy");
+        let local_uid = fx
+            .conn(&conn)
+            .await
+            .status
+            .and_then(|s| s.local_cluster_uid)
+            .expect("the setup run pinned the local cluster");
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+            "widgets",
+        );
+        let nss = vec![fx.ns.clone(), ns_b];
+        let lease_ns = [Pass::Schema, Pass::Resync]
+            .into_iter()
+            .map(|p| (p, fx.ns.clone()))
+            .collect();
+        let mut w = World {
+            fx,
+            api,
+            ar,
+            conn,
+            cb,
+            nss,
+            sa_ns,
+            crb,
+            kubeconfig,
+            rotations: 0,
+            local_uid,
+            lease: cfg.lease,
+            lease_ns,
+            killed_at: BTreeMap::new(),
+            extra: cfg.extra.clone(),
+            m: Model {
+                bound: true,
+                ..Default::default()
+            },
+            quiet: Quiet::default(),
+            ignore: cfg.ignore.clone(),
+            ignored: Vec::new(),
+            step_no: 0,
+            runs: 0,
+            kills: 0,
+        };
+        let o = w.observe().await.expect("first observation");
+        w.m.crd_ready = o.crd_established();
+        let snap = w.snapshot(&o);
+        w.quiet.reset(&snap);
+        Some(w)
+    }
+
+    /// Best effort: the cluster-scoped object this fixture made on the provider.
+    async fn cleanup(&self) {
+        let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(
+            self.fx.provider.clone(),
+        )
+        .delete(&self.crb, &DeleteParams::default())
+        .await;
+    }
+
+    fn key_of(&self, o: &DynamicObject) -> Option<Key> {
+        let ns = self.nss.iter().position(|n| Some(n) == o.metadata.namespace.as_ref())?;
+        let name: u8 = o.name_any().strip_prefix('w')?.parse().ok()?;
+        (name < model_gen::NAMES).then_some(Key { ns: ns as u8, name })
+    }
+
+    fn consumer_api(&self, k: Key) -> Api<DynamicObject> {
+        Api::namespaced_with(self.fx.consumer.clone(), &self.nss[k.ns as usize], &self.ar)
+    }
+
+    fn provider_api(&self, k: Key) -> Api<DynamicObject> {
+        Api::namespaced_with(self.fx.provider.clone(), &self.nss[k.ns as usize], &self.ar)
+    }
+
+    async fn observe(&self) -> Result<Obs, Violation> {
+        let h = |what: &'static str| move |e: kube::Error| harness(format!("{what}: {e}"));
+        let crd = Api::<CustomResourceDefinition>::all(self.fx.consumer.clone())
+            .get_opt(&self.api)
+            .await
+            .map_err(h("reading the consumer CRD"))?;
+        let mut consumer = BTreeMap::new();
+        if crd.is_some() {
+            match Api::<DynamicObject>::all_with(self.fx.consumer.clone(), &self.ar)
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(l) => {
+                    for o in l.items {
+                        if let Some(k) = self.key_of(&o) {
+                            consumer.insert(k, o);
+                        }
+                    }
+                }
+                // Being created or torn down: nothing is served.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(harness(format!("listing consumer objects: {e}"))),
+            }
+        }
+        let mut provider = BTreeMap::new();
+        for o in Api::<DynamicObject>::all_with(self.fx.provider.clone(), &self.ar)
+            .list(&ListParams::default())
+            .await
+            .map_err(h("listing provider objects"))?
+            .items
+        {
+            if let Some(k) = self.key_of(&o) {
+                provider.insert(k, o);
+            }
+        }
+        let cb = Api::<ClusterBinding>::all(self.fx.consumer.clone())
+            .get_opt(&self.cb)
+            .await
+            .map_err(h("reading the ClusterBinding"))?;
+        let conn = Api::<Connection>::all(self.fx.consumer.clone())
+            .get(&self.conn)
+            .await
+            .map_err(h("reading the Connection"))?;
+        Ok(Obs {
+            crd,
+            consumer,
+            provider,
+            cb,
+            conn,
+        })
+    }
+
+    /// What invariant 3 watches: every condition of the Connection and the ClusterBinding
+    /// (status and reason), and kbind's annotations on every consumer object.
+    fn snapshot(&self, o: &Obs) -> BTreeMap<String, String> {
+        let mut s = BTreeMap::new();
+        let mut conds = |kind: &str, cs: &[Condition]| {
+            for c in cs {
+                s.insert(
+                    format!("{kind} condition {}", c.type_),
+                    format!("{} {}", c.status, c.reason),
+                );
+            }
+        };
+        if let Some(st) = &o.conn.status {
+            conds("Connection", &st.conditions);
+        }
+        if let Some(st) = o.cb.as_ref().and_then(|b| b.status.as_ref()) {
+            conds("ClusterBinding", &st.conditions);
+        }
+        for (k, obj) in &o.consumer {
+            let ann = obj.annotations();
+            let mut names: BTreeSet<&str> = [keys::CONFLICT, ORPHANED].into_iter().collect();
+            names.extend(
+                ann.keys()
+                    .map(String::as_str)
+                    .filter(|a| a.starts_with("core.kbind.io/")),
+            );
+            for a in names {
+                s.insert(
+                    format!("{k} annotation {a}"),
+                    ann.get(a).cloned().unwrap_or_else(|| "-".into()),
+                );
+            }
+        }
+        s
+    }
+
+    /// Record problems: the first check not ignored fails the step; ignored ones are kept for
+    /// the report.
+    fn report(&mut self, problems: Vec<(&'static str, String)>) -> Result<(), Violation> {
+        let mut failing: Option<Violation> = None;
+        for (check, detail) in problems {
+            if self.ignore.contains(check) {
+                self.ignored
+                    .push(format!("step {} [{check}] {detail}", self.step_no));
+                continue;
+            }
+            match &mut failing {
+                Some(v) if v.check == check => v.detail.push_str(&format!("\n  {detail}")),
+                Some(_) => {}
+                None => {
+                    failing = Some(Violation {
+                        check,
+                        detail: format!("\n  {detail}"),
+                    })
+                }
+            }
+        }
+        failing.map_or(Ok(()), Err)
+    }
+
+    /// After every step: observe, check what must always hold (invariant 1 and the provider's
+    /// own data), bring the model's observed facts up to date, and feed invariant 3.
+    async fn after(&mut self, disturbing: bool, clean: Option<Pass>) -> Result<Obs, Violation> {
+        let o = self.observe().await?;
+        let mut p: Vec<(&'static str, String)> = Vec::new();
+        for (k, pobj) in self.m.provider.clone() {
+            if o.provider.contains_key(&k) {
+                continue;
+            }
+            let consumer = match (self.m.consumer.contains_key(&k), self.m.terminating.contains(&k)) {
+                (true, _) => "lives",
+                (_, true) => "is being deleted",
+                _ => "is gone",
+            };
+            match pobj {
+                PObj::Copy { may_go: true, .. } => {}
+                PObj::Copy { .. } => p.push((
+                    "copy-kept",
+                    format!(
+                        "provider copy {k} was deleted, though its consumer object was never deleted through the syncer finalizer (the consumer object {consumer}; binding {})",
+                        if self.m.bound { "bound" } else { "unbound" }
+                    ),
+                )),
+                PObj::Foreign { .. } => {
+                    p.push(("foreign-untouched", format!("foreign provider object {k} was deleted")))
+                }
+            }
+            self.m.provider.remove(&k);
+        }
+        for (k, obj) in &o.provider {
+            match self.m.provider.get(k) {
+                None => {
+                    if obj.labels().get(keys::CONSUMER_CLUSTER) != Some(&self.local_uid) {
+                        p.push(("harness", format!("provider object {k} appeared without kbind's cluster marker: {:?}", obj.metadata.labels)));
+                    }
+                    self.m.provider.insert(
+                        *k,
+                        PObj::Copy {
+                            may_go: false,
+                            status: None,
+                        },
+                    );
+                }
+                Some(PObj::Foreign { size }) => {
+                    let marked: Vec<&String> = obj
+                        .labels()
+                        .keys()
+                        .chain(obj.annotations().keys())
+                        .filter(|k| k.starts_with("core.kbind.io/"))
+                        .collect();
+                    if obj.data["spec"] != json!({"size": size}) || !marked.is_empty() {
+                        p.push(("foreign-untouched", format!("foreign provider object {k} was changed: spec {} (was size {size}), kbind keys {marked:?}", obj.data["spec"])));
+                    }
+                }
+                Some(PObj::Copy {
+                    status: Some(st), ..
+                }) => {
+                    if &obj.data["status"] != st {
+                        p.push(("status-kept", format!("the provider's status on {k} was {st}, now {}", obj.data["status"])));
+                    }
+                }
+                Some(PObj::Copy { .. }) => {}
+            }
+        }
+        // A consumer object released by the syncer finalizer whose copy is still there: the copy
+        // is an orphan from now on, and stays.
+        for (k, pobj) in self.m.provider.iter_mut() {
+            if let PObj::Copy { may_go, .. } = pobj
+                && *may_go
+                && !o.consumer.contains_key(k)
+            {
+                *may_go = false;
+            }
+        }
+        self.m.terminating.retain(|k| o.consumer.contains_key(k));
+        if self.m.bound && o.crd_established() {
+            for k in self.m.consumer.keys() {
+                if !o.consumer.contains_key(k) {
+                    p.push(("consumer-kept", format!("consumer object {k} vanished while bound")));
+                }
+            }
+        }
+        self.m.consumer.retain(|k, _| o.consumer.contains_key(k) || !o.crd_established());
+        self.m.crd_ready = self.m.bound && o.crd_established();
+        self.m.teardown_done = !self.m.bound && o.cb.is_none() && o.crd.is_none();
+        self.report(p)?;
+
+        let snap = self.snapshot(&o);
+        if disturbing {
+            self.quiet.reset(&snap);
+        } else {
+            let flaps = self.quiet.see(&snap, clean);
+            self.report(flaps.into_iter().map(|f| ("flap", f)).collect())?;
+        }
+        Ok(o)
+    }
+
+    fn args(&self, pass: Pass) -> Vec<String> {
+        let mut a: Vec<String> = [
+            pass.name(),
+            "--kubeconfig",
+            &self.fx.env.consumer.to_string_lossy(),
+            "--lease-namespace",
+            &self.lease_ns[&pass],
+            "--selector",
+            &format!("kbind-test={}", self.fx.label),
+            "-o",
+            "json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    /// A killed run holds its pass Lease. The one place that decides what the next run does
+    /// about it (docs/testing.md): today a fresh Lease namespace for that pass; with
+    /// `--lease-duration`, nothing (the next runs must take the Lease over in time).
+    async fn after_kill(&mut self, pass: Pass) {
+        self.kills += 1;
+        match self.lease {
+            LeaseMode::FreshNamespace => {
+                let ns = support::namespace(&self.fx.consumer, "model-lease").await;
+                self.lease_ns.insert(pass, ns);
+            }
+            LeaseMode::Takeover(_) => {
+                self.killed_at.insert(pass, Instant::now());
+            }
+        }
+    }
+
+    async fn run(&mut self, pass: Pass, kill: Kill) -> Result<RunOutcome, Violation> {
+        let mut skipped = 0;
+        let out = loop {
+            let args = self.args(pass);
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            self.runs += 1;
+            let started = Instant::now();
+            let (code, summary, stderr, killed) = match kill {
+                Kill::No => {
+                    let (c, s, e) = support::kbind_async(&argv).await;
+                    (c, s, e, false)
+                }
+                Kill::AfterWrites(n) => {
+                    let n = n.to_string();
+                    let (c, s, e) =
+                        support::kbind_async_env(&argv, &[(kbind::pass::crash::ENV, &n)]).await;
+                    let crashed = c != 0 && e.contains("reached");
+                    (c, s, e, crashed)
+                }
+                Kill::Sigkill(ms) => {
+                    let out = support::signalled(
+                        support::kbind_command(&argv),
+                        "KILL",
+                        tokio::time::sleep(Duration::from_millis(ms)),
+                    )
+                    .await;
+                    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+                    let summary = stdout
+                        .lines()
+                        .rev()
+                        .find_map(|l| serde_json::from_str(l).ok())
+                        .unwrap_or(Value::Null);
+                    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+                    let code = out.status.code();
+                    (code.unwrap_or(-1), summary, stderr, code.is_none())
+                }
+            };
+            let took = started.elapsed();
+            if killed {
+                self.after_kill(pass).await;
+                let how = match kill {
+                    Kill::AfterWrites(n) => format!("aborted after write {n}"),
+                    _ => format!("SIGKILLed after {} ms", took.as_millis()),
+                };
+                break RunOutcome {
+                    clean: false,
+                    summary: Value::Null,
+                    note: how,
+                };
+            }
+            if code != 0 {
+                let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
+                return Err(Violation {
+                    check: "run-failed",
+                    detail: format!(
+                        "kbind {} exited {code}: {summary}\n{}",
+                        pass.name(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ),
+                });
+            }
+            if summary["outcome"] == "skipped" {
+                let since_kill = self.killed_at.get(&pass).map(Instant::elapsed);
+                let limit = match self.lease {
+                    LeaseMode::Takeover(d) => Some(d * 2 + Duration::from_secs(3)),
+                    LeaseMode::FreshNamespace => None,
+                };
+                match (since_kill, limit) {
+                    (Some(t), Some(limit)) if t <= limit => {
+                        skipped += 1;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        continue;
+                    }
+                    (since_kill, _) => {
+                        return Err(Violation {
+                            check: "lease",
+                            detail: format!(
+                                "kbind {} skipped {}: {}",
+                                pass.name(),
+                                since_kill.map_or("with no run killed".into(), |t| format!(
+                                    "{:.1} s after a run was killed",
+                                    t.as_secs_f64()
+                                )),
+                                summary["message"]
+                            ),
+                        });
+                    }
+                }
+            }
+            if summary["outcome"] != "completed" {
+                return Err(Violation {
+                    check: "run-failed",
+                    detail: format!("kbind {} did not complete: {summary}", pass.name()),
+                });
+            }
+            let mut note = format!(
+                "data_writes={} bookkeeping_writes={}",
+                summary["data_writes"], summary["bookkeeping_writes"]
+            );
+            if skipped > 0 {
+                note.push_str(&format!(" (after {skipped} skipped runs)"));
+            }
+            break RunOutcome {
+                clean: true,
+                summary,
+                note,
+            };
+        };
+        if pass == Pass::Schema {
+            self.wait_for_crd().await;
+        }
+        Ok(out)
+    }
+
+    /// After a schema run, let the apiserver finish what the run started on the consumer CRD
+    /// (Established, or deleted), so the next step sees the same state on every replay.
+    async fn wait_for_crd(&self) {
+        let crds = Api::<CustomResourceDefinition>::all(self.fx.consumer.clone());
+        for _ in 0..100 {
+            let Ok(crd) = crds.get_opt(&self.api).await else {
+                return;
+            };
+            let done = match &crd {
+                None => true,
+                Some(c) if c.metadata.deletion_timestamp.is_some() => false,
+                Some(c) => c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    }),
+            };
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Perform one step; returns what happened (for the replay listing).
+    async fn step(&mut self, step: &Step) -> Result<String, Violation> {
+        let h = |what: String| move |e: kube::Error| harness(format!("{what}: {e}"));
+        let skip = |why: &str| Ok(format!("skipped: {why}"));
+        let note = match *step {
+            Step::Create { key, size } => {
+                if !self.m.crd_ready {
+                    return skip("no consumer API");
+                }
+                if self.m.consumer.contains_key(&key) || self.m.terminating.contains(&key) {
+                    return skip("the name is taken");
+                }
+                let mut o = DynamicObject::new(&key.object_name(), &self.ar)
+                    .data(json!({"spec": {"size": size}}));
+                o.metadata.namespace = Some(self.nss[key.ns as usize].clone());
+                match self.consumer_api(key).create(&PostParams::default(), &o).await {
+                    Ok(c) => {
+                        self.m.consumer.insert(
+                            key,
+                            CObj {
+                                size,
+                                uid: c.uid().unwrap_or_default(),
+                            },
+                        );
+                        "created".into()
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return skip("the name is taken");
+                    }
+                    Err(e) => return Err(harness(format!("create {key}: {e}"))),
+                }
+            }
+            Step::Update { key, size } => {
+                if !self.m.consumer.contains_key(&key) {
+                    return skip("no such object");
+                }
+                self.consumer_api(key)
+                    .patch(
+                        &key.object_name(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"size": size}})),
+                    )
+                    .await
+                    .map_err(h(format!("update {key}")))?;
+                if let Some(c) = self.m.consumer.get_mut(&key) {
+                    c.size = size;
+                }
+                "updated".into()
+            }
+            Step::Delete { key } => {
+                if !self.m.consumer.contains_key(&key) {
+                    return skip("no such object");
+                }
+                let api = self.consumer_api(key);
+                let name = key.object_name();
+                let Some(obj) = api.get_opt(&name).await.map_err(h(format!("get {key}")))? else {
+                    return skip("no such object");
+                };
+                let held = obj.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(h(format!("delete {key}")))?;
+                self.m.consumer.remove(&key);
+                if held {
+                    self.m.terminating.insert(key);
+                    if let Some(PObj::Copy { may_go, .. }) = self.m.provider.get_mut(&key) {
+                        *may_go = true;
+                    }
+                    "deleted (syncer finalizer held)".into()
+                } else {
+                    "deleted (no syncer finalizer yet)".into()
+                }
+            }
+            Step::ProviderStatus { key, phase } => {
+                if !matches!(self.m.provider.get(&key), Some(PObj::Copy { .. })) {
+                    return skip("no copy");
+                }
+                let status = json!({"phase": format!("P{phase}")});
+                match self
+                    .provider_api(key)
+                    .patch_status(
+                        &key.object_name(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "status": status })),
+                    )
+                    .await
+                {
+                    Ok(o) => {
+                        if let Some(PObj::Copy { status, .. }) = self.m.provider.get_mut(&key) {
+                            *status = Some(o.data["status"].clone());
+                        }
+                        "status written".into()
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => return skip("no copy"),
+                    Err(e) => return Err(harness(format!("status {key}: {e}"))),
+                }
+            }
+            Step::Foreign { key, size } => {
+                if self.m.provider.contains_key(&key) {
+                    return skip("the provider name is taken");
+                }
+                let ns = self.nss[key.ns as usize].clone();
+                let n: k8s_openapi::api::core::v1::Namespace =
+                    serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+                let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.fx.provider.clone())
+                    .create(&PostParams::default(), &n)
+                    .await;
+                let mut o = DynamicObject::new(&key.object_name(), &self.ar)
+                    .data(json!({"spec": {"size": size}}));
+                o.metadata.namespace = Some(ns);
+                match self.provider_api(key).create(&PostParams::default(), &o).await {
+                    Ok(_) => {
+                        self.m.provider.insert(key, PObj::Foreign { size });
+                        "created on the provider".into()
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return skip("the provider name is taken");
+                    }
+                    Err(e) => return Err(harness(format!("foreign {key}: {e}"))),
+                }
+            }
+            Step::Unbind => {
+                if !self.m.bound {
+                    return skip("not bound");
+                }
+                Api::<ClusterBinding>::all(self.fx.consumer.clone())
+                    .delete(&self.cb, &DeleteParams::default())
+                    .await
+                    .map_err(h("unbind".into()))?;
+                self.m.bound = false;
+                self.m.crd_ready = false;
+                // The consumer CRD and its objects go with the binding.
+                self.m.consumer.clear();
+                "ClusterBinding deleted".into()
+            }
+            Step::Rebind => {
+                if self.m.bound || !self.m.teardown_done {
+                    return skip("the old binding is still there");
+                }
+                let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+                    "metadata": {"name": self.cb, "labels": {"kbind-test": self.fx.label}},
+                    "spec": {"connectionRef": {"name": self.conn}, "apis": [{"name": self.api}], "conflictPolicy": "Fail"}});
+                Api::<ClusterBinding>::all(self.fx.consumer.clone())
+                    .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+                    .await
+                    .map_err(h("rebind".into()))?;
+                self.m.bound = true;
+                "ClusterBinding created again".into()
+            }
+            Step::Rotate { fresh } => {
+                self.rotations += 1;
+                let text = if fresh {
+                    self.kubeconfig =
+                        support::token_kubeconfig(&self.fx.env.provider, &self.sa_ns, SA).await;
+                    self.kubeconfig.clone()
+                } else {
+                    format!("{}\n# rewritten {}\n", self.kubeconfig, self.rotations)
+                };
+                self.fx.secret("provider", "kubeconfig", &text).await;
+                if fresh {
+                    "Secret rewritten with a fresh token".into()
+                } else {
+                    "Secret rewritten, same kubeconfig".into()
+                }
+            }
+            Step::Run { pass, kill } => {
+                let r = self.run(pass, kill).await?;
+                self.after(!r.clean, r.clean.then_some(pass)).await?;
+                return Ok(r.note);
+            }
+            Step::Settle => return self.settle().await,
+        };
+        self.after(step.disturbs(), None).await?;
+        Ok(note)
+    }
+
+    /// Invariant 2: two clean rounds, then the servers must equal the model, and a third round
+    /// must write no data (invariant 3 watches its conditions and annotations).
+    async fn settle(&mut self) -> Result<String, Violation> {
+        let mut notes = Vec::new();
+        for pass in ROUNDS {
+            let r = self.run(pass, Kill::No).await?;
+            notes.push(format!("{}: {}", pass.name(), r.summary["data_writes"]));
+            self.after(false, Some(pass)).await?;
+        }
+        self.check_converged().await?;
+        for pass in [Pass::Schema, Pass::Resync] {
+            let r = self.run(pass, Kill::No).await?;
+            self.after(false, Some(pass)).await?;
+            let n = r.summary["data_writes"].as_u64().unwrap_or(u64::MAX);
+            if n != 0 {
+                let planned = self.dry_run(pass).await;
+                self.report(vec![(
+                    "quiet-writes",
+                    format!(
+                        "the third {} run wrote {n} data ({}); a dry run now would: {planned}",
+                        pass.name(),
+                        r.summary["counts"]
+                    ),
+                )])?;
+            }
+        }
+        Ok(format!(
+            "data writes per run {}; converged; third round quiet",
+            notes.join(", ")
+        ))
+    }
+
+    /// The writes a run would make now (to explain a third-round write).
+    async fn dry_run(&self, pass: Pass) -> String {
+        let mut args = self.args(pass);
+        args.push("--dry-run".into());
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, s, _) = support::kbind_async(&argv).await;
+        s["planned"].to_string()
+    }
+
+    async fn check_converged(&mut self) -> Result<(), Violation> {
+        let o = self.observe().await?;
+        let mut p: Vec<(&'static str, String)> = Vec::new();
+        let conds = |st: Option<&Vec<Condition>>, t: &str| -> String {
+            st.and_then(|cs| cs.iter().find(|c| c.type_ == t))
+                .map_or("(none)".into(), |c| format!("{} {}", c.status, c.reason))
+        };
+        let ready = conds(o.conn.status.as_ref().map(|s| &s.conditions), "Ready");
+        if !ready.starts_with("True") {
+            p.push(("converged", format!("Connection Ready is {ready}")));
+        }
+        if self.m.bound {
+            let conflicts: BTreeSet<Key> = self
+                .m
+                .consumer
+                .keys()
+                .filter(|k| self.m.foreign(k))
+                .copied()
+                .collect();
+            match &o.cb {
+                None => p.push(("converged", "the ClusterBinding is gone".into())),
+                Some(cb) => {
+                    let st = cb.status.clone().unwrap_or_default();
+                    let ready = conds(Some(&st.conditions), "Ready");
+                    if !ready.starts_with("True") {
+                        p.push(("converged", format!("ClusterBinding Ready is {ready}")));
+                    }
+                    let want_conflicts = if conflicts.is_empty() { "False" } else { "True" };
+                    let got = conds(Some(&st.conditions), "Conflicts");
+                    if !got.starts_with(want_conflicts) {
+                        p.push(("counts", format!("ClusterBinding Conflicts is {got}, conflicts {conflicts:?}")));
+                    }
+                    let a = st.bound_apis.iter().find(|a| a.name == self.api);
+                    let got = a.map(|a| (a.in_sync, a.conflict_count, a.pending));
+                    let n = |x: usize| Some(x as i64);
+                    let want = Some((
+                        n(self.m.consumer.len() - conflicts.len()),
+                        n(conflicts.len()),
+                        n(0),
+                    ));
+                    if got != want {
+                        p.push(("counts", format!("boundAPIs (inSync, conflictCount, pending) = {got:?}, model {want:?}")));
+                    }
+                }
+            }
+            if !o.crd_established() {
+                p.push(("converged", "the consumer CRD is not Established".into()));
+            }
+            for k in &self.m.terminating {
+                p.push(("converged", format!("consumer object {k} was deleted but is still there (syncer finalizer not released)")));
+            }
+            for k in o.consumer.keys() {
+                if !self.m.consumer.contains_key(k) && !self.m.terminating.contains(k) {
+                    p.push(("converged", format!("consumer object {k} exists, the model has none")));
+                }
+            }
+            for (k, c) in &self.m.consumer {
+                let Some(obj) = o.consumer.get(k) else {
+                    p.push(("converged", format!("consumer object {k} is missing")));
+                    continue;
+                };
+                let ann = obj.annotations();
+                let conflict = ann.get(keys::CONFLICT).map(String::as_str);
+                if self.m.foreign(k) {
+                    if conflict != Some(FOREIGN_OBJECT_EXISTS) {
+                        p.push(("converged", format!("{k}: a foreign provider object holds the name; conflict annotation is {conflict:?}, want {FOREIGN_OBJECT_EXISTS}")));
+                    }
+                    continue;
+                }
+                if let Some(c) = conflict {
+                    p.push(("converged", format!("{k}: conflict annotation {c} though the provider holds no foreign object")));
+                }
+                if !obj.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER) {
+                    p.push(("converged", format!("{k}: no syncer finalizer")));
+                }
+                let Some(copy) = o.provider.get(k) else {
+                    p.push(("converged", format!("{k}: no provider copy")));
+                    continue;
+                };
+                if copy.data["spec"] != json!({"size": c.size}) {
+                    p.push(("converged", format!("{k}: provider spec {} but the consumer's is size {}", copy.data["spec"], c.size)));
+                }
+                if copy.labels().get(keys::CONSUMER_CLUSTER) != Some(&self.local_uid) {
+                    p.push(("converged", format!("{k}: provider copy lacks the cluster marker")));
+                }
+                let owner = copy.annotations().get(keys::CONSUMER_OBJECT_UID).cloned();
+                if owner.as_ref() != Some(&c.uid) {
+                    p.push(("converged", format!("{k}: provider copy's object marker {owner:?}, consumer object uid {}", c.uid)));
+                }
+                if let Some(r) = copy.annotations().get(ORPHANED) {
+                    p.push(("orphan-annotation", format!("{k}: adopted copy still marked {ORPHANED}: {r}")));
+                }
+                let st = &copy.data["status"];
+                if !st.is_null() && &obj.data["status"] != st {
+                    p.push(("converged", format!("{k}: provider status {st} not copied down (consumer has {})", obj.data["status"])));
+                }
+            }
+        } else {
+            if o.cb.is_some() {
+                p.push(("converged", "the ClusterBinding is still there after the unbind".into()));
+            }
+            if o.crd.is_some() {
+                p.push(("converged", "the consumer CRD is still there after the unbind".into()));
+            }
+        }
+        for (k, pobj) in &self.m.provider {
+            if !matches!(pobj, PObj::Copy { .. }) || (self.m.bound && self.m.consumer.contains_key(k)) {
+                continue;
+            }
+            let Some(copy) = o.provider.get(k) else {
+                continue;
+            };
+            let r = copy.annotations().get(ORPHANED).cloned();
+            if !r.as_deref().is_some_and(|r| ORPHAN_REASONS.contains(&r)) {
+                p.push(("orphan-annotation", format!("{k}: copy without a consumer object has {ORPHANED} {r:?}, want one of {ORPHAN_REASONS:?}")));
+            }
+        }
+        self.report(p)
+    }
+}
+
+/// A sequence that broke an invariant.
+struct Failure {
+    seed: Option<u64>,
+    step: usize,
+    violation: Violation,
+    steps: Vec<(Step, String)>,
+    ignored: Vec<String>,
+}
+
+impl Failure {
+    fn render(&self, shrunk: Option<&[Step]>) -> String {
+        let mut s = format!(
+            "model: {} failed at step {}: invariant {} [{}]:{}\nsteps taken:\n",
+            self.seed.map_or("replay".into(), |s| format!("seed {s}")),
+            self.step,
+            invariant(self.violation.check),
+            self.violation.check,
+            self.violation.detail
+        );
+        for (i, (step, note)) in self.steps.iter().enumerate() {
+            s.push_str(&format!("  {:>3} {step:<28} {note}\n", i + 1));
+        }
+        let plain: Vec<Step> = self.steps.iter().map(|(s, _)| s.clone()).collect();
+        if let Some(seed) = self.seed {
+            s.push_str(&format!(
+                "replay: KBIND_MODEL_SEEDS={seed} KBIND_MODEL_STEPS={} cargo test --test model\n",
+                self.step
+            ));
+        }
+        s.push_str(&format!(
+            "replay these steps: KBIND_MODEL_REPLAY='{}' cargo test --test model\n",
+            model_gen::format_steps(&plain)
+        ));
+        if let Some(shrunk) = shrunk {
+            s.push_str(&format!(
+                "shrunk ({} steps): KBIND_MODEL_REPLAY='{}' cargo test --test model\n",
+                shrunk.len(),
+                model_gen::format_steps(shrunk)
+            ));
+        }
+        if !self.ignored.is_empty() {
+            s.push_str("ignored violations before it:\n");
+            for i in &self.ignored {
+                s.push_str(&format!("  {i}\n"));
+            }
+        }
+        s
+    }
+}
+
+/// Run one sequence: generated from `seed` (then a final settle) or exactly `replay`.
+async fn sequence(
+    cfg: &Config,
+    seed: Option<u64>,
+    replay: Option<&[Step]>,
+) -> Option<Result<String, Failure>> {
+    let started = Instant::now();
+    let mut w = World::new(cfg).await?;
+    let mut rng = Rng::new(seed.unwrap_or(0));
+    let n = replay.map_or(cfg.steps + 1, <[Step]>::len);
+    let mut steps: Vec<(Step, String)> = Vec::new();
+    let mut since_settle = 0;
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for i in 0..n {
+        let step = match replay {
+            Some(r) => r[i].clone(),
+            // The last generated step is a settle, so every sequence ends checked.
+            None if i == cfg.steps => Step::Settle,
+            None => model_gen::generate(&mut rng, &w.m, since_settle),
+        };
+        since_settle = if step == Step::Settle { 0 } else { since_settle + 1 };
+        w.step_no = i + 1;
+        let kind = match &step {
+            Step::Create { .. } => "create",
+            Step::Update { .. } => "update",
+            Step::Delete { .. } => "delete",
+            Step::ProviderStatus { .. } => "status",
+            Step::Foreign { .. } => "foreign",
+            Step::Unbind => "unbind",
+            Step::Rebind => "rebind",
+            Step::Rotate { .. } => "rotate",
+            Step::Run { .. } => "run",
+            Step::Settle => "settle",
+        };
+        *counts.entry(kind).or_default() += 1;
+        let r = w.step(&step).await;
+        match r {
+            Ok(note) => steps.push((step, note)),
+            Err(violation) => {
+                steps.push((step, "VIOLATION".into()));
+                w.cleanup().await;
+                println!(
+                    "model-figures seed={} steps={} runs={} killed={} result=fail check={}",
+                    seed.unwrap_or(0),
+                    steps.len(),
+                    w.runs,
+                    w.kills,
+                    violation.check
+                );
+                return Some(Err(Failure {
+                    seed,
+                    step: i + 1,
+                    violation,
+                    steps,
+                    ignored: w.ignored,
+                }));
+            }
+        }
+    }
+    w.cleanup().await;
+    println!(
+        "model-figures seed={} steps={} runs={} killed={} result=ok",
+        seed.unwrap_or(0),
+        steps.len(),
+        w.runs,
+        w.kills
+    );
+    let mut s = format!(
+        "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, {:.0} s",
+        seed.map_or("replay".into(), |s| format!("seed {s}")),
+        steps.len(),
+        w.runs,
+        w.kills,
+        started.elapsed().as_secs_f64()
+    );
+    for i in &w.ignored {
+        s.push_str(&format!("\n  ignored: {i}"));
+    }
+    Some(Ok(s))
+}
+
+/// Remove chunks of a failing sequence while it still fails the same check (bounded).
+async fn shrink(cfg: &Config, f: &Failure) -> Vec<Step> {
+    let mut cur: Vec<Step> = f.steps.iter().map(|(s, _)| s.clone()).collect();
+    let mut chunk = cur.len() / 2;
+    let mut attempts = 0;
+    while chunk >= 1 && attempts < 40 {
+        let mut i = 0;
+        while i < cur.len() && attempts < 40 {
+            let mut cand = cur.clone();
+            cand.drain(i..(i + chunk).min(cand.len()));
+            attempts += 1;
+            match sequence(cfg, None, Some(&cand)).await {
+                Some(Err(g)) if g.violation.check == f.violation.check => {
+                    println!("model: shrink: {} steps still fail", g.step);
+                    cur = cand[..g.step].to_vec();
+                }
+                _ => i += chunk,
+            }
+        }
+        chunk /= 2;
+    }
+    cur
+}
+
+#[tokio::test]
+async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
+    if support::env().is_none() {
+        return;
+    }
+    // Our exports must stay ours for the whole run (a pullPolicy All test would take them).
+    let _exports = support::all_exports_lock(false);
+    let cfg = Config::from_env();
+    println!(
+        "model: lease {:?}, extra flags {:?}, ignoring {:?}",
+        cfg.lease, cfg.extra, cfg.ignore
+    );
+    let runs: Vec<(Option<u64>, Option<Vec<Step>>)> = match &cfg.replay {
+        Some(r) => vec![(None, Some(r.clone()))],
+        None => cfg.seeds.iter().map(|s| (Some(*s), None)).collect(),
+    };
+    let mut failures = Vec::new();
+    for (seed, replay) in runs {
+        match sequence(&cfg, seed, replay.as_deref()).await {
+            None => return,
+            Some(Ok(line)) => println!("{line}"),
+            Some(Err(f)) => {
+                let shrunk = if cfg.shrink {
+                    Some(shrink(&cfg, &f).await)
+                } else {
+                    None
+                };
+                let text = f.render(shrunk.as_deref());
+                println!("{text}");
+                failures.push(text);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn steps_read_back_from_their_replay_form() {
+    let mut rng = Rng::new(7);
+    let mut m = Model {
+        bound: true,
+        crd_ready: true,
+        ..Default::default()
+    };
+    let mut steps = Vec::new();
+    for i in 0..400 {
+        let s = model_gen::generate(&mut rng, &m, i % 20);
+        if let Step::Create { key, size } = s {
+            m.consumer.insert(key, CObj { size, uid: String::new() });
+            m.provider.insert(key, PObj::Copy { may_go: false, status: None });
+        }
+        steps.push(s);
+    }
+    let text = model_gen::format_steps(&steps);
+    assert_eq!(model_gen::parse_steps(&text).unwrap(), steps);
+    assert!(model_gen::parse_steps("run resync crash=x").is_err());
+    assert!(model_gen::parse_steps("create c/w0 size=1").is_err());
+}
+
+#[test]
+fn the_generator_is_a_function_of_the_seed_and_the_model() {
+    let m = Model {
+        bound: true,
+        crd_ready: true,
+        ..Default::default()
+    };
+    let draw = |seed| {
+        let mut rng = Rng::new(seed);
+        (0..50)
+            .map(|i| model_gen::generate(&mut rng, &m, i % 10))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(draw(3), draw(3));
+    assert_ne!(draw(3), draw(4));
+}

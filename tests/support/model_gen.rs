@@ -1,0 +1,381 @@
+//! The pure half of the model-based test (tests/model.rs, docs/testing.md): a seeded generator,
+//! the steps it draws (with a one-line text form, so a failing sequence can be replayed or
+//! shrunk), and the reference model the checks compare the servers with. No I/O here.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde_json::Value;
+
+/// splitmix64: small, seedable, the same on every platform.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize].clone()
+    }
+}
+
+/// Consumer namespaces (`a`, `b`) times names (`w0`..`w2`): few enough that names recur.
+pub const NAMESPACES: u8 = 2;
+pub const NAMES: u8 = 3;
+
+/// A namespace/name slot, the same on both clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub ns: u8,
+    pub name: u8,
+}
+
+impl Key {
+    pub fn all() -> Vec<Key> {
+        (0..NAMESPACES)
+            .flat_map(|ns| (0..NAMES).map(move |name| Key { ns, name }))
+            .collect()
+    }
+    pub fn object_name(&self) -> String {
+        format!("w{}", self.name)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/w{}", (b'a' + self.ns) as char, self.name)
+    }
+}
+
+fn parse_key(s: &str) -> Option<Key> {
+    let (ns, name) = s.split_once('/')?;
+    let ns = ns.bytes().next()?.checked_sub(b'a')?;
+    let name: u8 = name.strip_prefix('w')?.parse().ok()?;
+    (ns < NAMESPACES && name < NAMES && s.len() == 4).then_some(Key { ns, name })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pass {
+    Schema,
+    Resync,
+}
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Schema => "schema",
+            Pass::Resync => "resync",
+        }
+    }
+}
+
+/// How a run ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kill {
+    /// Runs to the end.
+    No,
+    /// `KBIND_CRASH_AFTER_WRITES=n`: aborts right after its nth data write (a run with fewer
+    /// writes completes).
+    AfterWrites(u64),
+    /// SIGKILL this many milliseconds after the start (a run that ends sooner completes).
+    Sigkill(u64),
+}
+
+/// One step of a sequence: a user or world action, a run, or a settle (two clean rounds, the
+/// full comparison with the model, and a third round that must write nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The consumer creates an object (spec `{size}`).
+    Create { key: Key, size: u32 },
+    /// The consumer changes an object's spec.
+    Update { key: Key, size: u32 },
+    /// The consumer deletes an object.
+    Delete { key: Key },
+    /// The provider's controller writes `status.phase` on the copy.
+    ProviderStatus { key: Key, phase: u32 },
+    /// Someone else creates a provider object without kbind's markers.
+    Foreign { key: Key, size: u32 },
+    /// Delete the ClusterBinding.
+    Unbind,
+    /// Create the ClusterBinding again, same name.
+    Rebind,
+    /// Rewrite the Connection's Secret: a fresh token of the same ServiceAccount, or the same
+    /// kubeconfig with other bytes.
+    Rotate { fresh: bool },
+    Run { pass: Pass, kill: Kill },
+    Settle,
+}
+
+impl Step {
+    /// Whether the step may legitimately change conditions and kbind's annotations: the quiet
+    /// window of invariant 3 starts again after it. Status written by the provider and a rotated
+    /// Secret of the same identity change neither.
+    pub fn disturbs(&self) -> bool {
+        !matches!(
+            self,
+            Step::ProviderStatus { .. } | Step::Rotate { .. } | Step::Run { .. } | Step::Settle
+        )
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Create { key, size } => write!(f, "create {key} size={size}"),
+            Step::Update { key, size } => write!(f, "update {key} size={size}"),
+            Step::Delete { key } => write!(f, "delete {key}"),
+            Step::ProviderStatus { key, phase } => write!(f, "status {key} phase={phase}"),
+            Step::Foreign { key, size } => write!(f, "foreign {key} size={size}"),
+            Step::Unbind => write!(f, "unbind"),
+            Step::Rebind => write!(f, "rebind"),
+            Step::Rotate { fresh: true } => write!(f, "rotate token"),
+            Step::Rotate { fresh: false } => write!(f, "rotate same"),
+            Step::Run { pass, kill } => {
+                write!(f, "run {}", pass.name())?;
+                match kill {
+                    Kill::No => Ok(()),
+                    Kill::AfterWrites(n) => write!(f, " crash={n}"),
+                    Kill::Sigkill(ms) => write!(f, " kill={ms}ms"),
+                }
+            }
+            Step::Settle => write!(f, "settle"),
+        }
+    }
+}
+
+/// Parse one step as [`Step`]'s `Display` writes it.
+pub fn parse_step(s: &str) -> Option<Step> {
+    let words: Vec<&str> = s.split_whitespace().collect();
+    let num = |w: &str, k: &str| -> Option<u32> { w.strip_prefix(k)?.parse().ok() };
+    Some(match words.as_slice() {
+        ["create", k, n] => Step::Create {
+            key: parse_key(k)?,
+            size: num(n, "size=")?,
+        },
+        ["update", k, n] => Step::Update {
+            key: parse_key(k)?,
+            size: num(n, "size=")?,
+        },
+        ["delete", k] => Step::Delete { key: parse_key(k)? },
+        ["status", k, n] => Step::ProviderStatus {
+            key: parse_key(k)?,
+            phase: num(n, "phase=")?,
+        },
+        ["foreign", k, n] => Step::Foreign {
+            key: parse_key(k)?,
+            size: num(n, "size=")?,
+        },
+        ["unbind"] => Step::Unbind,
+        ["rebind"] => Step::Rebind,
+        ["rotate", "token"] => Step::Rotate { fresh: true },
+        ["rotate", "same"] => Step::Rotate { fresh: false },
+        ["settle"] => Step::Settle,
+        ["run", p, rest @ ..] => {
+            let pass = match *p {
+                "schema" => Pass::Schema,
+                "resync" => Pass::Resync,
+                _ => return None,
+            };
+            let kill = match rest {
+                [] => Kill::No,
+                [k] if k.starts_with("crash=") => Kill::AfterWrites(num(k, "crash=")?.into()),
+                [k] => Kill::Sigkill(k.strip_prefix("kill=")?.strip_suffix("ms")?.parse().ok()?),
+                _ => return None,
+            };
+            Step::Run { pass, kill }
+        }
+        _ => return None,
+    })
+}
+
+/// A `;`-separated list of steps (the replay form).
+pub fn parse_steps(s: &str) -> Result<Vec<Step>, String> {
+    s.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse_step(s).ok_or_else(|| format!("cannot parse step {s:?}")))
+        .collect()
+}
+
+pub fn format_steps(steps: &[Step]) -> String {
+    steps
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What the model knows of a provider object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PObj {
+    /// Created by someone else, no kbind markers: kbind must never touch it.
+    Foreign { size: u32 },
+    /// A copy kbind made. `may_go`: its consumer object was deleted through the syncer
+    /// finalizer, the one path by which provider data may be deleted. `status`: what the
+    /// provider's controller last wrote (kbind never writes provider status).
+    Copy {
+        may_go: bool,
+        status: Option<Value>,
+    },
+}
+
+/// A live consumer object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CObj {
+    pub size: u32,
+    pub uid: String,
+}
+
+/// The reference model: what the user and the world did, and what must hold because of it.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    /// The ClusterBinding exists (and is not being deleted).
+    pub bound: bool,
+    /// Observed: the consumer CRD is Established (consumer objects can be written).
+    pub crd_ready: bool,
+    /// Observed after an unbind: the ClusterBinding and the consumer CRD are gone.
+    pub teardown_done: bool,
+    pub consumer: BTreeMap<Key, CObj>,
+    /// Deleted while holding the syncer finalizer, not yet released.
+    pub terminating: BTreeSet<Key>,
+    pub provider: BTreeMap<Key, PObj>,
+}
+
+impl Model {
+    pub fn foreign(&self, k: &Key) -> bool {
+        matches!(self.provider.get(k), Some(PObj::Foreign { .. }))
+    }
+}
+
+/// At most this many foreign objects per sequence: each holds its name for good.
+const MAX_FOREIGN: usize = 2;
+/// A settle at least this often.
+pub const SETTLE_EVERY: usize = 16;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Create,
+    Update,
+    Delete,
+    Status,
+    Foreign,
+    Unbind,
+    Rebind,
+    Rotate,
+    Run,
+    Settle,
+}
+
+/// Draw the next step from the model: only steps that make sense in its state, weighted.
+pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
+    if since_settle >= SETTLE_EVERY {
+        return Step::Settle;
+    }
+    let free: Vec<Key> = Key::all()
+        .into_iter()
+        .filter(|k| !m.consumer.contains_key(k) && !m.terminating.contains(k))
+        .collect();
+    let live: Vec<Key> = m.consumer.keys().copied().collect();
+    let copies: Vec<Key> = m
+        .provider
+        .iter()
+        .filter(|(_, p)| matches!(p, PObj::Copy { may_go: false, .. }))
+        .map(|(k, _)| *k)
+        .collect();
+    let unclaimed: Vec<Key> = Key::all()
+        .into_iter()
+        .filter(|k| !m.provider.contains_key(k))
+        .collect();
+    let foreign = m.provider.values().filter(|p| matches!(p, PObj::Foreign { .. })).count();
+    let consumer_ok = m.bound && m.crd_ready;
+    let mut kinds: Vec<(u64, Kind)> = vec![(60, Kind::Run), (3, Kind::Settle), (4, Kind::Rotate)];
+    if consumer_ok && !free.is_empty() {
+        kinds.push((30, Kind::Create));
+    }
+    if consumer_ok && !live.is_empty() {
+        kinds.push((20, Kind::Update));
+        kinds.push((14, Kind::Delete));
+    }
+    if !copies.is_empty() {
+        kinds.push((12, Kind::Status));
+    }
+    if foreign < MAX_FOREIGN && !unclaimed.is_empty() {
+        kinds.push((5, Kind::Foreign));
+    }
+    if consumer_ok {
+        kinds.push((4, Kind::Unbind));
+    }
+    if !m.bound && m.teardown_done {
+        kinds.push((40, Kind::Rebind));
+    }
+    let total: u64 = kinds.iter().map(|(w, _)| w).sum();
+    let mut r = rng.below(total);
+    let kind = kinds
+        .iter()
+        .find(|(w, _)| {
+            if r < *w {
+                true
+            } else {
+                r -= w;
+                false
+            }
+        })
+        .map(|(_, k)| *k)
+        .unwrap_or(Kind::Run);
+    match kind {
+        Kind::Create => Step::Create {
+            key: rng.pick(&free),
+            size: rng.below(5) as u32,
+        },
+        Kind::Update => Step::Update {
+            key: rng.pick(&live),
+            size: rng.below(5) as u32,
+        },
+        Kind::Delete => Step::Delete {
+            key: rng.pick(&live),
+        },
+        Kind::Status => Step::ProviderStatus {
+            key: rng.pick(&copies),
+            phase: rng.below(4) as u32,
+        },
+        Kind::Foreign => Step::Foreign {
+            key: rng.pick(&unclaimed),
+            size: 100 + rng.below(100) as u32,
+        },
+        Kind::Unbind => Step::Unbind,
+        Kind::Rebind => Step::Rebind,
+        Kind::Rotate => Step::Rotate {
+            fresh: rng.below(2) == 0,
+        },
+        Kind::Settle => Step::Settle,
+        Kind::Run => {
+            let pass = if rng.below(5) < 2 {
+                Pass::Schema
+            } else {
+                Pass::Resync
+            };
+            let r = rng.below(100);
+            let kill = if r < 12 {
+                Kill::AfterWrites(1 + rng.below(4))
+            } else if r < 18 {
+                Kill::Sigkill(rng.below(800))
+            } else {
+                Kill::No
+            };
+            Step::Run { pass, kill }
+        }
+    }
+}
