@@ -36,14 +36,13 @@ use model_gen::{CObj, Key, Kill, Model, PObj, Pass, Rng, Step};
 use serde_json::{Value, json};
 use support::fx::Fx;
 
-/// The orphan marker of docs/resync.md (not yet a constant in `kbind::api::keys`).
-const ORPHANED: &str = "core.kbind.io/orphaned";
-const ORPHAN_REASONS: [&str; 2] = ["Unbound", "ConsumerObjectGone"];
+const ORPHANED: &str = keys::ORPHANED;
+const ORPHAN_REASONS: [&str; 2] = [keys::ORPHANED_UNBOUND, keys::ORPHANED_CONSUMER_OBJECT_GONE];
 const FOREIGN_OBJECT_EXISTS: &str = "ForeignObjectExists";
 
-/// The fixed CI set: about 3 × 60 steps, sized to finish in a few minutes on 2 cores.
+/// The fixed CI set: 3 × 80 steps (each settle is 6 runs), about two minutes on 2 cores.
 const CI_SEEDS: [u64; 3] = [11, 23, 42];
-const CI_STEPS: usize = 60;
+const CI_STEPS: usize = 80;
 
 #[derive(Clone, Debug)]
 struct Violation {
@@ -86,14 +85,42 @@ struct Config {
     steps: usize,
     replay: Option<Vec<Step>>,
     shrink: bool,
+    /// `KBIND_MODEL_VERBOSE=1`: print every step as it is taken.
+    verbose: bool,
     ignore: BTreeSet<String>,
     lease: LeaseMode,
     /// Extra flags every run gets (`--write-concurrency 1` when the binary has it).
     extra: Vec<String>,
+    /// The binary has `--credential-namespace`.
+    credential_ns: bool,
+}
+
+/// The kbind binary the runs use: this crate's, or `KBIND_MODEL_BIN` (to run the sequences
+/// against another build, e.g. the one before a fix, without installing its CRDs).
+fn command(args: &[&str]) -> std::process::Command {
+    match std::env::var_os("KBIND_MODEL_BIN").filter(|b| !b.is_empty()) {
+        Some(bin) => {
+            let mut cmd = std::process::Command::new(bin);
+            cmd.args(args)
+                .env("RUST_LOG", "info")
+                .env_remove("KUBECONFIG");
+            cmd
+        }
+        None => support::kbind_command(args),
+    }
+}
+
+/// Run a kbind command without blocking the runtime: (exit code, summary, stderr).
+async fn run_kbind(cmd: std::process::Command) -> (i32, Value, String) {
+    let out = tokio::process::Command::from(cmd)
+        .output()
+        .await
+        .expect("run kbind");
+    support::outcome(out)
 }
 
 fn help_has(flag: &str) -> bool {
-    support::kbind_command(&["resync", "--help"])
+    command(&["resync", "--help"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
         .unwrap_or(false)
@@ -128,7 +155,8 @@ impl Config {
         let mut extra = Vec::new();
         let lease = if takeover {
             extra.push("--lease-duration".to_string());
-            extra.push(format!("{}ms", duration.as_millis()));
+            // A Lease counts whole seconds.
+            extra.push(format!("{}s", duration.as_secs().max(1)));
             LeaseMode::Takeover(duration)
         } else {
             LeaseMode::FreshNamespace
@@ -143,9 +171,11 @@ impl Config {
             steps,
             replay,
             shrink: var("KBIND_MODEL_SHRINK").is_some_and(|v| v != "0"),
+            verbose: var("KBIND_MODEL_VERBOSE").is_some_and(|v| v != "0"),
             ignore,
             lease,
             extra,
+            credential_ns: help_has("--credential-namespace"),
         }
     }
 }
@@ -256,8 +286,13 @@ struct World {
     local_uid: String,
     lease: LeaseMode,
     lease_ns: BTreeMap<Pass, String>,
-    killed_at: BTreeMap<Pass, Instant>,
+    /// Per pass, when a run was last killed, and whether it surely held the Lease then (it
+    /// crashed after a data write).
+    killed_at: BTreeMap<Pass, (Instant, bool)>,
+    /// The longest a run was skipped after a kill (invariant 4).
+    longest_skip: Duration,
     extra: Vec<String>,
+    credential_ns: bool,
     m: Model,
     quiet: Quiet,
     ignore: BTreeSet<String>,
@@ -327,7 +362,9 @@ impl World {
             lease: cfg.lease,
             lease_ns,
             killed_at: BTreeMap::new(),
+            longest_skip: Duration::ZERO,
             extra: cfg.extra.clone(),
+            credential_ns: cfg.credential_ns,
             m: Model {
                 bound: true,
                 ..Default::default()
@@ -348,15 +385,17 @@ impl World {
 
     /// Best effort: the cluster-scoped object this fixture made on the provider.
     async fn cleanup(&self) {
-        let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(
-            self.fx.provider.clone(),
-        )
-        .delete(&self.crb, &DeleteParams::default())
-        .await;
+        let _ =
+            Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.fx.provider.clone())
+                .delete(&self.crb, &DeleteParams::default())
+                .await;
     }
 
     fn key_of(&self, o: &DynamicObject) -> Option<Key> {
-        let ns = self.nss.iter().position(|n| Some(n) == o.metadata.namespace.as_ref())?;
+        let ns = self
+            .nss
+            .iter()
+            .position(|n| Some(n) == o.metadata.namespace.as_ref())?;
         let name: u8 = o.name_any().strip_prefix('w')?.parse().ok()?;
         (name < model_gen::NAMES).then_some(Key { ns: ns as u8, name })
     }
@@ -490,7 +529,10 @@ impl World {
             if o.provider.contains_key(&k) {
                 continue;
             }
-            let consumer = match (self.m.consumer.contains_key(&k), self.m.terminating.contains(&k)) {
+            let consumer = match (
+                self.m.consumer.contains_key(&k),
+                self.m.terminating.contains(&k),
+            ) {
                 (true, _) => "lives",
                 (_, true) => "is being deleted",
                 _ => "is gone",
@@ -514,7 +556,13 @@ impl World {
             match self.m.provider.get(k) {
                 None => {
                     if obj.labels().get(keys::CONSUMER_CLUSTER) != Some(&self.local_uid) {
-                        p.push(("harness", format!("provider object {k} appeared without kbind's cluster marker: {:?}", obj.metadata.labels)));
+                        p.push((
+                            "harness",
+                            format!(
+                                "provider object {k} appeared without kbind's cluster marker: {:?}",
+                                obj.metadata.labels
+                            ),
+                        ));
                     }
                     self.m.provider.insert(
                         *k,
@@ -539,7 +587,13 @@ impl World {
                     status: Some(st), ..
                 }) => {
                     if &obj.data["status"] != st {
-                        p.push(("status-kept", format!("the provider's status on {k} was {st}, now {}", obj.data["status"])));
+                        p.push((
+                            "status-kept",
+                            format!(
+                                "the provider's status on {k} was {st}, now {}",
+                                obj.data["status"]
+                            ),
+                        ));
                     }
                 }
                 Some(PObj::Copy { .. }) => {}
@@ -559,11 +613,16 @@ impl World {
         if self.m.bound && o.crd_established() {
             for k in self.m.consumer.keys() {
                 if !o.consumer.contains_key(k) {
-                    p.push(("consumer-kept", format!("consumer object {k} vanished while bound")));
+                    p.push((
+                        "consumer-kept",
+                        format!("consumer object {k} vanished while bound"),
+                    ));
                 }
             }
         }
-        self.m.consumer.retain(|k, _| o.consumer.contains_key(k) || !o.crd_established());
+        self.m
+            .consumer
+            .retain(|k, _| o.consumer.contains_key(k) || !o.crd_established());
         self.m.crd_ready = self.m.bound && o.crd_established();
         self.m.teardown_done = !self.m.bound && o.cb.is_none() && o.crd.is_none();
         self.report(p)?;
@@ -593,6 +652,10 @@ impl World {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if self.credential_ns {
+            // The Secret stays in the fixture's namespace whatever the Lease namespace is.
+            a.extend(["--credential-namespace".into(), self.fx.ns.clone()]);
+        }
         a.extend(self.extra.iter().cloned());
         a
     }
@@ -600,7 +663,7 @@ impl World {
     /// A killed run holds its pass Lease. The one place that decides what the next run does
     /// about it (docs/testing.md): today a fresh Lease namespace for that pass; with
     /// `--lease-duration`, nothing (the next runs must take the Lease over in time).
-    async fn after_kill(&mut self, pass: Pass) {
+    async fn after_kill(&mut self, pass: Pass, held_lease: bool) {
         self.kills += 1;
         match self.lease {
             LeaseMode::FreshNamespace => {
@@ -608,7 +671,7 @@ impl World {
                 self.lease_ns.insert(pass, ns);
             }
             LeaseMode::Takeover(_) => {
-                self.killed_at.insert(pass, Instant::now());
+                self.killed_at.insert(pass, (Instant::now(), held_lease));
             }
         }
     }
@@ -622,19 +685,19 @@ impl World {
             let started = Instant::now();
             let (code, summary, stderr, killed) = match kill {
                 Kill::No => {
-                    let (c, s, e) = support::kbind_async(&argv).await;
+                    let (c, s, e) = run_kbind(command(&argv)).await;
                     (c, s, e, false)
                 }
                 Kill::AfterWrites(n) => {
-                    let n = n.to_string();
-                    let (c, s, e) =
-                        support::kbind_async_env(&argv, &[(kbind::pass::crash::ENV, &n)]).await;
+                    let mut cmd = command(&argv);
+                    cmd.env(kbind::pass::crash::ENV, n.to_string());
+                    let (c, s, e) = run_kbind(cmd).await;
                     let crashed = c != 0 && e.contains("reached");
                     (c, s, e, crashed)
                 }
                 Kill::Sigkill(ms) => {
                     let out = support::signalled(
-                        support::kbind_command(&argv),
+                        command(&argv),
                         "KILL",
                         tokio::time::sleep(Duration::from_millis(ms)),
                     )
@@ -652,7 +715,8 @@ impl World {
             };
             let took = started.elapsed();
             if killed {
-                self.after_kill(pass).await;
+                self.after_kill(pass, matches!(kill, Kill::AfterWrites(_)))
+                    .await;
                 let how = match kill {
                     Kill::AfterWrites(n) => format!("aborted after write {n}"),
                     _ => format!("SIGKILLed after {} ms", took.as_millis()),
@@ -675,7 +739,7 @@ impl World {
                 });
             }
             if summary["outcome"] == "skipped" {
-                let since_kill = self.killed_at.get(&pass).map(Instant::elapsed);
+                let since_kill = self.killed_at.get(&pass).map(|(t, _)| t.elapsed());
                 let limit = match self.lease {
                     LeaseMode::Takeover(d) => Some(d * 2 + Duration::from_secs(3)),
                     LeaseMode::FreshNamespace => None,
@@ -683,6 +747,7 @@ impl World {
                 match (since_kill, limit) {
                     (Some(t), Some(limit)) if t <= limit => {
                         skipped += 1;
+                        self.longest_skip = self.longest_skip.max(t);
                         tokio::time::sleep(Duration::from_millis(300)).await;
                         continue;
                     }
@@ -708,10 +773,26 @@ impl World {
                     detail: format!("kbind {} did not complete: {summary}", pass.name()),
                 });
             }
+            // The first run after a crash that held the Lease takes it over and says so.
+            if let Some((t, true)) = self.killed_at.remove(&pass)
+                && summary["leaseTakenOver"].is_null()
+            {
+                return Err(Violation {
+                    check: "lease",
+                    detail: format!(
+                        "the first kbind {} run {:.1} s after a run crashed holding the Lease does not report leaseTakenOver: {summary}",
+                        pass.name(),
+                        t.elapsed().as_secs_f64()
+                    ),
+                });
+            }
             let mut note = format!(
                 "data_writes={} bookkeeping_writes={}",
                 summary["data_writes"], summary["bookkeeping_writes"]
             );
+            if !summary["leaseTakenOver"].is_null() {
+                note.push_str(" leaseTakenOver");
+            }
             if skipped > 0 {
                 note.push_str(&format!(" (after {skipped} skipped runs)"));
             }
@@ -769,7 +850,11 @@ impl World {
                 let mut o = DynamicObject::new(&key.object_name(), &self.ar)
                     .data(json!({"spec": {"size": size}}));
                 o.metadata.namespace = Some(self.nss[key.ns as usize].clone());
-                match self.consumer_api(key).create(&PostParams::default(), &o).await {
+                match self
+                    .consumer_api(key)
+                    .create(&PostParams::default(), &o)
+                    .await
+                {
                     Ok(c) => {
                         self.m.consumer.insert(
                             key,
@@ -864,7 +949,11 @@ impl World {
                 let mut o = DynamicObject::new(&key.object_name(), &self.ar)
                     .data(json!({"spec": {"size": size}}));
                 o.metadata.namespace = Some(ns);
-                match self.provider_api(key).create(&PostParams::default(), &o).await {
+                match self
+                    .provider_api(key)
+                    .create(&PostParams::default(), &o)
+                    .await
+                {
                     Ok(_) => {
                         self.m.provider.insert(key, PObj::Foreign { size });
                         "created on the provider".into()
@@ -921,11 +1010,15 @@ impl World {
             }
             Step::Run { pass, kill } => {
                 let r = self.run(pass, kill).await?;
+                if r.clean && pass == Pass::Resync {
+                    self.m.pending_work = false;
+                }
                 self.after(!r.clean, r.clean.then_some(pass)).await?;
                 return Ok(r.note);
             }
             Step::Settle => return self.settle().await,
         };
+        self.m.pending_work = true;
         self.after(step.disturbs(), None).await?;
         Ok(note)
     }
@@ -939,6 +1032,7 @@ impl World {
             notes.push(format!("{}: {}", pass.name(), r.summary["data_writes"]));
             self.after(false, Some(pass)).await?;
         }
+        self.m.pending_work = false;
         self.check_converged().await?;
         for pass in [Pass::Schema, Pass::Resync] {
             let r = self.run(pass, Kill::No).await?;
@@ -967,7 +1061,7 @@ impl World {
         let mut args = self.args(pass);
         args.push("--dry-run".into());
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (_, s, _) = support::kbind_async(&argv).await;
+        let (_, s, _) = run_kbind(command(&argv)).await;
         s["planned"].to_string()
     }
 
@@ -998,21 +1092,37 @@ impl World {
                     if !ready.starts_with("True") {
                         p.push(("converged", format!("ClusterBinding Ready is {ready}")));
                     }
-                    let want_conflicts = if conflicts.is_empty() { "False" } else { "True" };
+                    let want_conflicts = if conflicts.is_empty() {
+                        "False"
+                    } else {
+                        "True"
+                    };
                     let got = conds(Some(&st.conditions), "Conflicts");
                     if !got.starts_with(want_conflicts) {
-                        p.push(("counts", format!("ClusterBinding Conflicts is {got}, conflicts {conflicts:?}")));
+                        p.push((
+                            "counts",
+                            format!("ClusterBinding Conflicts is {got}, conflicts {conflicts:?}"),
+                        ));
                     }
                     let a = st.bound_apis.iter().find(|a| a.name == self.api);
-                    let got = a.map(|a| (a.in_sync, a.conflict_count, a.pending));
+                    let got = a.map(|a| (a.in_sync, a.conflict_count, a.pending, a.orphaned));
                     let n = |x: usize| Some(x as i64);
+                    let orphans = self
+                        .m
+                        .provider
+                        .iter()
+                        .filter(|(k, p)| {
+                            matches!(p, PObj::Copy { .. }) && !self.m.consumer.contains_key(k)
+                        })
+                        .count();
                     let want = Some((
                         n(self.m.consumer.len() - conflicts.len()),
                         n(conflicts.len()),
                         n(0),
+                        n(orphans),
                     ));
                     if got != want {
-                        p.push(("counts", format!("boundAPIs (inSync, conflictCount, pending) = {got:?}, model {want:?}")));
+                        p.push(("counts", format!("boundAPIs (inSync, conflictCount, pending, orphaned) = {got:?}, model {want:?}")));
                     }
                 }
             }
@@ -1024,7 +1134,10 @@ impl World {
             }
             for k in o.consumer.keys() {
                 if !self.m.consumer.contains_key(k) && !self.m.terminating.contains(k) {
-                    p.push(("converged", format!("consumer object {k} exists, the model has none")));
+                    p.push((
+                        "converged",
+                        format!("consumer object {k} exists, the model has none"),
+                    ));
                 }
             }
             for (k, c) in &self.m.consumer {
@@ -1051,33 +1164,65 @@ impl World {
                     continue;
                 };
                 if copy.data["spec"] != json!({"size": c.size}) {
-                    p.push(("converged", format!("{k}: provider spec {} but the consumer's is size {}", copy.data["spec"], c.size)));
+                    p.push((
+                        "converged",
+                        format!(
+                            "{k}: provider spec {} but the consumer's is size {}",
+                            copy.data["spec"], c.size
+                        ),
+                    ));
                 }
                 if copy.labels().get(keys::CONSUMER_CLUSTER) != Some(&self.local_uid) {
-                    p.push(("converged", format!("{k}: provider copy lacks the cluster marker")));
+                    p.push((
+                        "converged",
+                        format!("{k}: provider copy lacks the cluster marker"),
+                    ));
                 }
                 let owner = copy.annotations().get(keys::CONSUMER_OBJECT_UID).cloned();
                 if owner.as_ref() != Some(&c.uid) {
-                    p.push(("converged", format!("{k}: provider copy's object marker {owner:?}, consumer object uid {}", c.uid)));
+                    p.push((
+                        "converged",
+                        format!(
+                            "{k}: provider copy's object marker {owner:?}, consumer object uid {}",
+                            c.uid
+                        ),
+                    ));
                 }
                 if let Some(r) = copy.annotations().get(ORPHANED) {
-                    p.push(("orphan-annotation", format!("{k}: adopted copy still marked {ORPHANED}: {r}")));
+                    p.push((
+                        "orphan-annotation",
+                        format!("{k}: adopted copy still marked {ORPHANED}: {r}"),
+                    ));
                 }
                 let st = &copy.data["status"];
                 if !st.is_null() && &obj.data["status"] != st {
-                    p.push(("converged", format!("{k}: provider status {st} not copied down (consumer has {})", obj.data["status"])));
+                    p.push((
+                        "converged",
+                        format!(
+                            "{k}: provider status {st} not copied down (consumer has {})",
+                            obj.data["status"]
+                        ),
+                    ));
                 }
             }
         } else {
             if o.cb.is_some() {
-                p.push(("converged", "the ClusterBinding is still there after the unbind".into()));
+                p.push((
+                    "converged",
+                    "the ClusterBinding is still there after the unbind".into(),
+                ));
             }
             if o.crd.is_some() {
-                p.push(("converged", "the consumer CRD is still there after the unbind".into()));
+                p.push((
+                    "converged",
+                    "the consumer CRD is still there after the unbind".into(),
+                ));
             }
         }
         for (k, pobj) in &self.m.provider {
-            if !matches!(pobj, PObj::Copy { .. }) || (self.m.bound && self.m.consumer.contains_key(k)) {
+            if !matches!(pobj, PObj::Copy { .. })
+                || (self.m.bound && self.m.consumer.contains_key(k))
+            {
                 continue;
             }
             let Some(copy) = o.provider.get(k) else {
@@ -1162,7 +1307,11 @@ async fn sequence(
             None if i == cfg.steps => Step::Settle,
             None => model_gen::generate(&mut rng, &w.m, since_settle),
         };
-        since_settle = if step == Step::Settle { 0 } else { since_settle + 1 };
+        since_settle = if step == Step::Settle {
+            0
+        } else {
+            since_settle + 1
+        };
         w.step_no = i + 1;
         let kind = match &step {
             Step::Create { .. } => "create",
@@ -1178,6 +1327,10 @@ async fn sequence(
         };
         *counts.entry(kind).or_default() += 1;
         let r = w.step(&step).await;
+        if cfg.verbose {
+            let note = r.as_ref().map_or("VIOLATION", String::as_str);
+            println!("model: {:>3} {step:<28} {note}", i + 1);
+        }
         match r {
             Ok(note) => steps.push((step, note)),
             Err(violation) => {
@@ -1210,11 +1363,12 @@ async fn sequence(
         w.kills
     );
     let mut s = format!(
-        "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, {:.0} s",
+        "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
         seed.map_or("replay".into(), |s| format!("seed {s}")),
         steps.len(),
         w.runs,
         w.kills,
+        w.longest_skip.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     for i in &w.ignored {
@@ -1295,8 +1449,20 @@ fn steps_read_back_from_their_replay_form() {
     for i in 0..400 {
         let s = model_gen::generate(&mut rng, &m, i % 20);
         if let Step::Create { key, size } = s {
-            m.consumer.insert(key, CObj { size, uid: String::new() });
-            m.provider.insert(key, PObj::Copy { may_go: false, status: None });
+            m.consumer.insert(
+                key,
+                CObj {
+                    size,
+                    uid: String::new(),
+                },
+            );
+            m.provider.insert(
+                key,
+                PObj::Copy {
+                    may_go: false,
+                    status: None,
+                },
+            );
         }
         steps.push(s);
     }

@@ -99,23 +99,42 @@ pub enum Kill {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// The consumer creates an object (spec `{size}`).
-    Create { key: Key, size: u32 },
+    Create {
+        key: Key,
+        size: u32,
+    },
     /// The consumer changes an object's spec.
-    Update { key: Key, size: u32 },
+    Update {
+        key: Key,
+        size: u32,
+    },
     /// The consumer deletes an object.
-    Delete { key: Key },
+    Delete {
+        key: Key,
+    },
     /// The provider's controller writes `status.phase` on the copy.
-    ProviderStatus { key: Key, phase: u32 },
+    ProviderStatus {
+        key: Key,
+        phase: u32,
+    },
     /// Someone else creates a provider object without kbind's markers.
-    Foreign { key: Key, size: u32 },
+    Foreign {
+        key: Key,
+        size: u32,
+    },
     /// Delete the ClusterBinding.
     Unbind,
     /// Create the ClusterBinding again, same name.
     Rebind,
     /// Rewrite the Connection's Secret: a fresh token of the same ServiceAccount, or the same
     /// kubeconfig with other bytes.
-    Rotate { fresh: bool },
-    Run { pass: Pass, kill: Kill },
+    Rotate {
+        fresh: bool,
+    },
+    Run {
+        pass: Pass,
+        kill: Kill,
+    },
     Settle,
 }
 
@@ -226,10 +245,7 @@ pub enum PObj {
     /// A copy kbind made. `may_go`: its consumer object was deleted through the syncer
     /// finalizer, the one path by which provider data may be deleted. `status`: what the
     /// provider's controller last wrote (kbind never writes provider status).
-    Copy {
-        may_go: bool,
-        status: Option<Value>,
-    },
+    Copy { may_go: bool, status: Option<Value> },
 }
 
 /// A live consumer object.
@@ -252,6 +268,9 @@ pub struct Model {
     /// Deleted while holding the syncer finalizer, not yet released.
     pub terminating: BTreeSet<Key>,
     pub provider: BTreeMap<Key, PObj>,
+    /// An action happened since the last clean resync run: the next runs have writes to make,
+    /// so that is when killing one tells most.
+    pub pending_work: bool,
 }
 
 impl Model {
@@ -279,8 +298,13 @@ enum Kind {
     Settle,
 }
 
-/// Draw the next step from the model: only steps that make sense in its state, weighted.
-pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
+/// Draw the next step from the model: only steps that make sense in its state, weighted. Every
+/// step takes exactly one number from `seq` (and draws the rest from a generator seeded with
+/// it), so where a run's timing changed one step, the steps after it still come from the same
+/// numbers.
+pub fn generate(seq: &mut Rng, m: &Model, since_settle: usize) -> Step {
+    let mut rng = Rng::new(seq.next_u64());
+    let rng = &mut rng;
     if since_settle >= SETTLE_EVERY {
         return Step::Settle;
     }
@@ -299,9 +323,13 @@ pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
         .into_iter()
         .filter(|k| !m.provider.contains_key(k))
         .collect();
-    let foreign = m.provider.values().filter(|p| matches!(p, PObj::Foreign { .. })).count();
+    let foreign = m
+        .provider
+        .values()
+        .filter(|p| matches!(p, PObj::Foreign { .. }))
+        .count();
     let consumer_ok = m.bound && m.crd_ready;
-    let mut kinds: Vec<(u64, Kind)> = vec![(60, Kind::Run), (3, Kind::Settle), (4, Kind::Rotate)];
+    let mut kinds: Vec<(u64, Kind)> = vec![(36, Kind::Run), (3, Kind::Settle), (4, Kind::Rotate)];
     if consumer_ok && !free.is_empty() {
         kinds.push((30, Kind::Create));
     }
@@ -310,13 +338,14 @@ pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
         kinds.push((14, Kind::Delete));
     }
     if !copies.is_empty() {
-        kinds.push((12, Kind::Status));
+        kinds.push((8, Kind::Status));
     }
     if foreign < MAX_FOREIGN && !unclaimed.is_empty() {
         kinds.push((5, Kind::Foreign));
     }
     if consumer_ok {
-        kinds.push((4, Kind::Unbind));
+        // Most telling with something to keep.
+        kinds.push((if m.provider.is_empty() { 1 } else { 5 }, Kind::Unbind));
     }
     if !m.bound && m.teardown_done {
         kinds.push((40, Kind::Rebind));
@@ -336,10 +365,24 @@ pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
         .map(|(_, k)| *k)
         .unwrap_or(Kind::Run);
     match kind {
-        Kind::Create => Step::Create {
-            key: rng.pick(&free),
-            size: rng.below(5) as u32,
-        },
+        Kind::Create => {
+            // Half the time a name the provider already holds (an orphan to re-adopt, or a
+            // foreign object to conflict with), when there is one.
+            let held: Vec<Key> = free
+                .iter()
+                .filter(|k| m.provider.contains_key(k))
+                .copied()
+                .collect();
+            let from = if !held.is_empty() && rng.below(2) == 0 {
+                &held
+            } else {
+                &free
+            };
+            Step::Create {
+                key: rng.pick(from),
+                size: rng.below(5) as u32,
+            }
+        }
         Kind::Update => Step::Update {
             key: rng.pick(&live),
             size: rng.below(5) as u32,
@@ -362,16 +405,18 @@ pub fn generate(rng: &mut Rng, m: &Model, since_settle: usize) -> Step {
         },
         Kind::Settle => Step::Settle,
         Kind::Run => {
-            let pass = if rng.below(5) < 2 {
+            let pass = if rng.below(10) < 3 {
                 Pass::Schema
             } else {
                 Pass::Resync
             };
             let r = rng.below(100);
-            let kill = if r < 12 {
-                Kill::AfterWrites(1 + rng.below(4))
-            } else if r < 18 {
-                Kill::Sigkill(rng.below(800))
+            let at = if m.pending_work { 2 } else { 1 };
+            let kill = if r < 20 * at {
+                // Most runs between actions write little: the first write most often.
+                Kill::AfterWrites([1, 1, 2, 3][rng.below(4) as usize])
+            } else if r < 28 * at {
+                Kill::Sigkill(20 + rng.below(250))
             } else {
                 Kill::No
             };
