@@ -18,6 +18,8 @@
 
 #[path = "support/model_gen.rs"]
 mod model_gen;
+#[path = "support/relsync_fx.rs"]
+mod relsync_fx;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,12 +29,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
 use kbind::api::keys;
+use kbind::fakes::slack;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
-use model_gen::{CObj, Key, Kill, Model, PObj, Pass, Rng, Step};
+use model_gen::{CObj, Key, Kill, Model, PObj, Pass, RModel, RStep, Rng, Step};
+use relsync_fx::{Rx, SLACK_TOKEN, workspace};
 use serde_json::{Value, json};
 use support::fx::Fx;
 
@@ -43,6 +47,7 @@ const FOREIGN_OBJECT_EXISTS: &str = "ForeignObjectExists";
 /// The fixed CI set: 3 × 80 steps (each settle is 6 runs), about two minutes on 2 cores.
 const CI_SEEDS: [u64; 3] = [11, 23, 42];
 const CI_STEPS: usize = 80;
+const CI_RELSYNC_STEPS: usize = 40;
 
 #[derive(Clone, Debug)]
 struct Violation {
@@ -53,7 +58,10 @@ struct Violation {
 /// Which invariant of the module doc a check belongs to.
 fn invariant(check: &str) -> &'static str {
     match check {
-        "copy-kept" | "foreign-untouched" | "consumer-kept" => "1 (nothing disappears)",
+        "copy-kept" | "foreign-untouched" | "consumer-kept" | "relationship-kept" => {
+            "1 (nothing disappears)"
+        }
+        "spicedb-exact" | "relationship-unexpected" => "5 (SpiceDB holds exactly the model)",
         "converged" | "orphan-annotation" | "counts" | "quiet-writes" | "status-kept"
         | "run-failed" => "2 (converges on the model)",
         "flap" => "3 (no flip without a cause)",
@@ -84,21 +92,28 @@ struct Config {
     seeds: Vec<u64>,
     steps: usize,
     replay: Option<Vec<Step>>,
+    /// Steps per seed of the relsync sequences (`KBIND_MODEL_RELSYNC_STEPS`; 0 skips them).
+    relsync_steps: usize,
+    relsync_replay: Option<Vec<RStep>>,
     shrink: bool,
     /// `KBIND_MODEL_VERBOSE=1`: print every step as it is taken.
     verbose: bool,
     ignore: BTreeSet<String>,
     lease: LeaseMode,
-    /// Extra flags every run gets (`--write-concurrency 1` when the binary has it).
+    /// `--lease-duration` when invariant 4 is on.
+    lease_args: Vec<String>,
+    /// Extra flags every schema and resync run gets: the Lease's, and `--write-concurrency 1`
+    /// when the binary has it.
     extra: Vec<String>,
     /// The binary has `--credential-namespace`.
     credential_ns: bool,
 }
 
-/// The kbind binary the runs use: this crate's, or `KBIND_MODEL_BIN` (to run the sequences
-/// against another build, e.g. the one before a fix, without installing its CRDs).
+/// The kbind binary the runs use: this crate's, or `KBIND_BIN` (another build, e.g. the one
+/// before a fix, run against the same servers without installing its CRDs; as
+/// tests/support/relsync_fx.rs).
 fn command(args: &[&str]) -> std::process::Command {
-    match std::env::var_os("KBIND_MODEL_BIN").filter(|b| !b.is_empty()) {
+    match std::env::var_os("KBIND_BIN").filter(|b| !b.is_empty()) {
         Some(bin) => {
             let mut cmd = std::process::Command::new(bin);
             cmd.args(args)
@@ -141,6 +156,11 @@ impl Config {
             .unwrap_or(CI_STEPS);
         let replay = var("KBIND_MODEL_REPLAY")
             .map(|s| model_gen::parse_steps(&s).expect("KBIND_MODEL_REPLAY"));
+        let relsync_steps = var("KBIND_MODEL_RELSYNC_STEPS")
+            .map(|s| s.parse().expect("KBIND_MODEL_RELSYNC_STEPS: a number"))
+            .unwrap_or(CI_RELSYNC_STEPS);
+        let relsync_replay = var("KBIND_MODEL_RELSYNC_REPLAY")
+            .map(|s| model_gen::parse_rsteps(&s).expect("KBIND_MODEL_RELSYNC_REPLAY"));
         let ignore = var("KBIND_MODEL_IGNORE")
             .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
             .unwrap_or_default();
@@ -152,15 +172,16 @@ impl Config {
             Some("0" | "false" | "off") => false,
             _ => help_has("--lease-duration"),
         };
-        let mut extra = Vec::new();
+        let mut lease_args = Vec::new();
         let lease = if takeover {
-            extra.push("--lease-duration".to_string());
+            lease_args.push("--lease-duration".to_string());
             // A Lease counts whole seconds.
-            extra.push(format!("{}s", duration.as_secs().max(1)));
+            lease_args.push(format!("{}s", duration.as_secs().max(1)));
             LeaseMode::Takeover(duration)
         } else {
             LeaseMode::FreshNamespace
         };
+        let mut extra = lease_args.clone();
         // docs/testing.md: model runs write one at a time, so a crash point is one write.
         if help_has("--write-concurrency") {
             extra.push("--write-concurrency".into());
@@ -170,10 +191,13 @@ impl Config {
             seeds,
             steps,
             replay,
+            relsync_steps,
+            relsync_replay,
             shrink: var("KBIND_MODEL_SHRINK").is_some_and(|v| v != "0"),
             verbose: var("KBIND_MODEL_VERBOSE").is_some_and(|v| v != "0"),
             ignore,
             lease,
+            lease_args,
             extra,
             credential_ns: help_has("--credential-namespace"),
         }
@@ -207,8 +231,9 @@ impl Obs {
 /// Invariant 3: within a window with no disturbing step, no value of the snapshot returns to
 /// an earlier one (A → B → A), and once the window holds two full rounds (schema, resync,
 /// schema, resync), nothing changes at all.
-#[derive(Default)]
 struct Quiet {
+    /// The clean runs that make two full rounds, in order.
+    rounds: &'static [&'static str],
     history: BTreeMap<String, Vec<String>>,
     progress: usize,
     baseline: Option<BTreeMap<String, String>>,
@@ -217,6 +242,15 @@ struct Quiet {
 const ROUNDS: [Pass; 4] = [Pass::Schema, Pass::Resync, Pass::Schema, Pass::Resync];
 
 impl Quiet {
+    fn new(rounds: &'static [&'static str]) -> Self {
+        Quiet {
+            rounds,
+            history: BTreeMap::new(),
+            progress: 0,
+            baseline: None,
+        }
+    }
+
     fn reset(&mut self, snap: &BTreeMap<String, String>) {
         self.history = snap
             .iter()
@@ -226,7 +260,7 @@ impl Quiet {
         self.baseline = None;
     }
 
-    fn see(&mut self, snap: &BTreeMap<String, String>, clean: Option<Pass>) -> Vec<String> {
+    fn see(&mut self, snap: &BTreeMap<String, String>, clean: Option<&str>) -> Vec<String> {
         let mut problems = Vec::new();
         for (k, v) in snap {
             let h = self.history.entry(k.clone()).or_default();
@@ -253,11 +287,11 @@ impl Quiet {
             }
         }
         if let Some(p) = clean
-            && self.progress < ROUNDS.len()
-            && ROUNDS[self.progress] == p
+            && self.progress < self.rounds.len()
+            && self.rounds[self.progress] == p
         {
             self.progress += 1;
-            if self.progress == ROUNDS.len() {
+            if self.progress == self.rounds.len() {
                 self.baseline = Some(snap.clone());
             }
         }
@@ -269,6 +303,199 @@ struct RunOutcome {
     clean: bool,
     summary: Value,
     note: String,
+}
+
+/// The runs of one sequence, and what a killed run leaves behind: its Lease.
+struct Runs {
+    lease: LeaseMode,
+    /// Where fresh Lease namespaces are made.
+    consumer: kube::Client,
+    /// Per pass, its Lease namespace when not the default.
+    lease_ns: BTreeMap<&'static str, String>,
+    default_ns: String,
+    /// Per pass, when a run was last killed, and whether it surely held the Lease then (it
+    /// crashed after a data write).
+    killed_at: BTreeMap<&'static str, (Instant, bool)>,
+    /// The longest a run was skipped after a kill (invariant 4).
+    longest_skip: Duration,
+    runs: usize,
+    kills: usize,
+}
+
+/// Stands for the Lease namespace in a command line built ahead.
+const LEASE_NS: &str = "{lease-namespace}";
+
+impl Runs {
+    fn new(lease: LeaseMode, consumer: kube::Client, ns: &str) -> Self {
+        Runs {
+            lease,
+            consumer,
+            lease_ns: BTreeMap::new(),
+            default_ns: ns.to_string(),
+            killed_at: BTreeMap::new(),
+            longest_skip: Duration::ZERO,
+            runs: 0,
+            kills: 0,
+        }
+    }
+
+    fn lease_ns(&self, pass: &str) -> String {
+        self.lease_ns
+            .get(pass)
+            .cloned()
+            .unwrap_or_else(|| self.default_ns.clone())
+    }
+
+    /// A killed run holds its pass Lease. The one place that decides what the next run does
+    /// about it (docs/testing.md): today a fresh Lease namespace for that pass; with
+    /// `--lease-duration`, nothing (the next runs must take the Lease over in time).
+    async fn after_kill(&mut self, pass: &'static str, held_lease: bool) {
+        self.kills += 1;
+        match self.lease {
+            LeaseMode::FreshNamespace => {
+                let ns = support::namespace(&self.consumer, "model-lease").await;
+                self.lease_ns.insert(pass, ns);
+            }
+            LeaseMode::Takeover(_) => {
+                self.killed_at.insert(pass, (Instant::now(), held_lease));
+            }
+        }
+    }
+
+    /// Run pass `pass` (`make` builds its command for a Lease namespace), killed as `kill`
+    /// says. A run skipped because a killed run's Lease is still live is retried, within
+    /// invariant 4's bound.
+    async fn run(
+        &mut self,
+        pass: &'static str,
+        kill: Kill,
+        make: impl Fn(&str) -> std::process::Command,
+    ) -> Result<RunOutcome, Violation> {
+        let mut skipped = 0;
+        loop {
+            let ns = self.lease_ns(pass);
+            self.runs += 1;
+            let started = Instant::now();
+            let (code, summary, stderr, killed) = match kill {
+                Kill::No => {
+                    let (c, s, e) = run_kbind(make(&ns)).await;
+                    (c, s, e, false)
+                }
+                Kill::AfterWrites(n) => {
+                    let mut cmd = make(&ns);
+                    cmd.env(kbind::pass::crash::ENV, n.to_string());
+                    let (c, s, e) = run_kbind(cmd).await;
+                    let crashed = c != 0 && e.contains("reached");
+                    (c, s, e, crashed)
+                }
+                Kill::Sigkill(ms) => {
+                    let out = support::signalled(
+                        make(&ns),
+                        "KILL",
+                        tokio::time::sleep(Duration::from_millis(ms)),
+                    )
+                    .await;
+                    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+                    let summary = stdout
+                        .lines()
+                        .rev()
+                        .find_map(|l| serde_json::from_str(l).ok())
+                        .unwrap_or(Value::Null);
+                    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+                    let code = out.status.code();
+                    (code.unwrap_or(-1), summary, stderr, code.is_none())
+                }
+            };
+            let took = started.elapsed();
+            if killed {
+                self.after_kill(pass, matches!(kill, Kill::AfterWrites(_)))
+                    .await;
+                let how = match kill {
+                    Kill::AfterWrites(n) => format!("aborted after write {n}"),
+                    _ => format!("SIGKILLed after {} ms", took.as_millis()),
+                };
+                return Ok(RunOutcome {
+                    clean: false,
+                    summary: Value::Null,
+                    note: how,
+                });
+            }
+            if code != 0 {
+                let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
+                return Err(Violation {
+                    check: "run-failed",
+                    detail: format!(
+                        "kbind {} exited {code}: {summary}\n{}",
+                        pass,
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ),
+                });
+            }
+            if summary["outcome"] == "skipped" {
+                let since_kill = self.killed_at.get(&pass).map(|(t, _)| t.elapsed());
+                let limit = match self.lease {
+                    LeaseMode::Takeover(d) => Some(d * 2 + Duration::from_secs(3)),
+                    LeaseMode::FreshNamespace => None,
+                };
+                match (since_kill, limit) {
+                    (Some(t), Some(limit)) if t <= limit => {
+                        skipped += 1;
+                        self.longest_skip = self.longest_skip.max(t);
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        continue;
+                    }
+                    (since_kill, _) => {
+                        return Err(Violation {
+                            check: "lease",
+                            detail: format!(
+                                "kbind {} skipped {}: {}",
+                                pass,
+                                since_kill.map_or("with no run killed".into(), |t| format!(
+                                    "{:.1} s after a run was killed",
+                                    t.as_secs_f64()
+                                )),
+                                summary["message"]
+                            ),
+                        });
+                    }
+                }
+            }
+            if summary["outcome"] != "completed" {
+                return Err(Violation {
+                    check: "run-failed",
+                    detail: format!("kbind {} did not complete: {summary}", pass),
+                });
+            }
+            // The first run after a crash that held the Lease takes it over and says so.
+            if let Some((t, true)) = self.killed_at.remove(&pass)
+                && summary["leaseTakenOver"].is_null()
+            {
+                return Err(Violation {
+                    check: "lease",
+                    detail: format!(
+                        "the first kbind {} run {:.1} s after a run crashed holding the Lease does not report leaseTakenOver: {summary}",
+                        pass,
+                        t.elapsed().as_secs_f64()
+                    ),
+                });
+            }
+            let mut note = format!(
+                "data_writes={} bookkeeping_writes={}",
+                summary["data_writes"], summary["bookkeeping_writes"]
+            );
+            if !summary["leaseTakenOver"].is_null() {
+                note.push_str(" leaseTakenOver");
+            }
+            if skipped > 0 {
+                note.push_str(&format!(" (after {skipped} skipped runs)"));
+            }
+            return Ok(RunOutcome {
+                clean: true,
+                summary,
+                note,
+            });
+        }
+    }
 }
 
 /// One fixture (its own API group, namespaces, Connection, ClusterBinding) and the model of it.
@@ -284,13 +511,7 @@ struct World {
     kubeconfig: String,
     rotations: u32,
     local_uid: String,
-    lease: LeaseMode,
-    lease_ns: BTreeMap<Pass, String>,
-    /// Per pass, when a run was last killed, and whether it surely held the Lease then (it
-    /// crashed after a data write).
-    killed_at: BTreeMap<Pass, (Instant, bool)>,
-    /// The longest a run was skipped after a kill (invariant 4).
-    longest_skip: Duration,
+    runs: Runs,
     extra: Vec<String>,
     credential_ns: bool,
     m: Model,
@@ -299,8 +520,6 @@ struct World {
     /// Violations of ignored checks, reported at the end.
     ignored: Vec<String>,
     step_no: usize,
-    runs: usize,
-    kills: usize,
 }
 
 const SA: &str = "model-syncer";
@@ -343,10 +562,7 @@ impl World {
             "widgets",
         );
         let nss = vec![fx.ns.clone(), ns_b];
-        let lease_ns = [Pass::Schema, Pass::Resync]
-            .into_iter()
-            .map(|p| (p, fx.ns.clone()))
-            .collect();
+        let runs = Runs::new(cfg.lease, fx.consumer.clone(), &fx.ns);
         let mut w = World {
             fx,
             api,
@@ -359,22 +575,17 @@ impl World {
             kubeconfig,
             rotations: 0,
             local_uid,
-            lease: cfg.lease,
-            lease_ns,
-            killed_at: BTreeMap::new(),
-            longest_skip: Duration::ZERO,
+            runs,
             extra: cfg.extra.clone(),
             credential_ns: cfg.credential_ns,
             m: Model {
                 bound: true,
                 ..Default::default()
             },
-            quiet: Quiet::default(),
+            quiet: Quiet::new(&["schema", "resync", "schema", "resync"]),
             ignore: cfg.ignore.clone(),
             ignored: Vec::new(),
             step_no: 0,
-            runs: 0,
-            kills: 0,
         };
         let o = w.observe().await.expect("first observation");
         w.m.crd_ready = o.crd_established();
@@ -631,19 +842,19 @@ impl World {
         if disturbing {
             self.quiet.reset(&snap);
         } else {
-            let flaps = self.quiet.see(&snap, clean);
+            let flaps = self.quiet.see(&snap, clean.map(Pass::name));
             self.report(flaps.into_iter().map(|f| ("flap", f)).collect())?;
         }
         Ok(o)
     }
 
-    fn args(&self, pass: Pass) -> Vec<String> {
+    fn args(&self, pass: Pass, lease_ns: &str) -> Vec<String> {
         let mut a: Vec<String> = [
             pass.name(),
             "--kubeconfig",
             &self.fx.env.consumer.to_string_lossy(),
             "--lease-namespace",
-            &self.lease_ns[&pass],
+            lease_ns,
             "--selector",
             &format!("kbind-test={}", self.fx.label),
             "-o",
@@ -660,148 +871,18 @@ impl World {
         a
     }
 
-    /// A killed run holds its pass Lease. The one place that decides what the next run does
-    /// about it (docs/testing.md): today a fresh Lease namespace for that pass; with
-    /// `--lease-duration`, nothing (the next runs must take the Lease over in time).
-    async fn after_kill(&mut self, pass: Pass, held_lease: bool) {
-        self.kills += 1;
-        match self.lease {
-            LeaseMode::FreshNamespace => {
-                let ns = support::namespace(&self.fx.consumer, "model-lease").await;
-                self.lease_ns.insert(pass, ns);
-            }
-            LeaseMode::Takeover(_) => {
-                self.killed_at.insert(pass, (Instant::now(), held_lease));
-            }
-        }
-    }
-
     async fn run(&mut self, pass: Pass, kill: Kill) -> Result<RunOutcome, Violation> {
-        let mut skipped = 0;
-        let out = loop {
-            let args = self.args(pass);
-            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            self.runs += 1;
-            let started = Instant::now();
-            let (code, summary, stderr, killed) = match kill {
-                Kill::No => {
-                    let (c, s, e) = run_kbind(command(&argv)).await;
-                    (c, s, e, false)
-                }
-                Kill::AfterWrites(n) => {
-                    let mut cmd = command(&argv);
-                    cmd.env(kbind::pass::crash::ENV, n.to_string());
-                    let (c, s, e) = run_kbind(cmd).await;
-                    let crashed = c != 0 && e.contains("reached");
-                    (c, s, e, crashed)
-                }
-                Kill::Sigkill(ms) => {
-                    let out = support::signalled(
-                        command(&argv),
-                        "KILL",
-                        tokio::time::sleep(Duration::from_millis(ms)),
-                    )
-                    .await;
-                    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-                    let summary = stdout
-                        .lines()
-                        .rev()
-                        .find_map(|l| serde_json::from_str(l).ok())
-                        .unwrap_or(Value::Null);
-                    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-                    let code = out.status.code();
-                    (code.unwrap_or(-1), summary, stderr, code.is_none())
-                }
-            };
-            let took = started.elapsed();
-            if killed {
-                self.after_kill(pass, matches!(kill, Kill::AfterWrites(_)))
-                    .await;
-                let how = match kill {
-                    Kill::AfterWrites(n) => format!("aborted after write {n}"),
-                    _ => format!("SIGKILLed after {} ms", took.as_millis()),
-                };
-                break RunOutcome {
-                    clean: false,
-                    summary: Value::Null,
-                    note: how,
-                };
-            }
-            if code != 0 {
-                let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
-                return Err(Violation {
-                    check: "run-failed",
-                    detail: format!(
-                        "kbind {} exited {code}: {summary}\n{}",
-                        pass.name(),
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    ),
-                });
-            }
-            if summary["outcome"] == "skipped" {
-                let since_kill = self.killed_at.get(&pass).map(|(t, _)| t.elapsed());
-                let limit = match self.lease {
-                    LeaseMode::Takeover(d) => Some(d * 2 + Duration::from_secs(3)),
-                    LeaseMode::FreshNamespace => None,
-                };
-                match (since_kill, limit) {
-                    (Some(t), Some(limit)) if t <= limit => {
-                        skipped += 1;
-                        self.longest_skip = self.longest_skip.max(t);
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        continue;
-                    }
-                    (since_kill, _) => {
-                        return Err(Violation {
-                            check: "lease",
-                            detail: format!(
-                                "kbind {} skipped {}: {}",
-                                pass.name(),
-                                since_kill.map_or("with no run killed".into(), |t| format!(
-                                    "{:.1} s after a run was killed",
-                                    t.as_secs_f64()
-                                )),
-                                summary["message"]
-                            ),
-                        });
-                    }
-                }
-            }
-            if summary["outcome"] != "completed" {
-                return Err(Violation {
-                    check: "run-failed",
-                    detail: format!("kbind {} did not complete: {summary}", pass.name()),
-                });
-            }
-            // The first run after a crash that held the Lease takes it over and says so.
-            if let Some((t, true)) = self.killed_at.remove(&pass)
-                && summary["leaseTakenOver"].is_null()
-            {
-                return Err(Violation {
-                    check: "lease",
-                    detail: format!(
-                        "the first kbind {} run {:.1} s after a run crashed holding the Lease does not report leaseTakenOver: {summary}",
-                        pass.name(),
-                        t.elapsed().as_secs_f64()
-                    ),
-                });
-            }
-            let mut note = format!(
-                "data_writes={} bookkeeping_writes={}",
-                summary["data_writes"], summary["bookkeeping_writes"]
-            );
-            if !summary["leaseTakenOver"].is_null() {
-                note.push_str(" leaseTakenOver");
-            }
-            if skipped > 0 {
-                note.push_str(&format!(" (after {skipped} skipped runs)"));
-            }
-            break RunOutcome {
-                clean: true,
-                summary,
-                note,
-            };
-        };
+        let template = self.args(pass, LEASE_NS);
+        let out = self
+            .runs
+            .run(pass.name(), kill, move |ns: &str| {
+                let args: Vec<&str> = template
+                    .iter()
+                    .map(|a| if a == LEASE_NS { ns } else { a.as_str() })
+                    .collect();
+                command(&args)
+            })
+            .await?;
         if pass == Pass::Schema {
             self.wait_for_crd().await;
         }
@@ -1058,7 +1139,7 @@ impl World {
 
     /// The writes a run would make now (to explain a third-round write).
     async fn dry_run(&self, pass: Pass) -> String {
-        let mut args = self.args(pass);
+        let mut args = self.args(pass, &self.runs.lease_ns(pass.name()));
         args.push("--dry-run".into());
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let (_, s, _) = run_kbind(command(&argv)).await;
@@ -1242,12 +1323,15 @@ struct Failure {
     seed: Option<u64>,
     step: usize,
     violation: Violation,
-    steps: Vec<(Step, String)>,
+    /// Each step's text and what happened.
+    steps: Vec<(String, String)>,
     ignored: Vec<String>,
+    /// The variables that replay it: (steps per seed, exact steps).
+    vars: (&'static str, &'static str),
 }
 
 impl Failure {
-    fn render(&self, shrunk: Option<&[Step]>) -> String {
+    fn render(&self, shrunk: Option<&[String]>) -> String {
         let mut s = format!(
             "model: {} failed at step {}: invariant {} [{}]:{}\nsteps taken:\n",
             self.seed.map_or("replay".into(), |s| format!("seed {s}")),
@@ -1259,22 +1343,23 @@ impl Failure {
         for (i, (step, note)) in self.steps.iter().enumerate() {
             s.push_str(&format!("  {:>3} {step:<28} {note}\n", i + 1));
         }
-        let plain: Vec<Step> = self.steps.iter().map(|(s, _)| s.clone()).collect();
+        let plain: Vec<&str> = self.steps.iter().map(|(s, _)| s.as_str()).collect();
+        let (steps_var, replay_var) = self.vars;
         if let Some(seed) = self.seed {
             s.push_str(&format!(
-                "replay: KBIND_MODEL_SEEDS={seed} KBIND_MODEL_STEPS={} cargo test --test model\n",
+                "replay: KBIND_MODEL_SEEDS={seed} {steps_var}={} cargo test --test model\n",
                 self.step
             ));
         }
         s.push_str(&format!(
-            "replay these steps: KBIND_MODEL_REPLAY='{}' cargo test --test model\n",
-            model_gen::format_steps(&plain)
+            "replay these steps: {replay_var}='{}' cargo test --test model\n",
+            plain.join("; ")
         ));
         if let Some(shrunk) = shrunk {
             s.push_str(&format!(
-                "shrunk ({} steps): KBIND_MODEL_REPLAY='{}' cargo test --test model\n",
+                "shrunk ({} steps): {replay_var}='{}' cargo test --test model\n",
                 shrunk.len(),
-                model_gen::format_steps(shrunk)
+                shrunk.join("; ")
             ));
         }
         if !self.ignored.is_empty() {
@@ -1297,7 +1382,7 @@ async fn sequence(
     let mut w = World::new(cfg).await?;
     let mut rng = Rng::new(seed.unwrap_or(0));
     let n = replay.map_or(cfg.steps + 1, <[Step]>::len);
-    let mut steps: Vec<(Step, String)> = Vec::new();
+    let mut steps: Vec<(String, String)> = Vec::new();
     let mut since_settle = 0;
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     for i in 0..n {
@@ -1332,16 +1417,16 @@ async fn sequence(
             println!("model: {:>3} {step:<28} {note}", i + 1);
         }
         match r {
-            Ok(note) => steps.push((step, note)),
+            Ok(note) => steps.push((step.to_string(), note)),
             Err(violation) => {
-                steps.push((step, "VIOLATION".into()));
+                steps.push((step.to_string(), "VIOLATION".into()));
                 w.cleanup().await;
                 println!(
                     "model-figures seed={} steps={} runs={} killed={} result=fail check={}",
                     seed.unwrap_or(0),
                     steps.len(),
-                    w.runs,
-                    w.kills,
+                    w.runs.runs,
+                    w.runs.kills,
                     violation.check
                 );
                 return Some(Err(Failure {
@@ -1350,6 +1435,7 @@ async fn sequence(
                     violation,
                     steps,
                     ignored: w.ignored,
+                    vars: ("KBIND_MODEL_STEPS", "KBIND_MODEL_REPLAY"),
                 }));
             }
         }
@@ -1359,16 +1445,16 @@ async fn sequence(
         "model-figures seed={} steps={} runs={} killed={} result=ok",
         seed.unwrap_or(0),
         steps.len(),
-        w.runs,
-        w.kills
+        w.runs.runs,
+        w.runs.kills
     );
     let mut s = format!(
         "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
         seed.map_or("replay".into(), |s| format!("seed {s}")),
         steps.len(),
-        w.runs,
-        w.kills,
-        w.longest_skip.as_secs_f64(),
+        w.runs.runs,
+        w.runs.kills,
+        w.runs.longest_skip.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     for i in &w.ignored {
@@ -1378,8 +1464,12 @@ async fn sequence(
 }
 
 /// Remove chunks of a failing sequence while it still fails the same check (bounded).
-async fn shrink(cfg: &Config, f: &Failure) -> Vec<Step> {
-    let mut cur: Vec<Step> = f.steps.iter().map(|(s, _)| s.clone()).collect();
+async fn shrink(cfg: &Config, f: &Failure) -> Vec<String> {
+    let mut cur: Vec<Step> = f
+        .steps
+        .iter()
+        .filter_map(|(s, _)| model_gen::parse_step(s))
+        .collect();
     let mut chunk = cur.len() / 2;
     let mut attempts = 0;
     while chunk >= 1 && attempts < 40 {
@@ -1398,7 +1488,7 @@ async fn shrink(cfg: &Config, f: &Failure) -> Vec<Step> {
         }
         chunk /= 2;
     }
-    cur
+    cur.iter().map(ToString::to_string).collect()
 }
 
 #[tokio::test]
@@ -1487,4 +1577,365 @@ fn the_generator_is_a_function_of_the_seed_and_the_model() {
     };
     assert_eq!(draw(3), draw(3));
     assert_ne!(draw(3), draw(4));
+}
+
+// ---- relsync: Slack membership changes and runs of `kbind relsync`, checked against SpiceDB ----
+
+/// One relsync fixture (its namespace, SpiceDB store, Slack stand-in, source `s`) and its model.
+struct RWorld {
+    rx: Rx,
+    fake: kbind::fakes::Running<slack::SlackState>,
+    runs: Runs,
+    extra: Vec<String>,
+    m: RModel,
+    /// What SpiceDB held after the previous step.
+    held: BTreeSet<String>,
+    quiet: Quiet,
+    ignore: BTreeSet<String>,
+    ignored: Vec<String>,
+    step_no: usize,
+}
+
+impl RWorld {
+    async fn new(cfg: &Config) -> Option<Self> {
+        let rx = Rx::new("model-rel").await?;
+        let fake = slack::start(workspace(vec![], vec![]), 0)
+            .await
+            .expect("start the Slack stand-in");
+        rx.identity("slack", SLACK_TOKEN, &[]).await;
+        rx.source("s", json!({"kind": "slack"})).await;
+        let runs = Runs::new(cfg.lease, rx.client.clone(), &rx.ns);
+        let mut extra = vec!["--source".to_string(), format!("{}/s", rx.ns)];
+        extra.extend(cfg.lease_args.iter().cloned());
+        let mut w = RWorld {
+            rx,
+            fake,
+            runs,
+            extra,
+            m: RModel::default(),
+            held: BTreeSet::new(),
+            quiet: Quiet::new(&["relsync", "relsync"]),
+            ignore: cfg.ignore.clone(),
+            ignored: Vec::new(),
+            step_no: 0,
+        };
+        w.to_fake();
+        let snap = w.snapshot().await;
+        w.quiet.reset(&snap);
+        Some(w)
+    }
+
+    /// Make the stand-in's workspace what the model says.
+    fn to_fake(&self) {
+        let mut ws = self.fake.state.workspace();
+        ws.users = (0..model_gen::USERS)
+            .map(|u| slack::User {
+                id: format!("U{}", u + 1),
+                email: Some(model_gen::email(u)),
+                deleted: self.m.deactivated.contains(&u),
+                ..Default::default()
+            })
+            .collect();
+        ws.channels = self
+            .m
+            .members
+            .iter()
+            .enumerate()
+            .map(|(c, members)| slack::Channel {
+                id: format!("C{}", c + 1),
+                name: format!("c{}", c + 1),
+                is_private: c == 2,
+                is_archived: self.m.archived.contains(&(c as u8)),
+                members: members.iter().map(|u| format!("U{}", u + 1)).collect(),
+            })
+            .collect();
+    }
+
+    async fn spicedb(&self) -> BTreeSet<String> {
+        let mut held: BTreeSet<String> = self.rx.held("slack_channel").await.into_iter().collect();
+        held.extend(self.rx.held("slack_workspace").await);
+        held
+    }
+
+    async fn snapshot(&self) -> BTreeMap<String, String> {
+        self.rx
+            .status("s")
+            .await
+            .conditions
+            .iter()
+            .map(|c| {
+                (
+                    format!("RelationshipSource condition {}", c.type_),
+                    format!("{} {}", c.status, c.reason),
+                )
+            })
+            .collect()
+    }
+
+    fn report(&mut self, problems: Vec<(&'static str, String)>) -> Result<(), Violation> {
+        let mut failing: Option<Violation> = None;
+        for (check, detail) in problems {
+            if self.ignore.contains(check) {
+                self.ignored
+                    .push(format!("step {} [{check}] {detail}", self.step_no));
+            } else if let Some(v) = failing.as_mut().filter(|v| v.check == check) {
+                v.detail.push_str(&format!("\n  {detail}"));
+            } else if failing.is_none() {
+                failing = Some(Violation {
+                    check,
+                    detail: format!("\n  {detail}"),
+                });
+            }
+        }
+        failing.map_or(Ok(()), Err)
+    }
+
+    /// After every step: no relationship the model still asks for disappears, none the model
+    /// never asked for appears; the source's conditions feed invariant 3.
+    async fn after(&mut self, disturbing: bool, clean: bool) -> Result<(), Violation> {
+        let now = self.spicedb().await;
+        let (ch, ws) = self.m.expected();
+        let expected: BTreeSet<&String> = ch.iter().chain(ws.iter()).collect();
+        let mut p = Vec::new();
+        for r in self.held.difference(&now) {
+            if expected.contains(r) {
+                p.push((
+                    "relationship-kept",
+                    format!("{r} was deleted though Slack still reports it"),
+                ));
+            }
+        }
+        for r in now.difference(&self.held) {
+            if !expected.contains(r) {
+                p.push((
+                    "relationship-unexpected",
+                    format!("{r} was written though Slack does not report it"),
+                ));
+            }
+        }
+        self.held = now;
+        self.report(p)?;
+        let snap = self.snapshot().await;
+        if disturbing {
+            self.quiet.reset(&snap);
+        } else {
+            let flaps = self.quiet.see(&snap, clean.then_some("relsync"));
+            self.report(flaps.into_iter().map(|f| ("flap", f)).collect())?;
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self, kill: Kill) -> Result<RunOutcome, Violation> {
+        let (rx, url, extra) = (&self.rx, self.fake.url(), self.extra.clone());
+        let kc = rx.env.consumer.to_string_lossy().to_string();
+        self.runs
+            .run("relsync", kill, |ns: &str| {
+                let mut args: Vec<&str> = extra.iter().map(String::as_str).collect();
+                if ns != rx.ns {
+                    args.extend(["--kubeconfig", &kc, "--lease-namespace", ns]);
+                }
+                rx.command(&url, &args)
+            })
+            .await
+    }
+
+    async fn step(&mut self, step: &RStep) -> Result<String, Violation> {
+        let note = match *step {
+            RStep::Join { ch, user } => {
+                self.m.members[ch as usize].insert(user);
+                "joined"
+            }
+            RStep::Leave { ch, user } => {
+                self.m.members[ch as usize].remove(&user);
+                "left"
+            }
+            RStep::Deactivate { user } => {
+                self.m.deactivated.insert(user);
+                "deactivated"
+            }
+            RStep::Reactivate { user } => {
+                self.m.deactivated.remove(&user);
+                "reactivated"
+            }
+            RStep::Archive { ch } => {
+                self.m.archived.insert(ch);
+                "archived"
+            }
+            RStep::Unarchive { ch } => {
+                self.m.archived.remove(&ch);
+                "unarchived"
+            }
+            RStep::Run { kill } => {
+                let r = self.run(kill).await?;
+                if r.clean {
+                    self.m.pending_work = false;
+                }
+                self.after(!r.clean, r.clean).await?;
+                return Ok(r.note);
+            }
+            RStep::Settle => return self.settle().await,
+        };
+        self.m.pending_work = true;
+        self.to_fake();
+        self.after(true, false).await?;
+        Ok(note.into())
+    }
+
+    /// Invariant 5: after two clean runs SpiceDB holds exactly the model's relationships for the
+    /// source and its conditions say so; a third run writes nothing.
+    async fn settle(&mut self) -> Result<String, Violation> {
+        let mut writes = Vec::new();
+        for _ in 0..2 {
+            let r = self.run(Kill::No).await?;
+            writes.push(r.summary["data_writes"].to_string());
+            self.after(false, true).await?;
+        }
+        self.m.pending_work = false;
+        let (ch, ws) = self.m.expected();
+        let want: BTreeSet<String> = ch.into_iter().chain(ws).collect();
+        let mut p = Vec::new();
+        for r in want.difference(&self.held) {
+            p.push(("spicedb-exact", format!("missing {r}")));
+        }
+        for r in self.held.difference(&want) {
+            p.push(("spicedb-exact", format!("extra {r}")));
+        }
+        let st = self.rx.status("s").await;
+        for (t, want) in [
+            ("Ready", "True"),
+            ("PartialFailure", "False"),
+            ("ReapDeferred", "False"),
+        ] {
+            let got = st
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| format!("{} {}", c.status, c.reason));
+            if !got.as_deref().is_some_and(|g| g.starts_with(want)) {
+                p.push((
+                    "converged",
+                    format!("source condition {t} is {got:?}, want {want}"),
+                ));
+            }
+        }
+        self.report(p)?;
+        let r = self.run(Kill::No).await?;
+        self.after(false, true).await?;
+        let n = r.summary["data_writes"].as_u64().unwrap_or(u64::MAX);
+        if n != 0 {
+            self.report(vec![(
+                "quiet-writes",
+                format!("the third relsync run wrote {n} data: {}", r.summary),
+            )])?;
+        }
+        Ok(format!(
+            "data writes per run {}; SpiceDB equals the model; third run quiet",
+            writes.join(", ")
+        ))
+    }
+}
+
+/// One relsync sequence, as [`sequence`].
+async fn rsequence(
+    cfg: &Config,
+    seed: Option<u64>,
+    replay: Option<&[RStep]>,
+) -> Option<Result<String, Failure>> {
+    let started = Instant::now();
+    let mut w = RWorld::new(cfg).await?;
+    let mut rng = Rng::new(seed.unwrap_or(0) ^ 0x5e1f_5e1f);
+    let n = replay.map_or(cfg.relsync_steps + 1, <[RStep]>::len);
+    let mut steps: Vec<(String, String)> = Vec::new();
+    let mut since_settle = 0;
+    for i in 0..n {
+        let step = match replay {
+            Some(r) => r[i].clone(),
+            None if i == cfg.relsync_steps => RStep::Settle,
+            None => model_gen::rgenerate(&mut rng, &w.m, since_settle),
+        };
+        since_settle = if step == RStep::Settle {
+            0
+        } else {
+            since_settle + 1
+        };
+        w.step_no = i + 1;
+        let r = w.step(&step).await;
+        if cfg.verbose {
+            let note = r.as_ref().map_or("VIOLATION", String::as_str);
+            println!("model relsync: {:>3} {step:<28} {note}", i + 1);
+        }
+        match r {
+            Ok(note) => steps.push((step.to_string(), note)),
+            Err(violation) => {
+                steps.push((step.to_string(), "VIOLATION".into()));
+                println!(
+                    "model-figures relsync seed={} steps={} runs={} killed={} result=fail check={}",
+                    seed.unwrap_or(0),
+                    steps.len(),
+                    w.runs.runs,
+                    w.runs.kills,
+                    violation.check
+                );
+                return Some(Err(Failure {
+                    seed,
+                    step: i + 1,
+                    violation,
+                    steps,
+                    ignored: w.ignored,
+                    vars: ("KBIND_MODEL_RELSYNC_STEPS", "KBIND_MODEL_RELSYNC_REPLAY"),
+                }));
+            }
+        }
+    }
+    println!(
+        "model-figures relsync seed={} steps={} runs={} killed={} result=ok",
+        seed.unwrap_or(0),
+        steps.len(),
+        w.runs.runs,
+        w.runs.kills
+    );
+    let mut s = format!(
+        "model relsync: {}: {} steps, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
+        seed.map_or("replay".into(), |s| format!("seed {s}")),
+        steps.len(),
+        w.runs.runs,
+        w.runs.kills,
+        w.runs.longest_skip.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    for i in &w.ignored {
+        s.push_str(&format!("\n  ignored: {i}"));
+    }
+    Some(Ok(s))
+}
+
+/// Invariant 5 and the relsync editions of 1–4: random Slack membership changes (joins,
+/// leaves, deactivated users, archived channels) and runs of `kbind relsync`, some killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_slack_changes_and_relsync_runs_converge_on_spicedb() {
+    if support::env().is_none() {
+        return;
+    }
+    let cfg = Config::from_env();
+    if cfg.relsync_steps == 0 {
+        return;
+    }
+    let runs: Vec<(Option<u64>, Option<Vec<RStep>>)> = match &cfg.relsync_replay {
+        Some(r) => vec![(None, Some(r.clone()))],
+        None if cfg.replay.is_some() => return,
+        None => cfg.seeds.iter().map(|s| (Some(*s), None)).collect(),
+    };
+    let mut failures = Vec::new();
+    for (seed, replay) in runs {
+        match rsequence(&cfg, seed, replay.as_deref()).await {
+            None => return,
+            Some(Ok(line)) => println!("{line}"),
+            Some(Err(f)) => {
+                let text = f.render(None);
+                println!("{text}");
+                failures.push(text);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -424,3 +424,236 @@ pub fn generate(seq: &mut Rng, m: &Model, since_settle: usize) -> Step {
         }
     }
 }
+
+/// The relsync sequences: Slack channels `C1`..`C3` (`C1` is never archived, so the upstream
+/// never enumerates zero channels) and users `U1`..`U4`.
+pub const CHANNELS: u8 = 3;
+pub const USERS: u8 = 4;
+
+/// One step of a relsync sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RStep {
+    Join {
+        ch: u8,
+        user: u8,
+    },
+    Leave {
+        ch: u8,
+        user: u8,
+    },
+    /// The user is deactivated in Slack (a join miss from then on).
+    Deactivate {
+        user: u8,
+    },
+    Reactivate {
+        user: u8,
+    },
+    /// The channel is archived (no longer enumerated: reaped).
+    Archive {
+        ch: u8,
+    },
+    Unarchive {
+        ch: u8,
+    },
+    Run {
+        kill: Kill,
+    },
+    Settle,
+}
+
+impl RStep {
+    /// See [`Step::disturbs`].
+    pub fn disturbs(&self) -> bool {
+        !matches!(self, RStep::Run { .. } | RStep::Settle)
+    }
+}
+
+impl fmt::Display for RStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RStep::Join { ch, user } => write!(f, "join C{} U{}", ch + 1, user + 1),
+            RStep::Leave { ch, user } => write!(f, "leave C{} U{}", ch + 1, user + 1),
+            RStep::Deactivate { user } => write!(f, "deactivate U{}", user + 1),
+            RStep::Reactivate { user } => write!(f, "reactivate U{}", user + 1),
+            RStep::Archive { ch } => write!(f, "archive C{}", ch + 1),
+            RStep::Unarchive { ch } => write!(f, "unarchive C{}", ch + 1),
+            RStep::Run { kill } => match kill {
+                Kill::No => write!(f, "run relsync"),
+                Kill::AfterWrites(n) => write!(f, "run relsync crash={n}"),
+                Kill::Sigkill(ms) => write!(f, "run relsync kill={ms}ms"),
+            },
+            RStep::Settle => write!(f, "settle"),
+        }
+    }
+}
+
+pub fn parse_rstep(s: &str) -> Option<RStep> {
+    let words: Vec<&str> = s.split_whitespace().collect();
+    let id = |w: &str, p: char, max: u8| -> Option<u8> {
+        let n: u8 = w.strip_prefix(p)?.parse().ok()?;
+        (1..=max).contains(&n).then_some(n - 1)
+    };
+    let ch = |w: &str| id(w, 'C', CHANNELS);
+    let user = |w: &str| id(w, 'U', USERS);
+    Some(match words.as_slice() {
+        ["join", c, u] => RStep::Join {
+            ch: ch(c)?,
+            user: user(u)?,
+        },
+        ["leave", c, u] => RStep::Leave {
+            ch: ch(c)?,
+            user: user(u)?,
+        },
+        ["deactivate", u] => RStep::Deactivate { user: user(u)? },
+        ["reactivate", u] => RStep::Reactivate { user: user(u)? },
+        ["archive", c] => RStep::Archive { ch: ch(c)? },
+        ["unarchive", c] => RStep::Unarchive { ch: ch(c)? },
+        ["settle"] => RStep::Settle,
+        ["run", "relsync"] => RStep::Run { kill: Kill::No },
+        ["run", "relsync", k] => match parse_step(&format!("run resync {k}"))? {
+            Step::Run { kill, .. } => RStep::Run { kill },
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+pub fn parse_rsteps(s: &str) -> Result<Vec<RStep>, String> {
+    s.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse_rstep(s).ok_or_else(|| format!("cannot parse step {s:?}")))
+        .collect()
+}
+
+/// The Slack workspace as the relsync model sees it (the stand-in is kept equal to it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RModel {
+    pub members: Vec<BTreeSet<u8>>,
+    pub archived: BTreeSet<u8>,
+    pub deactivated: BTreeSet<u8>,
+    /// As [`Model::pending_work`].
+    pub pending_work: bool,
+}
+
+impl Default for RModel {
+    /// C1: U1 U2; C2: U2 U3; C3 (private): U4.
+    fn default() -> Self {
+        RModel {
+            members: vec![[0, 1].into(), [1, 2].into(), [3].into()],
+            archived: BTreeSet::new(),
+            deactivated: BTreeSet::new(),
+            pending_work: false,
+        }
+    }
+}
+
+pub fn email(user: u8) -> String {
+    format!("u{}@example.com", user + 1)
+}
+
+impl RModel {
+    /// The relationships SpiceDB must hold once the runs converged, as the relsync fixture's
+    /// `held` reads them: (channel relationships, workspace relationships).
+    pub fn expected(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let mut channels = BTreeSet::new();
+        for (ch, members) in self.members.iter().enumerate() {
+            if self.archived.contains(&(ch as u8)) {
+                continue;
+            }
+            channels.insert(format!("C{}#workspace@T1", ch + 1));
+            for u in members.iter().filter(|u| !self.deactivated.contains(u)) {
+                channels.insert(format!("C{}#member@{}", ch + 1, email(*u)));
+            }
+        }
+        let workspace = (0..USERS)
+            .filter(|u| !self.deactivated.contains(u))
+            .map(|u| format!("T1#member@{}", email(u)))
+            .collect();
+        (channels, workspace)
+    }
+}
+
+/// Draw the next relsync step (as [`generate`]: one number of `seq` per step).
+pub fn rgenerate(seq: &mut Rng, m: &RModel, since_settle: usize) -> RStep {
+    let mut rng = Rng::new(seq.next_u64());
+    let rng = &mut rng;
+    if since_settle >= SETTLE_EVERY {
+        return RStep::Settle;
+    }
+    let pairs = |member: bool| -> Vec<(u8, u8)> {
+        (0..CHANNELS)
+            .flat_map(|c| (0..USERS).map(move |u| (c, u)))
+            .filter(|(c, u)| m.members[*c as usize].contains(u) == member)
+            .collect()
+    };
+    let (joinable, leavable) = (pairs(false), pairs(true));
+    let active: Vec<u8> = (0..USERS).filter(|u| !m.deactivated.contains(u)).collect();
+    let inactive: Vec<u8> = m.deactivated.iter().copied().collect();
+    let archivable: Vec<u8> = (1..CHANNELS).filter(|c| !m.archived.contains(c)).collect();
+    let archived: Vec<u8> = m.archived.iter().copied().collect();
+    let mut kinds: Vec<(u64, u8)> = vec![(36, 0), (3, 1)];
+    if !joinable.is_empty() {
+        kinds.push((18, 2));
+    }
+    if !leavable.is_empty() {
+        kinds.push((14, 3));
+    }
+    if active.len() > 1 {
+        kinds.push((4, 4));
+    }
+    if !inactive.is_empty() {
+        kinds.push((6, 5));
+    }
+    if !archivable.is_empty() {
+        kinds.push((4, 6));
+    }
+    if !archived.is_empty() {
+        kinds.push((6, 7));
+    }
+    let total: u64 = kinds.iter().map(|(w, _)| w).sum();
+    let mut r = rng.below(total);
+    let mut kind = 0;
+    for (w, k) in &kinds {
+        if r < *w {
+            kind = *k;
+            break;
+        }
+        r -= w;
+    }
+    match kind {
+        1 => RStep::Settle,
+        2 => {
+            let (ch, user) = rng.pick(&joinable);
+            RStep::Join { ch, user }
+        }
+        3 => {
+            let (ch, user) = rng.pick(&leavable);
+            RStep::Leave { ch, user }
+        }
+        4 => RStep::Deactivate {
+            user: rng.pick(&active),
+        },
+        5 => RStep::Reactivate {
+            user: rng.pick(&inactive),
+        },
+        6 => RStep::Archive {
+            ch: rng.pick(&archivable),
+        },
+        7 => RStep::Unarchive {
+            ch: rng.pick(&archived),
+        },
+        _ => {
+            let r = rng.below(100);
+            let at = if m.pending_work { 2 } else { 1 };
+            let kill = if r < 20 * at {
+                Kill::AfterWrites([1, 1, 2, 3][rng.below(4) as usize])
+            } else if r < 28 * at {
+                Kill::Sigkill(20 + rng.below(400))
+            } else {
+                Kill::No
+            };
+            RStep::Run { kill }
+        }
+    }
+}
