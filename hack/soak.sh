@@ -5,10 +5,13 @@
 #   a random delay, rerun it, and compare the final state with that of an uninterrupted run.
 # - faults: tests/faults.rs N times, each with its own fault sequence: every pass behind fault
 #   proxies at a 5% rate until it converges on the unfaulted result.
+# - model: tests/model.rs with N random seeds (docs/testing.md): random sequences of user and
+#   world actions and (killed) runs, checked against the reference model after every step.
 # Starts and stops the servers as hack/test.sh does, then prints one figure line per pass.
-#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|faults|all] [--seed S]
-#     --count  points per crash test and signal, or rounds of the fault tests (default 20; the
-#              suite tries every write of a cold run, one moment per signal, one fault round)
+#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]
+#     --count  points per crash test and signal, rounds of the fault tests, or seeds of the model
+#              test (default 20; the suite tries every write of a cold run, one moment per
+#              signal, one fault round, three fixed model seeds)
 #     --seed   replay a soak run (every run prints its seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +22,12 @@ while [ $# -gt 0 ]; do
     --count) count=$2; shift 2 ;;
     --pass) pass=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|faults|all] [--seed S]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]" >&2; exit 2 ;;
   esac
 done
 case $pass in
-  all) passes="schema resync claims relsync faults" ;;
-  schema|resync|claims|relsync|faults) passes=$pass ;;
+  all) passes="schema resync claims relsync faults model" ;;
+  schema|resync|claims|relsync|faults|model) passes=$pass ;;
   *) echo "soak: unknown pass $pass" >&2; exit 2 ;;
 esac
 [[ $count =~ ^[1-9][0-9]*$ ]] || { echo "soak: --count must be a positive integer" >&2; exit 2; }
@@ -39,7 +42,7 @@ hack/testenv.sh up "$dir"
 source "$dir/env"
 export KBIND_TEST_EMIT_DIR=$dir/emitted KBIND_SOAK_COUNT=$count KBIND_SOAK_SEED=$seed
 mkdir -p "$KBIND_TEST_EMIT_DIR"
-echo "soak: $count points per crash test and signal (or fault rounds), KBIND_SOAK_SEED=$seed"
+echo "soak: $count points per crash test and signal (or fault rounds, or model seeds), KBIND_SOAK_SEED=$seed"
 
 rc=0
 for p in $passes; do
@@ -48,6 +51,13 @@ for p in $passes; do
       KBIND_FAULT_SEED=$((seed + i)) cargo test --test faults -- --nocapture 2>&1 \
         | tee -a "$dir/faults.log" || rc=1
     done
+    continue
+  fi
+  if [ "$p" = model ]; then
+    # Seeds seed+1 .. seed+N; each failing seed prints its own replay line.
+    seeds=$(seq -s, $((seed % 1000000000 + 1)) $((seed % 1000000000 + count)))
+    KBIND_MODEL_SEEDS=$seeds cargo test --test model -- --nocapture 2>&1 \
+      | tee "$dir/model.log" || rc=1
     continue
   fi
   # Every crash-point test of a pass has "killed" in its name; --nocapture shows the figures.
@@ -77,7 +87,22 @@ if [[ " $passes " == *" faults "* ]]; then
       print line
     }' "$dir/faults.log"
 fi
-for p in ${passes/faults/}; do
+if [[ " $passes " == *" model "* ]]; then
+  awk '
+    /^model-figures / {
+      for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+      n++; steps += f["steps"]; runs += f["runs"]; killed += f["killed"]
+      if (f["result"] == "ok") ok++; else failed = failed " " f["seed"] "(" f["check"] ")"
+      delete f
+    }
+    END {
+      if (n == 0) { print "soak: model: no figures (the test did not finish; see above)"; exit }
+      printf "soak: model: seeds %d, passed %d, steps %d, kbind runs %d, killed %d%s\n", n, ok, steps, runs, killed, (failed == "" ? "" : ", failed:" failed)
+    }' "$dir/model.log"
+  grep -q '^model-figures ' "$dir/model.log" || rc=1
+fi
+passes=${passes/faults/}
+for p in ${passes/model/}; do
   awk -v pass="$p" '
     /^crash-figures / {
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
