@@ -861,6 +861,67 @@ async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any
     local_task.abort();
 }
 
+/// A Slack source whose credential's allowedHosts names only a SCIM host: the token is not sent
+/// to the Slack API URL (`--slack-api-url`), whatever the kind ignores. `Ready=False`
+/// `HostNotAllowed` names the Slack host and the credential; the fake Slack receives no request;
+/// the destination is checked before the Secret is read (a missing Secret still says
+/// HostNotAllowed). Listing the Slack host admits it; an empty list is checked against nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_with_allowed_hosts_is_never_sent_to_an_unlisted_slack_api() {
+    let Some(rx) = Rx::new("hostile-slackhost").await else {
+        return;
+    };
+    let fake = slack::start(workspace(vec![user("U1")], vec![channel("C1", &["U1"])]), 0)
+        .await
+        .unwrap();
+    let slack_host = fake.addr.to_string();
+    rx.identity("slack", SLACK_TOKEN, &["scim.example.com"])
+        .await;
+    rx.source("s", json!({"kind": "slack"})).await;
+    let (code, s, stderr) = rx.run_env(&fake.url(), &[], &[]).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["counts"]["sourcesNotReady"], 1, "{s}");
+    let st = rx.status("s").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    assert_eq!((status, reason), ("False", "HostNotAllowed"), "{message}");
+    assert!(message.contains(&slack_host), "names the host: {message}");
+    assert!(
+        message.contains("\"slack\""),
+        "names the credential: {message}"
+    );
+    assert!(message.contains("--slack-api-url"), "{message}");
+    assert_eq!(fake.state.control().total_calls(), 0, "Slack was called");
+
+    // Checked before the Secret is read.
+    Api::<Secret>::namespaced(rx.client.clone(), &rx.ns)
+        .delete("slack", &Default::default())
+        .await
+        .unwrap();
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).1, "HostNotAllowed");
+    assert_eq!(fake.state.control().total_calls(), 0, "Slack was called");
+
+    // Listing the Slack API host admits it.
+    rx.identity("slack", SLACK_TOKEN, &["scim.example.com", &slack_host])
+        .await;
+    rx.run(&fake.url(), &[]).await;
+    let st = rx.status("s").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True", "{:?}", st.conditions);
+    assert_eq!(
+        rx.held("slack_channel").await,
+        vec!["C1#member@u1@example.com", "C1#workspace@T1"]
+    );
+    // The token went only to the fake Slack, in the Authorization header.
+    assert!(
+        fake.state
+            .control()
+            .seen_auth
+            .iter()
+            .all(|a| a == &format!("Bearer {SLACK_TOKEN}"))
+    );
+}
+
 /// Absurd durations and malformed configuration on RelationshipSources: a negative, a
 /// unit-less, and an astronomically long `sync.interval`, a join directory that is a JSON list,
 /// and a credential the identity does not hold each give their own Ready=False reason; none

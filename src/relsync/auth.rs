@@ -1,6 +1,8 @@
 //! Resolve a source's credential: its AgentIdentity (same namespace), the named credential, the
-//! Secret key holding the token, and — when the source sets `baseURL` — the credential's
-//! `allowedHosts` admitting that destination. Nothing is sent anywhere until this succeeds.
+//! Secret key holding the token, and the credential's `allowedHosts` admitting every destination
+//! the kind will send it to — `baseURL` when the source sets one, and the kind's own endpoint
+//! (Slack's `--slack-api-url`) when the credential lists allowedHosts. Both are checked before
+//! the Secret is read; nothing is sent anywhere until this succeeds.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
@@ -79,9 +81,12 @@ impl AuthError {
             Self::IdentityNotFound(_) => "AgentIdentityNotFound",
             Self::CredentialNotFound { .. } => "CredentialNotFound",
             Self::SecretNotFound(_) | Self::SecretKeyMissing { .. } => "SecretNotFound",
-            Self::Host(HostError::NoAllowlist { .. } | HostError::NotAllowed { .. }) => {
-                "HostNotAllowed"
-            }
+            Self::Host(
+                HostError::NoAllowlist { .. }
+                | HostError::NotAllowed { .. }
+                | HostError::EndpointNotAllowed { .. },
+            ) => "HostNotAllowed",
+            Self::Host(HostError::BadEndpoint { .. }) => "InvalidConfig",
             Self::Host(_) => "InvalidBaseURL",
             Self::Kube {
                 forbidden: true, ..
@@ -100,10 +105,13 @@ fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
 }
 
 /// Resolve the credential of `src` (namespaced; the caller checked `metadata.namespace`).
+/// `endpoint` is where the kind sends the token when that is not the baseURL, with its name for
+/// messages (Slack: `--slack-api-url`).
 pub async fn resolve(
     client: &Client,
     ns: &str,
     src: &RelationshipSource,
+    endpoint: Option<(&str, &'static str)>,
 ) -> Result<Credential, AuthError> {
     let auth = &src.spec.auth;
     let identity = Api::<AgentIdentity>::namespaced(client.clone(), ns)
@@ -133,6 +141,9 @@ pub async fn resolve(
         Some(u) => Some(hosts::admit(u, &cred.name, &cred.allowed_hosts)?),
         None => None,
     };
+    if let Some((url, what)) = endpoint {
+        hosts::admit_endpoint(url, what, &cred.name, &cred.allowed_hosts)?;
+    }
     let secret_name = &cred.secret_ref.name;
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(secret_name)

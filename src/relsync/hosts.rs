@@ -1,9 +1,13 @@
-//! Which destinations a credential may be sent to (CONTRACT "relsync": `allowedHosts`).
+//! Which destinations a credential may be sent to (docs/relsync.md "Credentials and
+//! allowedHosts").
 //!
 //! `spec.baseURL` is tenant-writable and the credential is read with the job's own cluster-wide
 //! rights, so an unchecked pairing would let anyone who can write a RelationshipSource send
 //! any Secret to any host. A baseURL is admitted only when one of the credential's entries
-//! names its host exactly:
+//! names its host exactly. A kind with a fixed, operator-set endpoint (Slack's
+//! `--slack-api-url`) is checked the same way whenever the credential lists allowedHosts: a
+//! credential that has a list is sent only to hosts on it, whatever the kind; an empty list is
+//! checked against nothing (spec 002). Entries:
 //! - `host` admits that host on the scheme's default port (80 for http, 443 for https);
 //! - `host:port` admits that host on that port;
 //! - `*.domain` (optionally `:port`) admits strict subdomains of `domain`, never `domain` itself
@@ -32,6 +36,21 @@ pub enum HostError {
     NoAllowlist { credential: String, host: String },
     #[error("baseURL host {host} is not in credential {credential:?} allowedHosts")]
     NotAllowed { credential: String, host: String },
+    /// The kind's own endpoint (not the baseURL) is not on the credential's list.
+    #[error(
+        "{endpoint} host {host} is not in credential {credential:?} allowedHosts, so the credential is not sent there"
+    )]
+    EndpointNotAllowed {
+        credential: String,
+        host: String,
+        endpoint: &'static str,
+    },
+    /// The kind's own endpoint (operator configuration) does not parse.
+    #[error("{endpoint} is not a usable URL: {message}")]
+    BadEndpoint {
+        endpoint: &'static str,
+        message: String,
+    },
 }
 
 /// A parsed destination: lower-cased host (IPv6 without brackets) and effective port.
@@ -154,6 +173,33 @@ pub fn admit(
     }
 }
 
+/// Admit a kind's own endpoint `url` (named `endpoint` in messages, e.g. "the Slack API URL
+/// (--slack-api-url)") for `credential`: a credential without allowedHosts is checked against
+/// nothing; one with a list is sent only to a host on it.
+pub fn admit_endpoint(
+    url: &str,
+    endpoint: &'static str,
+    credential: &str,
+    allowed: &[String],
+) -> Result<(), HostError> {
+    if allowed.is_empty() {
+        return Ok(());
+    }
+    let dest = parse_base_url(url).map_err(|e| HostError::BadEndpoint {
+        endpoint,
+        message: e.to_string(),
+    })?;
+    if allowed.iter().any(|e| entry_admits(e, &dest)) {
+        Ok(())
+    } else {
+        Err(HostError::EndpointNotAllowed {
+            credential: credential.to_string(),
+            host: dest.display(),
+            endpoint,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +282,37 @@ mod tests {
         assert!(matches!(
             admit("not a url", "c", &allowed),
             Err(HostError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_fixed_endpoint_is_checked_only_against_a_list() {
+        const SLACK: &str = "the Slack API URL (--slack-api-url)";
+        // No list: checked against nothing (spec 002), even an unparsable URL.
+        assert_eq!(
+            admit_endpoint("https://slack.com/api", SLACK, "c", &[]),
+            Ok(())
+        );
+        let scim_only = vec!["scim.example.com".to_string()];
+        let e = admit_endpoint("https://slack.com/api", SLACK, "c", &scim_only).unwrap_err();
+        assert_eq!(
+            e,
+            HostError::EndpointNotAllowed {
+                credential: "c".into(),
+                host: "slack.com:443".into(),
+                endpoint: SLACK,
+            }
+        );
+        assert!(e.to_string().contains("slack.com:443"), "{e}");
+        assert!(e.to_string().contains("\"c\""), "{e}");
+        let slack = vec!["slack.com".to_string(), "scim.example.com".to_string()];
+        assert_eq!(
+            admit_endpoint("https://slack.com/api", SLACK, "c", &slack),
+            Ok(())
+        );
+        assert!(matches!(
+            admit_endpoint("not a url", SLACK, "c", &slack),
+            Err(HostError::BadEndpoint { .. })
         ));
     }
 }

@@ -52,7 +52,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
         Ok(c) => c,
         Err(e) => return Ok((refused(scoped, e.reason(), e.to_string()), 0)),
     };
-    let cred = match auth::resolve(&ctx.client, &ns, src).await {
+    let cred = match auth::resolve(&ctx.client, &ns, src, cfg.fixed_endpoint(upstreams)).await {
         Ok(c) => c,
         Err(e) => return Ok((refused(scoped, e.reason(), e.to_string()), 0)),
     };

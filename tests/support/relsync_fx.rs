@@ -188,7 +188,18 @@ impl Rx {
             "json",
         ]);
         args.extend_from_slice(extra);
-        support::kbind_command(&args)
+        // `KBIND_BIN` runs another build of kbind (e.g. the release binary of another commit)
+        // against the same stand-ins, to measure before/after figures.
+        match std::env::var_os("KBIND_BIN") {
+            Some(bin) => {
+                let mut cmd = std::process::Command::new(bin);
+                cmd.args(&args)
+                    .env("RUST_LOG", "info")
+                    .env_remove("KUBECONFIG");
+                cmd
+            }
+            None => support::kbind_command(&args),
+        }
     }
 
     /// Run `kbind relsync` on this fixture's namespace with `env` set; returns (exit code,

@@ -221,6 +221,19 @@ impl KindConfig {
         Ok(cfg)
     }
 
+    /// Where this kind sends the credential when that is not `spec.baseURL` — an operator-set
+    /// endpoint — and its name for messages. The credential's allowedHosts, when it has any,
+    /// must admit it (docs/relsync.md "One source, one pass").
+    pub fn fixed_endpoint<'a>(&self, upstreams: &'a Upstreams) -> Option<(&'a str, &'static str)> {
+        match self {
+            Self::Slack(_) => Some((
+                upstreams.slack_api_url.as_str(),
+                "the Slack API URL (--slack-api-url)",
+            )),
+            Self::OnePassword(_) => None,
+        }
+    }
+
     pub fn join(&self) -> &JoinConfig {
         match self {
             Self::Slack(c) => &c.join,
