@@ -103,4 +103,15 @@ pub struct RelsyncArgs {
     /// stand-ins that enforce scaled limits; keep 1 against real services).
     #[arg(long, default_value_t = 1.0, hide = true)]
     pub upstream_rate_scale: f64,
+    /// Largest answer read from Slack, a SCIM bridge or SpiceDB (a SpiceDB read stream: each
+    /// line), e.g. 16Mi, 512Ki; a larger one fails its request and is never buffered whole.
+    #[arg(long, default_value = "16Mi", value_parser = crate::relsync::limits::parse_bytes)]
+    pub max_response_bytes: u64,
+    /// Most pages one paginated upstream listing may take (an enumeration, a scope's members,
+    /// the user list) before it fails: a server that never says "last page" cannot loop a pass.
+    #[arg(long, default_value_t = crate::relsync::limits::DEFAULT_MAX_PAGES, value_parser = crate::relsync::limits::parse_pages)]
+    pub max_pages: usize,
+    /// The least share of the remaining deadline a due source gets (tests use less).
+    #[arg(long, env = "KBIND_MIN_SOURCE_SHARE", default_value = "30s", value_parser = crate::pass::args::parse_duration, hide = true)]
+    pub min_source_share: std::time::Duration,
 }

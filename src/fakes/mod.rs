@@ -39,6 +39,8 @@ pub struct Control {
     tier_rejections: BTreeMap<String, u64>,
     /// Authorization headers seen, to assert what a client sent where.
     pub seen_auth: Vec<String>,
+    /// The largest page size a client asked for (Slack `limit`, SCIM `count`).
+    pub largest_page_asked: u64,
 }
 
 impl Control {
@@ -84,12 +86,113 @@ impl Control {
         self.tier_rejections.values().sum()
     }
 
+    fn asked_page(&mut self, n: u64) {
+        self.largest_page_asked = self.largest_page_asked.max(n);
+    }
+
     pub fn calls(&self, method: &str) -> u64 {
         self.calls.get(method).copied().unwrap_or(0)
     }
 
     pub fn total_calls(&self) -> u64 {
         self.calls.values().sum()
+    }
+}
+
+static SPACES: [u8; 64 << 10] = [b' '; 64 << 10];
+
+/// A hostile response body made on the fly and never held whole by the fake: `head`, then
+/// JSON whitespace until the body is `bytes` long, then `tail` — a valid JSON document of any
+/// size. It is sent `chunk` bytes at a time, one chunk every `every` (zero: as fast as the client
+/// reads), so it can be a slow drip, a huge body, or both. No `Content-Length` unless
+/// `declare_length`.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub bytes: u64,
+    pub chunk: usize,
+    pub every: std::time::Duration,
+    pub declare_length: bool,
+}
+
+impl Generated {
+    /// `bytes` as fast as the client reads them.
+    pub fn huge(bytes: u64) -> Self {
+        Self {
+            bytes,
+            chunk: 64 << 10,
+            every: std::time::Duration::ZERO,
+            declare_length: false,
+        }
+    }
+
+    /// `bytes` at about `per_second` bytes a second, in 64 KiB chunks.
+    pub fn drip(bytes: u64, per_second: u64) -> Self {
+        let chunk = 64u64 << 10;
+        Self {
+            bytes,
+            chunk: chunk as usize,
+            every: std::time::Duration::from_secs_f64(chunk as f64 / per_second.max(1) as f64),
+            declare_length: false,
+        }
+    }
+
+    /// The body: `head`, whitespace, `tail`.
+    pub(crate) fn response(
+        &self,
+        content_type: &str,
+        head: String,
+        tail: String,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let head = bytes::Bytes::from(head);
+        let tail = bytes::Bytes::from(tail);
+        let total = self.bytes.max((head.len() + tail.len()) as u64);
+        let chunk = self.chunk.max(1) as u64;
+        let every = self.every;
+        let fill_end = total - tail.len() as u64;
+        let stream = futures::stream::unfold(0u64, move |sent| {
+            let (head, tail) = (head.clone(), tail.clone());
+            async move {
+                if sent >= total {
+                    return None;
+                }
+                if !every.is_zero() {
+                    tokio::time::sleep(every).await;
+                }
+                let end = (sent + chunk).min(total);
+                let h = head.len() as u64;
+                let piece = if sent >= h && end <= fill_end && end - sent <= SPACES.len() as u64 {
+                    bytes::Bytes::from_static(&SPACES[..(end - sent) as usize])
+                } else {
+                    let mut out = Vec::with_capacity((end - sent) as usize);
+                    if sent < h {
+                        out.extend_from_slice(&head[sent as usize..end.min(h) as usize]);
+                    }
+                    let (fs, fe) = (sent.max(h), end.min(fill_end));
+                    if fe > fs {
+                        out.resize(out.len() + (fe - fs) as usize, b' ');
+                    }
+                    let ts = sent.max(fill_end);
+                    if end > ts {
+                        out.extend_from_slice(
+                            &tail[(ts - fill_end) as usize..(end - fill_end) as usize],
+                        );
+                    }
+                    bytes::Bytes::from(out)
+                };
+                Some((Ok::<_, std::convert::Infallible>(piece), end))
+            }
+        });
+        let mut r = (
+            [(axum::http::header::CONTENT_TYPE, content_type.to_string())],
+            axum::body::Body::from_stream(stream),
+        )
+            .into_response();
+        if self.declare_length {
+            r.headers_mut()
+                .insert(axum::http::header::CONTENT_LENGTH, total.into());
+        }
+        r
     }
 }
 

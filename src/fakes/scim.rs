@@ -1,7 +1,7 @@
 //! A 1Password SCIM bridge stand-in: `/scim/Users`, `/scim/Groups` (and `/{id}`), RFC 7644
 //! ListResponse paging, with the quirks real bridges show.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use super::{Control, Fault, Running, lock, serve};
+use super::{Control, Fault, Generated, Running, lock, serve};
 
 #[derive(Clone, Debug, Default)]
 pub struct ScimUser {
@@ -40,6 +40,12 @@ pub struct Directory {
     pub ignore_start_index: bool,
     /// Omit `totalResults`.
     pub omit_total: bool,
+    /// Answers of these endpoints (`Users`, `Groups`, `Group`: a group's members) are a
+    /// generated body instead: a slow drip, a huge body, or both (a hostile or broken bridge).
+    pub generated: BTreeMap<String, Generated>,
+    /// Every `/Groups` page is full — `count` (at most 1000) groups never listed before, past
+    /// `startIndex` — and `totalResults` never ends.
+    pub endless_pages: bool,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +160,51 @@ fn group_json(g: &ScimGroup, members: &[String]) -> Value {
     })
 }
 
+/// The generated body standing in for a ListResponse.
+fn generated(g: &Generated) -> Response {
+    g.response(
+        "application/scim+json",
+        r#"{"schemas":["urn:ietf:params:scim:api:messages:2.0:ListResponse"],"totalResults":1,"Resources":[{"id":"g1","displayName":"g1","members":[]}"#.to_string(),
+        "]}".to_string(),
+    )
+}
+
+/// Record the `count` a client asked for.
+fn asked(state: &ScimState, params: &HashMap<String, String>) {
+    if let Some(n) = params.get("count").and_then(|c| c.parse::<u64>().ok()) {
+        state.control().asked_page(n);
+    }
+}
+
+/// A page of groups never listed before: ids from `startIndex` on.
+fn endless(params: &HashMap<String, String>) -> Response {
+    let start = params
+        .get("startIndex")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let count = params
+        .get("count")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(100)
+        .clamp(1, 1000);
+    let items: Vec<Value> = (start..start + count)
+        .map(|i| json!({"id": format!("e{i}"), "displayName": format!("endless {i}")}))
+        .collect();
+    let body = json!({
+        "schemas": ["urn:ietf:params:scim:api:messages:2.0:ListResponse"],
+        "Resources": items,
+        "startIndex": start,
+        "itemsPerPage": count,
+        "totalResults": u32::MAX,
+    });
+    (
+        [(header::CONTENT_TYPE, "application/scim+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
 fn list_response(dir: &Directory, params: &HashMap<String, String>, items: Vec<Value>) -> Response {
     let start = params
         .get("startIndex")
@@ -193,7 +244,11 @@ async fn list_users(
     if let Err(r) = gate(&s, "Users", &headers) {
         return *r;
     }
+    asked(&s, &q);
     let dir = s.directory();
+    if let Some(g) = dir.generated.get("Users") {
+        return generated(g);
+    }
     let items = dir.users.iter().map(user_json).collect();
     list_response(&dir, &q, items)
 }
@@ -225,7 +280,14 @@ async fn list_groups(
     if let Err(r) = gate(&s, "Groups", &headers) {
         return *r;
     }
+    asked(&s, &q);
     let dir = s.directory();
+    if let Some(g) = dir.generated.get("Groups") {
+        return generated(g);
+    }
+    if dir.endless_pages {
+        return endless(&q);
+    }
     let exclude_members = q
         .get("excludedAttributes")
         .is_some_and(|a| a.contains("members"));
@@ -247,7 +309,11 @@ async fn get_group(
     if let Err(r) = gate(&s, "Group", &headers) {
         return *r;
     }
+    asked(&s, &q);
     let dir = s.directory();
+    if let Some(g) = dir.generated.get("Group") {
+        return generated(g);
+    }
     let Some(g) = dir.groups.iter().find(|g| g.id == id) else {
         return scim_error(StatusCode::NOT_FOUND, "group not found");
     };

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Value, json};
 
-use super::{Control, Fault, Running, lock, serve};
+use super::{Control, Fault, Generated, Running, lock, serve};
 
 #[derive(Clone, Debug, Default)]
 pub struct User {
@@ -55,6 +55,12 @@ pub struct Workspace {
     /// A broken pager: every page carries the same `next_cursor`, whatever cursor was sent, so
     /// a client that trusts it never reaches the end (or loops forever).
     pub repeat_cursor: bool,
+    /// `conversations.list` answers with this generated body instead: a slow drip, a huge body,
+    /// or both.
+    pub generated: Option<Generated>,
+    /// Every `conversations.list` page is full of channels never listed before, with a fresh
+    /// cursor, forever.
+    pub endless_pages: bool,
 }
 
 #[derive(Debug)]
@@ -145,6 +151,9 @@ async fn handle(
         let mut c = state.control();
         c.count(&method);
         c.seen_auth.push(auth.clone());
+        if let Some(n) = params.get("limit").and_then(|l| l.parse::<u64>().ok()) {
+            c.asked_page(n);
+        }
         if let Some(f) = c.next_fault(&method) {
             return fault_response(f);
         }
@@ -182,6 +191,33 @@ async fn handle(
     }
     match method.as_str() {
         "auth.test" => ok(json!({"team_id": ws.team_id, "user_id": "UBOT", "bot_id": "BBOT"})),
+        "conversations.list" if ws.generated.is_some() => match &ws.generated {
+            Some(g) => g.response(
+                "application/json",
+                r#"{"ok":true,"channels":[{"id":"C1","name":"c1"}"#.to_string(),
+                r#"],"response_metadata":{"next_cursor":""}}"#.to_string(),
+            ),
+            None => ok_false("internal_error"),
+        },
+        "conversations.list" if ws.endless_pages => {
+            let offset = params
+                .get("cursor")
+                .and_then(|c| c.strip_prefix("dXNl"))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            let n = params
+                .get("limit")
+                .and_then(|l| l.parse::<usize>().ok())
+                .unwrap_or(100)
+                .clamp(1, 1000)
+                .min(ws.max_page);
+            let items: Vec<Value> = (offset..offset + n)
+                .map(|i| json!({"id": format!("CE{i}"), "name": format!("endless-{i}")}))
+                .collect();
+            ok(
+                json!({"channels": items, "response_metadata": {"next_cursor": format!("dXNl{}", offset + n)}}),
+            )
+        }
         "conversations.list" => {
             let types = params
                 .get("types")

@@ -29,6 +29,9 @@ pub enum ScopeResult {
     Failed(String),
     /// The pass must stop before this scope (budget or deadline); nothing of it was written.
     Stopped(String),
+    /// The source's turn ended while this scope's fetch was in flight; nothing of it was
+    /// written.
+    Cut(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +186,7 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
     pub async fn process(&self, scope: &Scope) -> ScopeResult {
         match self.scope(scope).await {
             Ok(s) => ScopeResult::Done(s),
+            Err(ApplyError::Kind(e)) if e.cut_off() => ScopeResult::Cut(e.to_string()),
             Err(ApplyError::Kind(e)) if e.stops_pass() => ScopeResult::Stopped(e.to_string()),
             Err(e) => ScopeResult::Failed(e.to_string()),
         }

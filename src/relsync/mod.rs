@@ -3,7 +3,8 @@
 //!
 //! observe  list RelationshipSources (this shard, namespace, selector); pick the due ones,
 //!          least-recently-synced first
-//! per source: resolve kind + config + credential (allowedHosts before any request), enumerate
+//! per source: in its turn — an equal share of what is left of the deadline (`limits`) —
+//!          resolve kind + config + credential (allowedHosts before any request), enumerate
 //!          scopes (sorted), take those after `status.sync.resumeAfter` up to the budget
 //! apply    per scope: whole membership → join → diff against SpiceDB → batched writes
 //!          (bounded concurrency, paced below the upstream's limits); cross-resource edges;
@@ -21,13 +22,15 @@ pub mod encode;
 pub mod hosts;
 pub mod join;
 pub mod kinds;
+pub mod limits;
 pub mod plan;
 pub mod ratelimit;
 pub mod record;
 mod source;
 pub mod spicedb;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff::Timestamp;
@@ -138,8 +141,19 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         .clone()
         .ok_or_else(|| PassError::Config("--spicedb-url is required".into()))?;
     let token = spicedb_token(&ctx.client, &args).await?;
-    let store = HttpStore::with_stall_timeout(&url, token, ctx.args.request_timeout)
-        .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?;
+    // Upstream work stops where the budget does (the deadline less its margin); SpiceDB work in
+    // flight may use half of the margin; the rest is for recording status.
+    let stop_at = Instant::now() + ctx.budget.remaining();
+    let pass_end = Instant::now() + ctx.args.deadline.saturating_sub(ctx.budget.elapsed());
+    let spicedb_end = stop_at + pass_end.saturating_duration_since(stop_at) / 2;
+    let store = HttpStore::with_limits(
+        &url,
+        token,
+        ctx.args.request_timeout,
+        args.max_response_bytes,
+    )
+    .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?
+    .ending_at(spicedb_end);
     // Checked once, before any source. An unreachable SpiceDB still lets this run say, on each
     // deleted source, why its finalizer stays; then the pass fails.
     let reachable = store
@@ -255,10 +269,16 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     let upstreams = Upstreams {
         slack_api_url: args.slack_api_url.clone(),
         rate_scale: args.upstream_rate_scale,
-        request_timeout: ctx.args.request_timeout,
+        limits: limits::Limits {
+            max_response_bytes: args.max_response_bytes,
+            request_timeout: ctx.args.request_timeout,
+            max_pages: args.max_pages,
+        },
     };
     let mut stopped = None;
-    for k in order {
+    let mut out_of_share = 0;
+    let n = order.len();
+    for (i, k) in order.into_iter().enumerate() {
         if let Err(why) = ctx.budget.check() {
             stopped = Some(format!("{why:?}"));
             summary.count("sourcesDeferred", 1);
@@ -267,8 +287,18 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         let Some(src) = mine.iter().find(|s| key(s) == k) else {
             continue;
         };
+        // Each due source gets an equal share of what is left, so one slow or hostile upstream
+        // cannot take the others' time (docs/relsync.md "Bounds").
+        let share = limits::share(ctx.budget.remaining(), n - i, args.min_source_share);
+        let turn = Arc::new(limits::Turn::new(ctx.budget.clone(), share));
+        tracing::debug!(source = %k, share = ?turn.share(), "source's turn");
         let (rec, throttles) =
-            source::sync_source(&ctx, &args, &store, &upstreams, src, &writes).await?;
+            source::sync_source(&ctx, &args, &store, &upstreams, src, &writes, turn.clone())
+                .await?;
+        if turn.remaining().is_zero() && ctx.budget.check().is_ok() {
+            summary.count("sourcesOutOfShare", 1);
+            out_of_share += 1;
+        }
         summary.count("upstreamThrottles", throttles as i64);
         let c = &rec.counts;
         summary.count("scopesProcessed", i64::from(c.scopes_processed));
@@ -285,6 +315,10 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         {
             summary.count("sourcesNotReady", 1);
             tracing::warn!(source = %k, reason, "source not synced");
+        }
+        if let Outcome::OutOfTime { .. } = &rec.outcome {
+            summary.count("sourcesNotReady", 1);
+            tracing::warn!(source = %k, reason = record::DEADLINE_EXCEEDED, "source not synced: its share of the deadline ran out while enumerating");
         }
         let ns = src.namespace().unwrap_or_default();
         let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
@@ -317,6 +351,11 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         && let Err(why) = ctx.budget.check()
     {
         stopped = Some(format!("{why:?}"));
+    }
+    if stopped.is_none() && out_of_share > 0 {
+        stopped = Some(format!(
+            "{out_of_share} source(s) used up their share of the deadline"
+        ));
     }
     if let Some(why) = stopped {
         summary.outcome = "partial".into();

@@ -5,8 +5,8 @@
 //! comes anyway — 429 with `Retry-After`, 429 without it, or Slack's HTTP 200
 //! `{"ok":false,"error":"ratelimited"}` — the method is paused for the advised time (or an
 //! exponential backoff from 1 s) for every task of this source, and the request is retried. A
-//! wait that would cross the pass deadline is not taken: the pass stops there and saves its
-//! cursor, and the next run continues.
+//! wait that would outlast the source's turn (its share of the pass deadline, see `limits`) is
+//! not taken: the source stops there and saves its cursor, and the next run continues.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
-use crate::pass::Budget;
+use super::limits::Turn;
 
 /// Share of the published limit kbind uses.
 const HEADROOM: f64 = 0.9;
@@ -28,7 +28,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Why a request was not (re)sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Throttled {
-    #[error("waiting {wait:?} for {method} would cross the pass deadline")]
+    #[error("waiting {wait:?} for {method} would outlast this source's share of the pass deadline")]
     Deadline { method: String, wait: Duration },
     #[error("{method} still rate limited after {MAX_RETRIES} retries")]
     GaveUp { method: String },
@@ -40,7 +40,7 @@ pub struct Pacer {
     tiers: HashMap<&'static str, u32>,
     default_per_min: u32,
     scale: f64,
-    budget: Arc<Budget>,
+    turn: Arc<Turn>,
     buckets: Mutex<HashMap<String, Arc<DefaultDirectRateLimiter>>>,
     /// The buckets' clock: a wait is computed on the same clock the bucket reads.
     clock: DefaultClock,
@@ -56,13 +56,13 @@ impl Pacer {
         tiers: HashMap<&'static str, u32>,
         default_per_min: u32,
         scale: f64,
-        budget: Arc<Budget>,
+        turn: Arc<Turn>,
     ) -> Self {
         Self {
             tiers,
             default_per_min,
             scale: if scale > 0.0 { scale } else { 1.0 },
-            budget,
+            turn,
             buckets: Mutex::default(),
             clock: DefaultClock::default(),
             paused_until: Mutex::default(),
@@ -102,12 +102,17 @@ impl Pacer {
             .clone()
     }
 
-    /// Wait `d` unless that would cross the deadline.
-    async fn wait(&self, method: &str, d: Duration) -> Result<(), Throttled> {
+    /// The source's turn every wait of this pacer ends with.
+    pub fn turn(&self) -> &Turn {
+        &self.turn
+    }
+
+    /// Wait `d` unless that would outlast the turn.
+    pub async fn wait(&self, method: &str, d: Duration) -> Result<(), Throttled> {
         if d.is_zero() {
             return Ok(());
         }
-        if self.budget.would_cross_deadline(d) {
+        if self.turn.would_cross(d) {
             return Err(Throttled::Deadline {
                 method: method.to_string(),
                 wait: d,
@@ -164,7 +169,7 @@ impl Pacer {
             .entry(method.to_string())
             .and_modify(|t| *t = (*t).max(Instant::now() + d))
             .or_insert(Instant::now() + d);
-        if self.budget.would_cross_deadline(d) {
+        if self.turn.would_cross(d) {
             return Err(Throttled::Deadline {
                 method: method.to_string(),
                 wait: d,
@@ -197,6 +202,11 @@ pub fn parse_retry_after(v: Option<&str>) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pass::Budget;
+
+    fn whole(budget: Budget) -> Arc<Turn> {
+        Arc::new(Turn::whole(Arc::new(budget)))
+    }
 
     #[test]
     fn backoff_table() {
@@ -225,7 +235,7 @@ mod tests {
             HashMap::from([("conversations.members", 100)]),
             20,
             1.0,
-            Arc::new(Budget::unlimited()),
+            whole(Budget::unlimited()),
         );
         // 100/min at 90% is one request every 2/3 s; 20/min at 90% every 3.33 s.
         assert_eq!(p.period("conversations.members").as_millis(), 666);
@@ -239,7 +249,7 @@ mod tests {
             HashMap::from([("conversations.members", 100)]),
             20,
             60.0,
-            Arc::new(Budget::unlimited()),
+            whole(Budget::unlimited()),
         );
         // 90/s sustained, burst 4: any one-second window holds at most 94 < 100.
         assert_eq!(scaled.burst("conversations.members").get(), 4);
@@ -247,8 +257,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_past_the_deadline_is_refused() {
-        let budget = Arc::new(Budget::new(None, Duration::from_secs(20)));
-        let p = Pacer::new(HashMap::new(), 20, 1.0, budget);
+        let p = Pacer::new(
+            HashMap::new(),
+            20,
+            1.0,
+            whole(Budget::new(None, Duration::from_secs(20))),
+        );
         assert!(
             p.throttled("m", 0, Some(Duration::from_secs(1)))
                 .await

@@ -37,9 +37,15 @@ pub enum Outcome {
         reason: &'static str,
         message: String,
     },
+    /// The source's turn (its share of the pass deadline) ended before its enumeration did:
+    /// nothing was processed, and the cycle — cursor included — stays as it was.
+    OutOfTime { message: String },
     /// Scopes were processed.
     Ran,
 }
+
+/// The `Ready=False` reason of [`Outcome::OutOfTime`].
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 
 /// Everything the status needs from one pass over one source.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,7 +147,7 @@ pub fn next_status(
     }
     if !rec.scoped {
         match &rec.outcome {
-            Outcome::Refused { .. } => {}
+            Outcome::Refused { .. } | Outcome::OutOfTime { .. } => {}
             Outcome::EnumerationFailed { .. } => {
                 sync.cycle_started_at = None;
                 sync.enum_complete = false;
@@ -171,6 +177,17 @@ pub fn next_status(
         Outcome::Refused { reason, message } | Outcome::EnumerationFailed { reason, message } => {
             let message = crate::scrub::scrub(message);
             c.set_condition(READY, S::False, reason, &message, generation, now);
+        }
+        Outcome::OutOfTime { message } => {
+            let message = crate::scrub::scrub(message);
+            c.set_condition(
+                READY,
+                S::False,
+                DEADLINE_EXCEEDED,
+                &message,
+                generation,
+                now,
+            );
         }
         Outcome::Ran => {
             let msg = if rec.scoped {
@@ -507,6 +524,31 @@ mod tests {
         assert_eq!(sync(&s2).cycle_started_at, None, "cycle abandoned");
         assert_eq!(sync(&s2).resume_after, "");
         assert_eq!(cond(&s2, READY).1, "UpstreamAuthFailed");
+    }
+
+    #[test]
+    fn an_enumeration_cut_off_by_the_deadline_keeps_the_cycle() {
+        let s1 = next_status(None, Some(1), &ran(false, false, Some("group/b")), t(100));
+        let rec = PassRecord {
+            outcome: Outcome::OutOfTime {
+                message: "enumerating scopes: cut off".into(),
+            },
+            reap: Err(Deferral::PartialCoverage),
+            ..ran(false, true, None)
+        };
+        let s2 = next_status(Some(&s1), Some(1), &rec, t(200));
+        assert_eq!(
+            cond(&s2, READY),
+            ("False", DEADLINE_EXCEEDED, "enumerating scopes: cut off")
+        );
+        assert_eq!(sync(&s2).resume_after, "group/b", "the cursor stays");
+        assert_eq!(sync(&s2).cycle_started_at, Some(Time(t(100))));
+        assert!(sync(&s2).last_sync_time.is_none());
+        assert_eq!(
+            sync(&s2).last_pass.as_ref().unwrap().finished_at,
+            Some(Time(t(200)))
+        );
+        assert!(crate::relsync::plan::cycle_in_progress(Some(&s2)));
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! One source in one pass: resolve kind, config and credential (nothing is sent before they
 //! are admitted), enumerate or take the explicit scopes, walk the window in order with bounded
-//! concurrency, write cross-resource edges, and reap only on full coverage. Returns what the
-//! status records.
+//! concurrency, write cross-resource edges, and reap only on full coverage. Everything the
+//! source sends upstream ends with its turn (`limits::Turn`). Returns what the status records.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
 use super::kinds::{self, KindConfig, Upstreams};
+use super::limits::Turn;
 use super::plan::{self, Coverage};
 use super::record::{Outcome, PassRecord, sample};
 use super::spicedb::RelationshipStore;
@@ -33,7 +34,8 @@ fn refused(scoped: bool, reason: &'static str, message: String) -> PassRecord {
     }
 }
 
-/// One source: resolve, enumerate, walk its window of scopes, cross-resource edges, reap.
+/// One source in its `turn`: resolve, enumerate, walk its window of scopes, cross-resource
+/// edges, reap.
 pub(super) async fn sync_source<S: RelationshipStore>(
     ctx: &PassContext,
     args: &RelsyncArgs,
@@ -41,6 +43,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
     upstreams: &Upstreams,
     src: &RelationshipSource,
     writes: &Mutex<Writes>,
+    turn: Arc<Turn>,
 ) -> Result<(PassRecord, u64), PassError> {
     let scoped = !args.scopes.is_empty();
     let ns = src.namespace().unwrap_or_default();
@@ -60,7 +63,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
         Ok(d) => d,
         Err(r) => return Ok((refused(scoped, r.reason, r.message), 0)),
     };
-    let kind = match kinds::build(&cfg, &cred, upstreams, ctx.budget.clone()) {
+    let kind = match kinds::build(&cfg, &cred, upstreams, turn.clone()) {
         Ok(k) => k,
         Err(e) => {
             return Ok((
@@ -112,19 +115,24 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                 (all[a..b].to_vec(), all, a == 0, end)
             }
             Err(e) => {
-                let reason = if matches!(e, kinds::KindError::Auth { .. }) {
-                    "UpstreamAuthFailed"
-                } else {
-                    "EnumerationFailed"
-                };
+                let reason = e.enumeration_reason();
                 let msg = crate::scrub::scrub(&cred.token.redact(&e.to_string()));
                 let mut rec = refused(false, reason, format!("enumerating scopes: {msg}"));
-                rec.outcome = Outcome::EnumerationFailed {
-                    reason,
-                    message: format!("enumerating scopes: {msg}"),
-                };
                 rec.errors = vec![sample("", &msg)];
-                return Ok((rec, 0));
+                if e.stops_pass() {
+                    // The turn ended first: nothing processed, the cycle and its cursor kept.
+                    tracing::warn!(source = %key(src), share = ?turn.share(), "enumeration cut off at the end of this source's share of the deadline");
+                    rec.outcome = Outcome::OutOfTime {
+                        message: format!("enumerating scopes: {msg}; the next run continues"),
+                    };
+                    rec.reap = Err(plan::Deferral::PartialCoverage);
+                } else {
+                    rec.outcome = Outcome::EnumerationFailed {
+                        reason,
+                        message: format!("enumerating scopes: {msg}"),
+                    };
+                }
+                return Ok((rec, kind.throttles()));
             }
         }
     };
@@ -147,18 +155,15 @@ pub(super) async fn sync_source<S: RelationshipStore>(
 
     // Walk the window in order with bounded concurrency; results come back in order, so the
     // cursor is the last scope before the first one not done.
-    let budget = ctx.budget.clone();
     let walk_started = std::time::Instant::now();
     let sctx_ref = &sctx;
+    let turn_ref = &turn;
     let mut results = futures::stream::iter(scopes.iter())
-        .map(|scope| {
-            let budget = budget.clone();
-            async move {
-                if let Err(why) = budget.take() {
-                    return (scope, ScopeResult::Stopped(format!("{why:?}")));
-                }
-                (scope, sctx_ref.process(scope).await)
+        .map(|scope| async move {
+            if let Err(why) = turn_ref.take() {
+                return (scope, ScopeResult::Stopped(format!("{why:?}")));
             }
+            (scope, sctx_ref.process(scope).await)
         })
         .buffered(args.concurrency.max(1));
     let mut total = Stats::default();
@@ -175,8 +180,18 @@ pub(super) async fn sync_source<S: RelationshipStore>(
                 total.misses.extend(s.misses);
             }
             ScopeResult::Failed(msg) => errors.push(sample(&scope.id, &cred.token.redact(&msg))),
-            ScopeResult::Stopped(why) => {
-                tracing::info!(source = %key(src), scope = %scope.id, %why, "stopping this source's walk; the next pass resumes here");
+            // The first scope of this pass outlasted the whole turn: it fails (the cursor
+            // passes it, the sample says why), so a scope that never fits in a turn cannot hold
+            // its source in place run after run. Any later one resumes next run.
+            ScopeResult::Cut(msg) if processed == 0 => {
+                errors.push(sample(&scope.id, &cred.token.redact(&msg)));
+                processed += 1;
+                last_done = Some(scope.id.clone());
+                stopped = true;
+                break;
+            }
+            ScopeResult::Cut(why) | ScopeResult::Stopped(why) => {
+                tracing::info!(source = %key(src), scope = %scope.id, why = %crate::scrub::scrub(&why), "stopping this source's walk; the next pass resumes here");
                 stopped = true;
                 break;
             }

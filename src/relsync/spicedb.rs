@@ -6,13 +6,20 @@
 //! newline-delimited stream whose failure can arrive in-band after HTTP 200; a write takes at
 //! most 1000 updates and refuses two updates of one relationship; a delete by filter without an
 //! object id or prefix would take every source's relationships of that type, so it is refused.
+//!
+//! Bounded (docs/relsync.md "Bounds"): an answer is read only up to `--max-response-bytes`, and
+//! a read stream line by line, each line within that cap (a stream is not one body); a request
+//! completes within `--request-timeout` (a stream: each stall); nothing — request, stream or
+//! wait before a retry — outlives the pass's end.
 
 use std::future::Future;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use super::auth::Token;
+use super::limits::{DEFAULT_MAX_RESPONSE_BYTES, Lines, ReadError, read_capped, show_bytes};
 
 /// SpiceDB's default (and advisory) cap on updates per WriteRelationships call.
 pub const MAX_UPDATES: usize = 1000;
@@ -111,16 +118,33 @@ pub enum SpiceError {
     /// A DeleteRelationships answer that cannot be trusted to mean progress.
     #[error("SpiceDB delete: {0}")]
     Delete(String),
+    /// An answer (or one line of a stream) past `--max-response-bytes`.
+    #[error("SpiceDB {what}: the answer is larger than the {} cap (--max-response-bytes)", show_bytes(*cap))]
+    TooLarge { what: &'static str, cap: u64 },
+    /// A request that did not complete within `--request-timeout`.
+    #[error("SpiceDB {what}: no complete answer within --request-timeout {}", crate::relsync::limits::show_duration(*timeout))]
+    TimedOut {
+        what: &'static str,
+        timeout: Duration,
+    },
+    /// The pass's end came first.
+    #[error("SpiceDB {0}: cut off at the pass deadline")]
+    Deadline(&'static str),
 }
 
 impl SpiceError {
     /// A failure the same request may not meet again: the connection dropped or stalled, the
-    /// stream was cut, or the server said it was unavailable, overloaded or broken.
+    /// stream was cut, the answer did not come in time, or the server said it was unavailable,
+    /// overloaded or broken.
     fn transient(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Cut(_) => true,
+            Self::Transport { .. } | Self::Cut(_) | Self::TimedOut { .. } => true,
             Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
-            Self::Stream(_) | Self::TooManyUpdates(_) | Self::Delete(_) => false,
+            Self::Stream(_)
+            | Self::TooManyUpdates(_)
+            | Self::Delete(_)
+            | Self::TooLarge { .. }
+            | Self::Deadline(_) => false,
         }
     }
 }
@@ -130,7 +154,8 @@ impl SpiceError {
 /// often they land.
 const RETRIES: u32 = 3;
 
-async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, SpiceError>
+/// `call`, again after a transient failure, unless the wait would pass `ends`.
+async fn with_retries<T, F, Fut>(ends: Option<Instant>, mut call: F) -> Result<T, SpiceError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, SpiceError>>,
@@ -139,8 +164,12 @@ where
     loop {
         match call().await {
             Err(e) if e.transient() && attempt < RETRIES => {
+                let wait = Duration::from_millis(200 << attempt);
+                if ends.is_some_and(|end| Instant::now() + wait >= end) {
+                    return Err(e);
+                }
                 tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), attempt, "SpiceDB: transient failure; retrying");
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                tokio::time::sleep(wait).await;
                 attempt += 1;
             }
             other => return other,
@@ -173,6 +202,10 @@ pub struct HttpStore {
     http: reqwest::Client,
     base: String,
     token: Token,
+    request_timeout: Duration,
+    max_bytes: u64,
+    /// Nothing of this store outlives this instant (the pass's end).
+    ends: Option<Instant>,
 }
 
 fn rel_json(r: &Rel) -> Value {
@@ -243,21 +276,27 @@ fn body_message(body: &str) -> String {
 impl HttpStore {
     /// `base` is the gateway URL (e.g. `http://127.0.0.1:8443`); `token` the preshared key.
     pub fn new(base: &str, token: Token) -> Result<Self, SpiceError> {
-        Self::with_stall_timeout(base, token, Duration::from_secs(60))
+        Self::with_limits(
+            base,
+            token,
+            Duration::from_secs(60),
+            DEFAULT_MAX_RESPONSE_BYTES,
+        )
     }
 
-    /// [`HttpStore::new`], giving up on a request that stalls (connecting, or between bytes of
-    /// its answer) for `stall`: the pass's `--request-timeout`. There is no cap on a whole
-    /// request: a bulk export of a large source keeps streaming for longer than any fixed cap.
-    pub fn with_stall_timeout(
+    /// [`HttpStore::new`] with the pass's bounds: a request completes within `request_timeout`
+    /// (a read stream may go on for longer, but never stalls that long), and an answer — or one
+    /// line of a stream — is at most `max_bytes`.
+    pub fn with_limits(
         base: &str,
         token: Token,
-        stall: Duration,
+        request_timeout: Duration,
+        max_bytes: u64,
     ) -> Result<Self, SpiceError> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(stall.min(Duration::from_secs(10)))
-            .read_timeout(stall)
+            .connect_timeout(request_timeout.min(Duration::from_secs(10)))
+            .read_timeout(request_timeout)
             .build()
             .map_err(|e| SpiceError::Transport {
                 what: "client",
@@ -267,10 +306,35 @@ impl HttpStore {
             http,
             base: base.trim_end_matches('/').to_string(),
             token,
+            request_timeout,
+            max_bytes,
+            ends: None,
         })
     }
 
-    async fn post(
+    /// Nothing of this store — request, stream, wait — outlives `ends`.
+    pub fn ending_at(mut self, ends: std::time::Instant) -> Self {
+        self.ends = Some(Instant::from_std(ends));
+        self
+    }
+
+    /// `fut`, cut off at the store's end.
+    async fn by_end<T>(
+        &self,
+        what: &'static str,
+        fut: impl Future<Output = Result<T, SpiceError>>,
+    ) -> Result<T, SpiceError> {
+        match self.ends {
+            Some(end) => tokio::time::timeout_at(end, fut)
+                .await
+                .unwrap_or(Err(SpiceError::Deadline(what))),
+            None => fut.await,
+        }
+    }
+
+    /// Send a POST; an error status becomes [`SpiceError::Http`] with the answer's (bounded)
+    /// message.
+    async fn send(
         &self,
         what: &'static str,
         path: &str,
@@ -289,14 +353,43 @@ impl HttpStore {
             })?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
+            let message = match read_capped(resp, self.max_bytes).await {
+                Ok(b) => body_message(&String::from_utf8_lossy(&b)),
+                Err(ReadError::TooLarge { .. }) => "(an error answer too large to read)".into(),
+                Err(ReadError::Transport(m)) => m,
+            };
             return Err(SpiceError::Http {
                 what,
                 status,
-                message: body_message(&text),
+                message,
             });
         }
         Ok(resp)
+    }
+
+    /// POST and read the whole (bounded) answer within `--request-timeout` and the store's end.
+    async fn post(
+        &self,
+        what: &'static str,
+        path: &str,
+        body: &Value,
+    ) -> Result<Vec<u8>, SpiceError> {
+        let call = async {
+            let resp = self.send(what, path, body).await?;
+            read_capped(resp, self.max_bytes)
+                .await
+                .map_err(|e| match e {
+                    ReadError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
+                    ReadError::Transport(message) => SpiceError::Transport { what, message },
+                })
+        };
+        let timeout = self.request_timeout;
+        self.by_end(what, async {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(SpiceError::TimedOut { what, timeout }))
+        })
+        .await
     }
 
     /// Write a schema (tests, demo, benchmark).
@@ -319,9 +412,25 @@ impl HttpStore {
         body: &Value,
         pointer: &str,
     ) -> Result<Vec<Rel>, SpiceError> {
-        let mut resp = self.post(what, path, body).await?;
+        self.by_end(what, self.stream_unbounded(what, path, body, pointer))
+            .await
+    }
+
+    /// [`HttpStore::stream`] without the store's end: the stream may run as long as it keeps
+    /// moving; each line is at most `--max-response-bytes`.
+    async fn stream_unbounded(
+        &self,
+        what: &'static str,
+        path: &str,
+        body: &Value,
+        pointer: &str,
+    ) -> Result<Vec<Rel>, SpiceError> {
+        let timeout = self.request_timeout;
+        let mut resp = tokio::time::timeout(timeout, self.send(what, path, body))
+            .await
+            .unwrap_or(Err(SpiceError::TimedOut { what, timeout }))?;
         let mut out = Vec::new();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut lines = Lines::new(self.max_bytes);
         let handle_line = |line: &[u8], out: &mut Vec<Rel>| -> Result<(), SpiceError> {
             let line = line.trim_ascii();
             if line.is_empty() {
@@ -354,20 +463,26 @@ impl HttpStore {
                 .await
                 .map_err(|e| SpiceError::Cut(crate::scrub::scrub(&e.to_string())))?;
             let Some(chunk) = chunk else { break };
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
+            let done = lines.push(&chunk).map_err(|_| SpiceError::TooLarge {
+                what,
+                cap: self.max_bytes,
+            })?;
+            for line in done {
                 handle_line(&line, &mut out)?;
             }
         }
-        handle_line(&buf, &mut out)?;
+        handle_line(&lines.finish(), &mut out)?;
         Ok(out)
     }
 
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
     pub async fn ping(&self) -> Result<(), SpiceError> {
         let empty = json!({});
-        match with_retries(|| self.post("schema read", "/v1/schema/read", &empty)).await {
+        match with_retries(self.ends, || {
+            self.post("schema read", "/v1/schema/read", &empty)
+        })
+        .await
+        {
             Ok(_) => Ok(()),
             // No schema yet is still a reachable, authenticated server.
             Err(SpiceError::Http { status: 404, .. }) => Ok(()),
@@ -382,7 +497,7 @@ impl RelationshipStore for HttpStore {
             "consistency": {"fullyConsistent": true},
             "relationshipFilter": filter.to_json(),
         });
-        with_retries(|| {
+        with_retries(self.ends, || {
             self.stream(
                 "read",
                 "/v1/relationships/read",
@@ -400,7 +515,7 @@ impl RelationshipStore for HttpStore {
             "consistency": {"fullyConsistent": true},
             "optionalRelationshipFilter": filter.to_json(),
         });
-        with_retries(|| {
+        with_retries(self.ends, || {
             self.stream(
                 "export",
                 "/v1/relationships/exportbulk",
@@ -428,9 +543,11 @@ impl RelationshipStore for HttpStore {
             })
             .collect();
         let body = json!({ "updates": ups });
-        with_retries(|| self.post("write", "/v1/relationships/write", &body))
-            .await
-            .map(|_| ())
+        with_retries(self.ends, || {
+            self.post("write", "/v1/relationships/write", &body)
+        })
+        .await
+        .map(|_| ())
     }
 
     async fn delete(&self, filter: &Filter) -> Result<u64, SpiceError> {
@@ -454,16 +571,14 @@ impl RelationshipStore for HttpStore {
         });
         let mut total = 0u64;
         loop {
-            let answer = with_retries(|| async {
-                let resp = self
+            let answer = with_retries(self.ends, || async {
+                let bytes = self
                     .post("delete", "/v1/relationships/delete", &body)
                     .await?;
-                resp.json::<Value>()
-                    .await
-                    .map_err(|e| SpiceError::Transport {
-                        what: "delete",
-                        message: crate::scrub::scrub(&e.to_string()),
-                    })
+                serde_json::from_slice::<Value>(&bytes).map_err(|e| SpiceError::Transport {
+                    what: "delete",
+                    message: crate::scrub::scrub(&e.to_string()),
+                })
             })
             .await?;
             let (n, partial) = parse_delete(&answer)?;

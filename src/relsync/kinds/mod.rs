@@ -5,6 +5,7 @@
 pub mod onepassword;
 pub mod slack;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::auth::{Credential, Token};
+use super::limits::{
+    Limits, MAX_PAGE_SIZE, ReadError, Turn, read_capped, show_bytes, show_duration,
+};
 use super::ratelimit::{Pacer, Throttled, parse_retry_after};
 
 /// One unit of sync: an upstream object whose membership is diffed as a whole.
@@ -75,14 +79,49 @@ pub enum KindError {
     /// A page did not advance (repeated cursor, or a page of ids already seen).
     #[error("{method}: pagination stalled: {message}")]
     Stalled { method: String, message: String },
+    /// A listing ran past `--max-pages`.
+    #[error("{method}: {message}")]
+    TooManyPages { method: String, message: String },
+    /// An answer larger than `--max-response-bytes`.
+    #[error("{method}: {message}")]
+    TooLarge { method: String, message: String },
+    /// A request that did not complete within `--request-timeout`.
+    #[error("{method}: {message}")]
+    TimedOut { method: String, message: String },
+    /// The source's turn (its share of the pass deadline) ended while a request was in flight.
+    #[error("{method}: {message}")]
+    OutOfTime { method: String, message: String },
     #[error(transparent)]
     Throttled(#[from] Throttled),
 }
 
 impl KindError {
-    /// Whether the pass must stop here (cursor saved) rather than count a scope error.
+    /// Whether the source must stop here (cursor saved) rather than count a scope error: its
+    /// turn ended, or a wait would have outlasted it.
     pub fn stops_pass(&self) -> bool {
-        matches!(self, Self::Throttled(Throttled::Deadline { .. }))
+        matches!(
+            self,
+            Self::Throttled(Throttled::Deadline { .. }) | Self::OutOfTime { .. }
+        )
+    }
+
+    /// The request in flight was cut off by the end of the source's turn.
+    pub fn cut_off(&self) -> bool {
+        matches!(self, Self::OutOfTime { .. })
+    }
+
+    /// The `Ready=False` reason when this error ends a source's enumeration.
+    pub fn enumeration_reason(&self) -> &'static str {
+        match self {
+            Self::Auth { .. } => "UpstreamAuthFailed",
+            Self::TooLarge { .. } => "ResponseTooLarge",
+            Self::TimedOut { .. } => "RequestTimedOut",
+            Self::TooManyPages { .. } => "TooManyPages",
+            Self::OutOfTime { .. } | Self::Throttled(Throttled::Deadline { .. }) => {
+                "DeadlineExceeded"
+            }
+            _ => "EnumerationFailed",
+        }
     }
 }
 
@@ -249,103 +288,189 @@ pub struct Upstreams {
     pub slack_api_url: String,
     /// Multiplier on published rate limits (tests and benchmarks only).
     pub rate_scale: f64,
-    /// The pass's `--request-timeout`: how long a request may stall.
-    pub request_timeout: Duration,
+    /// `--max-response-bytes`, `--request-timeout`, `--max-pages`.
+    pub limits: Limits,
 }
 
-/// Build the kind for a source whose config parsed and whose credential was admitted.
+/// What every kind's requests share: the client, the pacer (and through it the source's turn),
+/// the token and the bounds.
+pub(crate) struct Http {
+    pub client: reqwest::Client,
+    pub pacer: Pacer,
+    pub token: Token,
+    pub limits: Limits,
+}
+
+/// Build the kind for a source whose config parsed and whose credential was admitted; its
+/// requests end with `turn`.
 pub fn build(
     config: &KindConfig,
     cred: &Credential,
     upstreams: &Upstreams,
-    budget: Arc<crate::pass::Budget>,
+    turn: Arc<Turn>,
 ) -> Result<Box<dyn Kind>, KindError> {
+    let limits = upstreams.limits;
     let http = reqwest::Client::builder()
         // A redirect would carry the credential to a host allowedHosts never admitted.
         .redirect(reqwest::redirect::Policy::none())
-        // A stall ends at --request-timeout; a page still arriving is never cut off.
-        .connect_timeout(upstreams.request_timeout.min(Duration::from_secs(10)))
-        .read_timeout(upstreams.request_timeout)
+        // The whole request is bounded by `get_json`; these only end a dead connection early.
+        .connect_timeout(limits.request_timeout.min(Duration::from_secs(10)))
+        .read_timeout(limits.request_timeout)
         .build()
         .map_err(|e| KindError::Transport {
             method: "client".into(),
             message: e.to_string(),
         })?;
+    let http = |tiers, default_per_min| Http {
+        client: http,
+        pacer: Pacer::new(tiers, default_per_min, upstreams.rate_scale, turn),
+        token: cred.token.clone(),
+        limits,
+    };
     Ok(match config {
         KindConfig::Slack(c) => Box::new(slack::Slack::new(
             c.clone(),
-            http,
-            cred.token.clone(),
+            http(slack::tiers(), 20),
             &upstreams.slack_api_url,
-            upstreams.rate_scale,
-            budget,
         )?),
         KindConfig::OnePassword(c) => {
             let base = cred.base_url.as_ref().ok_or_else(|| KindError::Upstream {
                 method: "config".into(),
                 message: "baseURL required".into(),
             })?;
+            // No published limit ("fair use"): a modest default pace.
             Box::new(onepassword::OnePassword::new(
                 c.clone(),
-                http,
-                cred.token.clone(),
+                http(HashMap::new(), 600),
                 base.url.clone(),
-                upstreams.rate_scale,
-                budget,
             ))
         }
     })
 }
 
-/// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
-/// token rides in the Authorization header only; error text names the URL without its query.
+/// One page-size parameter as sent: the source's `pageSize`, between 1 and [`MAX_PAGE_SIZE`].
+pub(crate) fn page_size(configured: u32) -> u32 {
+    configured.clamp(1, MAX_PAGE_SIZE)
+}
+
+/// Counts the pages of one listing against `--max-pages`.
+pub(crate) struct PageCount {
+    n: usize,
+    max: usize,
+}
+
+impl PageCount {
+    pub fn new(limits: &Limits) -> Self {
+        Self {
+            n: 0,
+            max: limits.max_pages.max(1),
+        }
+    }
+
+    /// Count one more page about to be asked for; an error past the cap.
+    pub fn next(&mut self, method: &str) -> Result<(), KindError> {
+        if self.n >= self.max {
+            return Err(KindError::TooManyPages {
+                method: method.to_string(),
+                message: format!(
+                    "more than {} pages (--max-pages): the server keeps saying there is more",
+                    self.max
+                ),
+            });
+        }
+        self.n += 1;
+        Ok(())
+    }
+}
+
 /// Resends of a read that failed in transit or met a 5xx.
 const TRANSIENT_RETRIES: u32 = 3;
 
+/// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
+/// token rides in the Authorization header only; error text names the URL without its query.
+///
+/// Bounded (docs/relsync.md "Bounds"): each attempt, connect to the last byte of the body,
+/// within `--request-timeout` (one that got no answer at all is resent like a dropped
+/// connection; one whose body was still arriving is not); the body read only up to
+/// `--max-response-bytes`; every attempt,
+/// resend wait and rate-limit wait within the source's turn. A request the turn cuts off is
+/// [`KindError::OutOfTime`], which stops the source (its cursor is kept) rather than failing it.
 pub(crate) async fn get_json(
-    http: &reqwest::Client,
-    pacer: &Pacer,
+    http: &Http,
     method: &str,
     url: Url,
-    token: &Token,
     slack_style: bool,
 ) -> Result<(u16, Value), KindError> {
     let mut bare = url.clone();
     bare.set_query(None);
+    let pacer = &http.pacer;
+    let turn = pacer.turn();
+    let limits = &http.limits;
     let mut attempt = 0;
     let mut transient = 0;
-    // Every request here is a read: one that failed in transit, or met a server error, is
-    // simply sent again, a few times, before it counts against its scope.
-    let retry = |transient: &mut u32| {
-        *transient += 1;
-        (*transient <= TRANSIENT_RETRIES)
-            .then(|| tokio::time::sleep(Duration::from_millis(250 << *transient)))
+    let out_of_time = || KindError::OutOfTime {
+        method: method.to_string(),
+        message: format!(
+            "GET {bare}: cut off when this source's {} share of the pass deadline ran out",
+            show_duration(turn.share())
+        ),
     };
-    let resend_or_fail = |transient: &mut u32, e: reqwest::Error| {
-        retry(transient).ok_or_else(|| KindError::Transport {
-            method: method.to_string(),
-            message: crate::scrub::scrub(&format!("GET {bare}: {e}")),
-        })
+    let timed_out = || KindError::TimedOut {
+        method: method.to_string(),
+        message: format!(
+            "GET {bare}: no complete answer within --request-timeout {}",
+            show_duration(limits.request_timeout)
+        ),
+    };
+    // Every request here is a read: one that failed in transit, or met a server error, is
+    // simply sent again, a few times, before it counts against its scope. The wait before a
+    // resend is taken only if the turn has time for it.
+    let resend = |transient: &mut u32, message: String| {
+        *transient += 1;
+        let wait = Duration::from_millis(250 << *transient);
+        if *transient > TRANSIENT_RETRIES {
+            return Err(KindError::Transport {
+                method: method.to_string(),
+                message: crate::scrub::scrub(&format!("GET {bare}: {message}")),
+            });
+        }
+        if turn.would_cross(wait) {
+            return Err(out_of_time());
+        }
+        Ok(tokio::time::sleep(wait))
     };
     loop {
         pacer.pace(method).await?;
-        let resp = match http
+        let started = tokio::time::Instant::now();
+        let by = started + limits.request_timeout;
+        let sent = http
+            .client
             .get(url.clone())
-            .bearer_auth(token.expose())
-            .send()
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                resend_or_fail(&mut transient, e)?.await;
-                continue;
-            }
+            .bearer_auth(http.token.expose())
+            .send();
+        // No answer at all within the bound is a stall, resent like a dropped connection; an
+        // answer whose body is still arriving at the bound (a drip) is not resent.
+        let resp = tokio::select! {
+            r = tokio::time::timeout_at(by, sent) => match r {
+                Err(_) => {
+                    let why = format!(
+                        "no answer within --request-timeout {}",
+                        show_duration(limits.request_timeout)
+                    );
+                    resend(&mut transient, why)?.await;
+                    continue;
+                }
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    resend(&mut transient, e.to_string())?.await;
+                    continue;
+                }
+            },
+            () = turn.over() => return Err(out_of_time()),
         };
         let status = resp.status().as_u16();
-        if matches!(status, 500 | 502 | 503 | 504)
-            && let Some(wait) = retry(&mut transient)
-        {
-            wait.await;
+        if matches!(status, 500 | 502 | 503 | 504) && transient < TRANSIENT_RETRIES {
+            resend(&mut transient, format!("HTTP {status}"))?.await;
             continue;
         }
         if status == 429 {
@@ -364,14 +489,28 @@ pub(crate) async fn get_json(
                 message: format!("GET {bare}: HTTP {status} redirect not followed"),
             });
         }
-        let text = match resp.text().await {
-            Ok(t) => t,
-            Err(e) => {
-                resend_or_fail(&mut transient, e)?.await;
-                continue;
-            }
+        let read = read_capped(resp, limits.max_response_bytes);
+        let bytes = tokio::select! {
+            r = tokio::time::timeout_at(by, read) => match r {
+                Err(_) => return Err(timed_out()),
+                Ok(Ok(b)) => b,
+                Ok(Err(ReadError::TooLarge { .. })) => {
+                    return Err(KindError::TooLarge {
+                        method: method.to_string(),
+                        message: format!(
+                            "GET {bare}: HTTP {status}: the answer is larger than the {} cap (--max-response-bytes); nothing of it was used",
+                            show_bytes(limits.max_response_bytes)
+                        ),
+                    });
+                }
+                Ok(Err(ReadError::Transport(e))) => {
+                    resend(&mut transient, e)?.await;
+                    continue;
+                }
+            },
+            () = turn.over() => return Err(out_of_time()),
         };
-        let body: Value = match serde_json::from_str(&text) {
+        let body: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(_) => {
                 return Err(KindError::Upstream {
@@ -380,6 +519,7 @@ pub(crate) async fn get_json(
                 });
             }
         };
+        drop(bytes);
         if slack_style
             && body.get("ok") == Some(&Value::Bool(false))
             && body.get("error").and_then(Value::as_str) == Some("ratelimited")

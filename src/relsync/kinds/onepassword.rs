@@ -6,7 +6,6 @@
 //! error (a bridge that ignores startIndex would otherwise loop forever or look complete).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use reqwest::Url;
@@ -14,10 +13,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::{CrossSet, Fetched, JoinConfig, Kind, KindError, Link, Member, Scope, get_json};
-use crate::pass::Budget;
-use crate::relsync::auth::Token;
-use crate::relsync::ratelimit::Pacer;
+use super::{
+    CrossSet, Fetched, Http, JoinConfig, Kind, KindError, Link, Member, PageCount, Scope, get_json,
+    page_size,
+};
 
 pub const GROUP: &str = "scim_group";
 /// Every object type this kind writes.
@@ -40,35 +39,17 @@ fn default_page() -> u32 {
 
 pub struct OnePassword {
     config: Config,
-    http: reqwest::Client,
-    token: Token,
+    http: Http,
     base: Url,
-    pacer: Pacer,
     users: OnceCell<HashMap<String, Member>>,
 }
 
-/// One page: the items, and the server's total when it sent one.
-struct Page {
-    items: Vec<Value>,
-    total: Option<u64>,
-}
-
 impl OnePassword {
-    pub fn new(
-        config: Config,
-        http: reqwest::Client,
-        token: Token,
-        base: Url,
-        rate_scale: f64,
-        budget: Arc<Budget>,
-    ) -> Self {
-        // No published limit ("fair use"): a modest default pace.
+    pub(crate) fn new(config: Config, http: Http, base: Url) -> Self {
         Self {
             config,
             http,
-            token,
             base,
-            pacer: Pacer::new(HashMap::new(), 600, rate_scale, budget),
             users: OnceCell::new(),
         }
     }
@@ -87,8 +68,7 @@ impl OnePassword {
     ) -> Result<(u16, Value), KindError> {
         url.query_pairs_mut()
             .extend_pairs(params.iter().map(|(k, v)| (*k, v.as_str())));
-        let (status, body) =
-            get_json(&self.http, &self.pacer, what, url, &self.token, false).await?;
+        let (status, body) = get_json(&self.http, what, url, false).await?;
         match status {
             200..=299 | 404 => Ok((status, body)),
             401 | 403 => Err(KindError::Auth {
@@ -104,19 +84,23 @@ impl OnePassword {
 
     /// Walk startIndex/count pages of `key` items (`Resources`, or a group's `members`) until
     /// an empty page, a short page at or past the total, or a page larger than asked (a server
-    /// that does not page at all). Returns `None` on 404.
-    async fn pages(
+    /// that does not page at all), keeping each item as `keep` makes it (only what is used: a
+    /// listing may be long). At most `--max-pages` pages. Returns `None` on 404.
+    async fn pages<T>(
         &self,
         what: &str,
         url: Url,
         key: &str,
         extra: &[(&str, String)],
-    ) -> Result<Option<Vec<Value>>, KindError> {
-        let count = self.config.page_size.max(1) as usize;
+        keep: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, KindError> {
+        let count = page_size(self.config.page_size) as usize;
         let mut start = 1usize;
         let mut seen = BTreeSet::new();
+        let mut pages = PageCount::new(&self.http.limits);
         let mut out = Vec::new();
         loop {
+            pages.next(what)?;
             let mut params = extra.to_vec();
             params.push(("startIndex", start.to_string()));
             params.push(("count", count.to_string()));
@@ -124,28 +108,22 @@ impl OnePassword {
             if status == 404 {
                 return Ok(None);
             }
-            let page = Page {
-                items: body
-                    .get(key)
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default(),
-                total: body.get("totalResults").and_then(Value::as_u64),
-            };
-            let n = page.items.len();
+            let total = body.get("totalResults").and_then(Value::as_u64);
+            let items = body.get(key).and_then(Value::as_array);
+            let n = items.map_or(0, Vec::len);
             let mut new = 0;
-            for item in page.items {
+            for item in items.into_iter().flatten() {
                 let id = item
                     .get("id")
                     .or_else(|| item.get("value"))
                     .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                if seen.insert(id) {
+                    .unwrap_or_default();
+                if seen.insert(id.to_string()) {
                     new += 1;
-                    out.push(item);
+                    out.extend(keep(item));
                 }
             }
+            drop(body);
             if n == 0 || n > count {
                 return Ok(Some(out));
             }
@@ -159,7 +137,7 @@ impl OnePassword {
             }
             start += n;
             // A short page is the end only when the total agrees; a full page never is.
-            if n < count && page.total.is_none_or(|t| start as u64 > t) {
+            if n < count && total.is_none_or(|t| start as u64 > t) {
                 return Ok(Some(out));
             }
         }
@@ -169,14 +147,10 @@ impl OnePassword {
         self.users
             .get_or_try_init(|| async {
                 let items = self
-                    .pages("Users", self.url("Users"), "Resources", &[])
+                    .pages("Users", self.url("Users"), "Resources", &[], user_member)
                     .await?
                     .unwrap_or_default();
-                Ok(items
-                    .iter()
-                    .filter_map(user_member)
-                    .map(|m| (m.id.clone(), m))
-                    .collect())
+                Ok(items.into_iter().map(|m| (m.id.clone(), m)).collect())
             })
             .await
     }
@@ -219,22 +193,22 @@ fn user_member(u: &Value) -> Option<Member> {
 impl Kind for OnePassword {
     fn enumerate(&self) -> BoxFuture<'_, Result<Vec<Scope>, KindError>> {
         Box::pin(async move {
-            let items = self
+            let ids = self
                 .pages(
                     "Groups",
                     self.url("Groups"),
                     "Resources",
                     &[("excludedAttributes", "members".to_string())],
+                    |g| g.get("id").and_then(Value::as_str).map(str::to_string),
                 )
                 .await?
                 .unwrap_or_default();
-            let mut scopes: Vec<Scope> = items
-                .iter()
-                .filter_map(|g| g.get("id").and_then(Value::as_str))
+            let mut scopes: Vec<Scope> = ids
+                .into_iter()
                 .map(|id| Scope {
                     id: format!("group/{id}"),
                     object_type: GROUP,
-                    upstream_id: id.to_string(),
+                    upstream_id: id,
                 })
                 .collect();
             scopes.sort();
@@ -260,17 +234,17 @@ impl Kind for OnePassword {
                     message: "baseURL cannot carry a path".into(),
                 })?
                 .push(&scope.upstream_id);
-            let Some(members) = self.pages("Group", url, "members", &[]).await? else {
+            let value = |m: &Value| m.get("value").and_then(Value::as_str).map(str::to_string);
+            let Some(members) = self.pages("Group", url, "members", &[], value).await? else {
                 return Ok(Fetched::Gone);
             };
             let users = self.users().await?;
             Ok(Fetched::Members(
                 members
-                    .iter()
-                    .filter_map(|m| m.get("value").and_then(Value::as_str))
+                    .into_iter()
                     .map(|id| {
-                        users.get(id).cloned().unwrap_or(Member {
-                            id: id.to_string(),
+                        users.get(&id).cloned().unwrap_or(Member {
+                            id,
                             unknown: true,
                             ..Default::default()
                         })
@@ -293,7 +267,7 @@ impl Kind for OnePassword {
     }
 
     fn throttles(&self) -> u64 {
-        self.pacer.throttles()
+        self.http.pacer.throttles()
     }
 }
 

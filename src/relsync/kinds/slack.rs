@@ -6,7 +6,7 @@
 //! The token travels in the Authorization header, never in a query string or form.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use futures::future::BoxFuture;
 use reqwest::Url;
@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::{CrossSet, Fetched, JoinConfig, Kind, KindError, Link, Member, Scope, get_json};
-use crate::pass::Budget;
-use crate::relsync::auth::Token;
-use crate::relsync::ratelimit::Pacer;
+use super::{
+    CrossSet, Fetched, Http, JoinConfig, Kind, KindError, Link, Member, PageCount, Scope, get_json,
+    page_size,
+};
 
 pub const CHANNEL: &str = "slack_channel";
 pub const USERGROUP: &str = "slack_usergroup";
@@ -58,7 +58,7 @@ fn default_page() -> u32 {
 }
 
 /// Published per-minute limits (Slack tiers) of the methods used.
-fn tiers() -> HashMap<&'static str, u32> {
+pub(crate) fn tiers() -> HashMap<&'static str, u32> {
     HashMap::from([
         ("auth.test", 100),
         ("conversations.list", 20),
@@ -72,10 +72,8 @@ fn tiers() -> HashMap<&'static str, u32> {
 
 pub struct Slack {
     config: Config,
-    http: reqwest::Client,
-    token: Token,
+    http: Http,
     api: Url,
-    pacer: Pacer,
     team: OnceCell<String>,
     users: OnceCell<HashMap<String, Member>>,
     /// users.info answers for ids users.list did not carry.
@@ -134,14 +132,7 @@ fn member_of(u: &Value) -> Option<Member> {
 }
 
 impl Slack {
-    pub fn new(
-        config: Config,
-        http: reqwest::Client,
-        token: Token,
-        api: &str,
-        rate_scale: f64,
-        budget: Arc<Budget>,
-    ) -> Result<Self, KindError> {
+    pub(crate) fn new(config: Config, http: Http, api: &str) -> Result<Self, KindError> {
         let api = Url::parse(&format!("{}/", api.trim_end_matches('/'))).map_err(|e| {
             KindError::Upstream {
                 method: "config".into(),
@@ -151,9 +142,7 @@ impl Slack {
         Ok(Self {
             config,
             http,
-            token,
             api,
-            pacer: Pacer::new(tiers(), 20, rate_scale, budget),
             team: OnceCell::new(),
             users: OnceCell::new(),
             looked_up: Mutex::default(),
@@ -166,8 +155,7 @@ impl Slack {
             message: e.to_string(),
         })?;
         url.query_pairs_mut().extend_pairs(params);
-        let (status, body) =
-            get_json(&self.http, &self.pacer, method, url, &self.token, true).await?;
+        let (status, body) = get_json(&self.http, method, url, true).await?;
         if status >= 400 {
             return Err(if status == 401 || status == 403 {
                 KindError::Auth {
@@ -184,20 +172,24 @@ impl Slack {
         Ok(body)
     }
 
-    /// Every item of a cursor-paginated method. Short and empty pages with a live cursor are
-    /// normal; a cursor already seen is an error, never an end.
-    async fn paged(
+    /// Every item of a cursor-paginated method, each kept as `keep` makes it (only what is
+    /// used: a listing may be long). Short and empty pages with a live cursor are normal; a
+    /// cursor already seen is an error, never an end; so is a listing past `--max-pages`.
+    async fn paged<T>(
         &self,
         method: &str,
         params: &[(&str, &str)],
         key: &str,
         on_error: impl Fn(&str) -> Option<()>,
-    ) -> Result<Option<Vec<Value>>, KindError> {
-        let limit = self.config.page_size.clamp(1, 1000).to_string();
+        keep: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, KindError> {
+        let limit = page_size(self.config.page_size).to_string();
         let mut cursor = String::new();
         let mut seen = BTreeSet::new();
+        let mut pages = PageCount::new(&self.http.limits);
         let mut out = Vec::new();
         loop {
+            pages.next(method)?;
             let mut p: Vec<(&str, &str)> = params.to_vec();
             p.push(("limit", &limit));
             if !cursor.is_empty() {
@@ -212,7 +204,7 @@ impl Slack {
                 return Err(err);
             }
             if let Some(items) = body.get(key).and_then(Value::as_array) {
-                out.extend(items.iter().cloned());
+                out.extend(items.iter().filter_map(&keep));
             }
             let next = body
                 .pointer("/response_metadata/next_cursor")
@@ -254,14 +246,10 @@ impl Slack {
         self.users
             .get_or_try_init(|| async {
                 let items = self
-                    .paged("users.list", &[], "members", |_| None)
+                    .paged("users.list", &[], "members", |_| None, member_of)
                     .await?
                     .unwrap_or_default();
-                Ok(items
-                    .iter()
-                    .filter_map(member_of)
-                    .map(|m| (m.id.clone(), m))
-                    .collect())
+                Ok(items.into_iter().map(|m| (m.id.clone(), m)).collect())
             })
             .await
     }
@@ -334,16 +322,16 @@ impl Slack {
                 &[("types", &types), ("exclude_archived", "true")],
                 "channels",
                 |_| None,
+                |c| c.get("id").and_then(Value::as_str).map(str::to_string),
             )
             .await?
             .unwrap_or_default();
         let mut scopes: Vec<Scope> = channels
-            .iter()
-            .filter_map(|c| c.get("id").and_then(Value::as_str))
+            .into_iter()
             .map(|id| Scope {
                 id: format!("channel/{id}"),
                 object_type: CHANNEL,
-                upstream_id: id.to_string(),
+                upstream_id: id,
             })
             .collect();
         if self.config.usergroups {
@@ -379,14 +367,12 @@ impl Slack {
                         &[("channel", &scope.upstream_id)],
                         "members",
                         gone,
+                        |v| v.as_str().map(str::to_string),
                     )
                     .await?
                 {
                     None => return Ok(Fetched::Gone),
-                    Some(items) => items
-                        .iter()
-                        .filter_map(|v| v.as_str().map(str::to_string))
-                        .collect(),
+                    Some(ids) => ids,
                 }
             }
             _ => {
@@ -467,7 +453,7 @@ impl Kind for Slack {
     }
 
     fn throttles(&self) -> u64 {
-        self.pacer.throttles()
+        self.http.pacer.throttles()
     }
 }
 
