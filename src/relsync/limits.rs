@@ -80,7 +80,7 @@ pub fn parse_pages(s: &str) -> Result<usize, String> {
 /// A byte count as the flag is written: `16Mi` when exact, else bytes.
 pub fn show_bytes(n: u64) -> String {
     for (unit, size) in [("Gi", KI * KI * KI), ("Mi", KI * KI), ("Ki", KI)] {
-        if n >= size && n % size == 0 {
+        if n >= size && n.is_multiple_of(size) {
             return format!("{}{unit}", n / size);
         }
     }
