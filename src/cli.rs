@@ -37,7 +37,7 @@ pub enum Command {
     Claims(Box<crate::claims::ClaimsArgs>),
     /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
     /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
-    Relsync(RelsyncArgs),
+    Relsync(Box<RelsyncArgs>),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)

@@ -65,7 +65,7 @@ fn main() {
         },
         Command::Relsync(args) => {
             block_on(kbind::pass::run(kbind::relsync::PASS, cli.common, |ctx| {
-                kbind::relsync::run(ctx, args)
+                kbind::relsync::run(ctx, *args)
             }))
         }
         Command::Crds { kcp } => {
