@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind::api::core::ClusterBinding;
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY};
-use kbind::fakes::{Fault, scim, slack};
+use kbind::fakes::{Fault, Generated, scim, slack};
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -1088,6 +1088,338 @@ async fn a_credential_with_allowed_hosts_is_never_sent_to_an_unlisted_slack_api(
             .seen_auth
             .iter()
             .all(|a| a == &format!("Bearer {SLACK_TOKEN}"))
+    );
+}
+
+fn scim_user(id: &str) -> scim::ScimUser {
+    scim::ScimUser {
+        id: id.into(),
+        user_name: id.into(),
+        emails: vec![(format!("{id}@example.com"), true)],
+        active: true,
+    }
+}
+
+fn scim_group(id: &str, members: &[&str]) -> scim::ScimGroup {
+    scim::ScimGroup {
+        id: id.into(),
+        display_name: id.into(),
+        members: members.iter().map(|m| m.to_string()).collect(),
+    }
+}
+
+/// A bridge stand-in with users u1, u2 and groups g1, g2 (token `scim-secret`).
+fn bridge_dir() -> scim::Directory {
+    scim::Directory {
+        token: "scim-secret".into(),
+        users: vec![scim_user("u1"), scim_user("u2")],
+        groups: vec![scim_group("g1", &["u1"]), scim_group("g2", &["u1", "u2"])],
+        max_results: 100,
+        ..Default::default()
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The reporter's case (issue #11): a SCIM bridge stand-in dripping a ~400 MB body (at ~1.6 MB/s)
+/// beside a healthy Slack source, under a short deadline. The bridge's source, ordered first,
+/// gets only its share of the deadline: the run ends within the deadline (plus a generous
+/// margin), its memory stays bounded (the body is never buffered past the cap), the healthy
+/// source's scopes are all synced, and the bridge's source says why it was not on `Ready`.
+/// `KBIND_HOSTILE_DEADLINE` (default 20s) and `KBIND_BIN` reproduce the before/after figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dripping_bridge_gets_its_share_and_the_healthy_source_beside_it_syncs() {
+    let Some(rx) = Rx::new("hostile-share").await else {
+        return;
+    };
+    let deadline = std::env::var("KBIND_HOSTILE_DEADLINE").unwrap_or_else(|_| "20s".into());
+    let deadline_secs = kbind::pass::args::parse_duration(&deadline)
+        .unwrap()
+        .as_secs();
+    let mut dir = bridge_dir();
+    dir.generated
+        .insert("Groups".into(), Generated::drip(400 * MIB, 1600 << 10));
+    let bridge = scim::start(dir, 0).await.unwrap();
+    let fake = slack::start(
+        workspace(
+            vec![user("U1"), user("U2")],
+            (1..=3)
+                .map(|i| channel(&format!("C{i}"), &["U1", "U2"]))
+                .collect(),
+        ),
+        0,
+    )
+    .await
+    .unwrap();
+    rx.identity_with(&[
+        ("scim", "scim-secret", &[&bridge.addr.to_string()]),
+        ("slack", SLACK_TOKEN, &[]),
+    ])
+    .await;
+    rx.source(
+        "a-bridge",
+        json!({"kind": "onepassword", "baseURL": bridge.url(),
+        "auth": {"agentIdentity": "agent", "credential": "scim"}}),
+    )
+    .await;
+    rx.source("b-slack", json!({"kind": "slack"})).await;
+    let started = std::time::Instant::now();
+    let (code, s, stderr) = rx
+        .run_env(
+            &fake.url(),
+            &["--deadline", &deadline],
+            &[("KBIND_MIN_SOURCE_SHARE", "5s")],
+        )
+        .await;
+    let wall = started.elapsed();
+    let rss = s["peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
+    let healthy = rx.last_pass("b-slack").await.scopes_processed;
+    eprintln!(
+        "figures: --deadline {deadline}: wall {:.1}s, peak RSS {} MiB, healthy scopes synced {healthy}/3, exit {code}, outcome {}",
+        wall.as_secs_f64(),
+        rss / MIB,
+        s["outcome"]
+    );
+    assert_eq!(
+        code,
+        0,
+        "{s}\n{}",
+        &stderr[stderr.len().saturating_sub(4000)..]
+    );
+    assert!(
+        wall.as_secs() < deadline_secs + 15,
+        "the run outlived --deadline {deadline}: {wall:?}"
+    );
+    assert!(rss < 200 * MIB, "peak RSS {rss} bytes: {s}");
+    assert_eq!(healthy, 3, "{s}");
+    assert_eq!(
+        rx.held("slack_channel").await.len(),
+        9,
+        "the healthy source's channels are synced"
+    );
+    assert_eq!(
+        cond(&rx.status("b-slack").await.conditions, READY).0,
+        "True"
+    );
+    let st = rx.status("a-bridge").await;
+    let (status, reason, message) = cond(&st.conditions, READY);
+    eprintln!("a-bridge: Ready={status} {reason}: {message}\nsummary: {s}");
+    assert_eq!(status, "False", "{message}");
+    match reason {
+        "DeadlineExceeded" => {
+            assert!(message.contains("share of the pass deadline"), "{message}");
+            assert_eq!(s["outcome"], "partial", "{s}");
+            assert_eq!(s["counts"]["sourcesOutOfShare"], 1, "{s}");
+        }
+        "ResponseTooLarge" => assert!(message.contains("--max-response-bytes"), "{message}"),
+        other => panic!("reason {other}: {message}"),
+    }
+    assert!(!message.contains("scim-secret"), "{message}");
+    assert!(rx.held("scim_group").await.is_empty(), "nothing written");
+}
+
+/// Upstream answers that would hold a pass, each on its own source in one run: a 400 MB body
+/// sent as fast as it can be read (with and without a `Content-Length`), a bridge whose group
+/// list never ends, a body dripping slower than `--request-timeout` allows, a source asking for
+/// `pageSize: 4294967295`, and a Slack whose channel list never ends. Each hostile source is
+/// `Ready=False` with a reason naming the bound it met, after one request (or `--max-pages`);
+/// the huge page size is asked as 1000 and syncs; the run's memory stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_endless_and_slow_answers_fail_their_source_with_the_bound_they_met() {
+    let Some(rx) = Rx::new("hostile-bounds").await else {
+        return;
+    };
+    let with = |ep: &str, g: Generated| {
+        let mut d = bridge_dir();
+        d.generated.insert(ep.into(), g);
+        d
+    };
+    let huge = scim::start(with("Groups", Generated::huge(400 * MIB)), 0)
+        .await
+        .unwrap();
+    let declared = scim::start(
+        with(
+            "Groups",
+            Generated {
+                declare_length: true,
+                ..Generated::huge(400 * MIB)
+            },
+        ),
+        0,
+    )
+    .await
+    .unwrap();
+    let slow = scim::start(with("Groups", Generated::drip(MIB, 64 << 10)), 0)
+        .await
+        .unwrap();
+    let mut endless_dir = bridge_dir();
+    endless_dir.endless_pages = true;
+    let endless = scim::start(endless_dir, 0).await.unwrap();
+    let mut big_dir = bridge_dir();
+    big_dir.max_results = usize::MAX;
+    let big = scim::start(big_dir, 0).await.unwrap();
+    let mut ws = workspace(vec![user("U1")], vec![channel("C1", &["U1"])]);
+    ws.endless_pages = true;
+    let fake = slack::start(ws, 0).await.unwrap();
+
+    let bridges = [
+        ("huge", &huge),
+        ("declared", &declared),
+        ("slow", &slow),
+        ("endless", &endless),
+        ("bigpage", &big),
+    ];
+    let hosts: Vec<String> = bridges.iter().map(|(_, b)| b.addr.to_string()).collect();
+    let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    rx.identity_with(&[("scim", "scim-secret", &hosts), ("slack", SLACK_TOKEN, &[])])
+        .await;
+    for (name, b) in &bridges {
+        let mut spec = json!({"kind": "onepassword", "baseURL": b.url(),
+            "auth": {"agentIdentity": "agent", "credential": "scim"}});
+        if *name == "bigpage" {
+            spec["config"] = json!({"pageSize": 4294967295u64});
+        }
+        rx.source(name, spec).await;
+    }
+    rx.source(
+        "slack",
+        json!({"kind": "slack", "config": {"pageSize": 4294967295u64}}),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (code, s, stderr) = rx
+        .run_env(
+            &fake.url(),
+            &[
+                "--deadline",
+                "60s",
+                "--request-timeout",
+                "3s",
+                "--max-pages",
+                "50",
+            ],
+            &[("KBIND_MIN_SOURCE_SHARE", "5s")],
+        )
+        .await;
+    assert_eq!(
+        code,
+        0,
+        "{s}\n{}",
+        &stderr[stderr.len().saturating_sub(4000)..]
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(45),
+        "{:?}",
+        started.elapsed()
+    );
+    let rss = s["peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(rss < 200 * MIB, "peak RSS {rss} bytes: {s}");
+    let cases = [
+        (
+            "huge",
+            "ResponseTooLarge",
+            "16Mi cap (--max-response-bytes)",
+        ),
+        (
+            "declared",
+            "ResponseTooLarge",
+            "16Mi cap (--max-response-bytes)",
+        ),
+        ("slow", "RequestTimedOut", "--request-timeout 3s"),
+        (
+            "endless",
+            "TooManyPages",
+            "more than 50 pages (--max-pages)",
+        ),
+        ("slack", "TooManyPages", "more than 50 pages (--max-pages)"),
+    ];
+    for (name, reason, needle) in cases {
+        let st = rx.status(name).await;
+        let (status, r, message) = cond(&st.conditions, READY);
+        assert_eq!((status, r), ("False", reason), "{name}: {message}");
+        assert!(message.contains(needle), "{name}: {message}");
+    }
+    // Neither a too-large answer nor a timed-out one is sent again.
+    assert_eq!(huge.state.control().calls("Groups"), 1);
+    assert_eq!(declared.state.control().calls("Groups"), 1);
+    assert_eq!(slow.state.control().calls("Groups"), 1);
+    assert_eq!(endless.state.control().calls("Groups"), 50);
+    assert_eq!(fake.state.control().calls("conversations.list"), 50);
+    assert_eq!(fake.state.control().largest_page_asked, 1000);
+    // pageSize 4294967295 is asked as 1000, and the source syncs.
+    assert_eq!(big.state.control().largest_page_asked, 1000);
+    let st = rx.status("bigpage").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True", "{:?}", st.conditions);
+    assert_eq!(
+        rx.held("scim_group").await,
+        vec![
+            "g1#member@u1@example.com",
+            "g2#member@u1@example.com",
+            "g2#member@u2@example.com"
+        ]
+    );
+}
+
+/// A scope whose members drip for longer than its source's whole turn: the request is cut off
+/// at the end of the turn (not at `--request-timeout`), that first scope fails with a sample
+/// saying so — so the cursor moves past it instead of holding the source in place run after
+/// run — and the next run resumes after it and completes the cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_outlasting_its_turn_fails_with_a_reason_and_the_cycle_moves_on() {
+    let Some(rx) = Rx::new("hostile-turn").await else {
+        return;
+    };
+    let bridge = scim::start(bridge_dir(), 0).await.unwrap();
+    rx.identity("scim", "scim-secret", &[&bridge.addr.to_string()])
+        .await;
+    rx.source(
+        "op",
+        json!({"kind": "onepassword", "baseURL": bridge.url(),
+        "auth": {"agentIdentity": "agent", "credential": "scim"}}),
+    )
+    .await;
+    // Every group's member GET drips; with --concurrency 1, g1 is the only one asked.
+    bridge
+        .state
+        .directory()
+        .generated
+        .insert("Group".into(), Generated::drip(400 * MIB, 256 << 10));
+    let started = std::time::Instant::now();
+    let s = rx
+        .run(
+            "http://127.0.0.1:9",
+            &["--deadline", "12s", "--concurrency", "1"],
+        )
+        .await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+    let st = rx.status("op").await;
+    assert_eq!(cond(&st.conditions, READY).0, "True", "{s}");
+    assert_eq!(cond(&st.conditions, PARTIAL_FAILURE).0, "True", "{s}");
+    let lp = rx.last_pass("op").await;
+    assert_eq!(lp.scope_errors, 1, "{s}");
+    let sample = &lp.scope_error_samples[0];
+    assert_eq!(sample.scope, "group/g1");
+    assert!(
+        sample.message.contains("share of the pass deadline"),
+        "{}",
+        sample.message
+    );
+    let sync = st.sync.unwrap();
+    assert_eq!(sync.resume_after, "group/g1", "the cursor passed the scope");
+    assert!(!sync.enum_complete);
+
+    bridge.state.directory().generated.clear();
+    rx.run("http://127.0.0.1:9", &[]).await;
+    let st = rx.status("op").await;
+    assert!(st.sync.unwrap().enum_complete, "the cycle completed");
+    assert_eq!(
+        rx.held("scim_group").await,
+        vec!["g2#member@u1@example.com", "g2#member@u2@example.com"],
+        "g2 synced; g1 is retried in the next cycle"
     );
 }
 

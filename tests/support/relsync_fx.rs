@@ -115,6 +115,30 @@ impl Rx {
             .unwrap();
     }
 
+    /// An AgentIdentity `agent` with these credentials: (name, token, allowedHosts), each in
+    /// Secret `<name>`, key `token`.
+    pub async fn identity_with(&self, creds: &[(&str, &str, &[&str])]) {
+        let mut list = Vec::new();
+        for (cred, token, hosts) in creds {
+            self.secret(cred, token).await;
+            list.push(json!({"name": cred, "secretRef": {"name": cred, "key": "token"}, "allowedHosts": hosts}));
+        }
+        let id: AgentIdentity = serde_json::from_value(json!({
+            "apiVersion": "agentprimitives.authzed.com/v1alpha1", "kind": "AgentIdentity",
+            "metadata": {"name": "agent", "namespace": self.ns},
+            "spec": {"credentials": list}
+        }))
+        .unwrap();
+        Api::<AgentIdentity>::namespaced(self.client.clone(), &self.ns)
+            .patch(
+                "agent",
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&id),
+            )
+            .await
+            .unwrap();
+    }
+
     /// A RelationshipSource `name` with this spec (auth defaults to agent/`cred`).
     pub async fn source(&self, name: &str, spec: Value) {
         let mut spec = spec;
