@@ -90,14 +90,16 @@ fi
 if [[ " $passes " == *" model "* ]]; then
   awk '
     /^model-figures / {
+      t = ($2 == "relsync") ? "relsync" : "schema/resync"
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-      n++; steps += f["steps"]; runs += f["runs"]; killed += f["killed"]
-      if (f["result"] == "ok") ok++; else failed = failed " " f["seed"] "(" f["check"] ")"
+      total++; n[t]++; steps[t] += f["steps"]; runs[t] += f["runs"]; killed[t] += f["killed"]
+      if (f["result"] == "ok") ok[t]++; else failed[t] = failed[t] " " f["seed"] "(" f["check"] ")"
       delete f
     }
     END {
-      if (n == 0) { print "soak: model: no figures (the test did not finish; see above)"; exit }
-      printf "soak: model: seeds %d, passed %d, steps %d, kbind runs %d, killed %d%s\n", n, ok, steps, runs, killed, (failed == "" ? "" : ", failed:" failed)
+      if (total == 0) { print "soak: model: no figures (the test did not finish; see above)"; exit }
+      for (t in n)
+        printf "soak: model %s: seeds %d, passed %d, steps %d, kbind runs %d, killed %d%s\n", t, n[t], ok[t], steps[t], runs[t], killed[t], (failed[t] == "" ? "" : ", failed:" failed[t])
     }' "$dir/model.log"
   grep -q '^model-figures ' "$dir/model.log" || rc=1
 fi

@@ -1421,14 +1421,15 @@ async fn sequence(
             Err(violation) => {
                 steps.push((step.to_string(), "VIOLATION".into()));
                 w.cleanup().await;
-                println!(
-                    "model-figures seed={} steps={} runs={} killed={} result=fail check={}",
-                    seed.unwrap_or(0),
-                    steps.len(),
-                    w.runs.runs,
-                    w.runs.kills,
-                    violation.check
-                );
+                if let Some(seed) = seed {
+                    println!(
+                        "model-figures seed={seed} steps={} runs={} killed={} result=fail check={}",
+                        steps.len(),
+                        w.runs.runs,
+                        w.runs.kills,
+                        violation.check
+                    );
+                }
                 return Some(Err(Failure {
                     seed,
                     step: i + 1,
@@ -1441,13 +1442,14 @@ async fn sequence(
         }
     }
     w.cleanup().await;
-    println!(
-        "model-figures seed={} steps={} runs={} killed={} result=ok",
-        seed.unwrap_or(0),
-        steps.len(),
-        w.runs.runs,
-        w.runs.kills
-    );
+    if let Some(seed) = seed {
+        println!(
+            "model-figures seed={seed} steps={} runs={} killed={} result=ok",
+            steps.len(),
+            w.runs.runs,
+            w.runs.kills
+        );
+    }
     let mut s = format!(
         "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
         seed.map_or("replay".into(), |s| format!("seed {s}")),
