@@ -320,6 +320,8 @@ struct Runs {
     longest_skip: Duration,
     runs: usize,
     kills: usize,
+    /// Runs that stopped early because they could not renew their Lease in time.
+    lease_lost: usize,
 }
 
 /// Stands for the Lease namespace in a command line built ahead.
@@ -336,6 +338,7 @@ impl Runs {
             longest_skip: Duration::ZERO,
             runs: 0,
             kills: 0,
+            lease_lost: 0,
         }
     }
 
@@ -371,7 +374,7 @@ impl Runs {
         kill: Kill,
         make: impl Fn(&str) -> std::process::Command,
     ) -> Result<RunOutcome, Violation> {
-        let mut skipped = 0;
+        let (mut skipped, mut lease_lost) = (0, 0);
         loop {
             let ns = self.lease_ns(pass);
             self.runs += 1;
@@ -432,7 +435,12 @@ impl Runs {
                 });
             }
             if summary["outcome"] == "skipped" {
-                let since_kill = self.killed_at.get(&pass).map(|(t, _)| t.elapsed());
+                // From the kill to the start of this attempt: a loaded machine may take a while
+                // to run the attempt itself.
+                let since_kill = self
+                    .killed_at
+                    .get(&pass)
+                    .map(|(t, _)| started.saturating_duration_since(*t));
                 let limit = match self.lease {
                     LeaseMode::Takeover(d) => Some(d * 2 + Duration::from_secs(3)),
                     LeaseMode::FreshNamespace => None,
@@ -460,13 +468,8 @@ impl Runs {
                     }
                 }
             }
-            if summary["outcome"] != "completed" {
-                return Err(Violation {
-                    check: "run-failed",
-                    detail: format!("kbind {} did not complete: {summary}", pass),
-                });
-            }
-            // The first run after a crash that held the Lease takes it over and says so.
+            // The first run after a crash that held the Lease takes it over and says so (even
+            // if it then stops early).
             if let Some((t, true)) = self.killed_at.remove(&pass)
                 && summary["leaseTakenOver"].is_null()
             {
@@ -479,6 +482,27 @@ impl Runs {
                     ),
                 });
             }
+            // A run starved of CPU for longer than its Lease (a loaded machine; the tests run
+            // niced) stops as at its deadline (docs/operations.md): not a failure, run it again.
+            // It must have run at least one renewal period for that to be the explanation.
+            if let LeaseMode::Takeover(d) = self.lease
+                && summary["outcome"] == "partial"
+                && summary["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("LeaseLost"))
+                && summary["duration_seconds"].as_f64().unwrap_or(0.0) >= d.as_secs_f64() / 3.0
+                && lease_lost < 5
+            {
+                lease_lost += 1;
+                self.lease_lost += 1;
+                continue;
+            }
+            if summary["outcome"] != "completed" {
+                return Err(Violation {
+                    check: "run-failed",
+                    detail: format!("kbind {} did not complete: {summary}", pass),
+                });
+            }
             let mut note = format!(
                 "data_writes={} bookkeeping_writes={}",
                 summary["data_writes"], summary["bookkeeping_writes"]
@@ -488,6 +512,11 @@ impl Runs {
             }
             if skipped > 0 {
                 note.push_str(&format!(" (after {skipped} skipped runs)"));
+            }
+            if lease_lost > 0 {
+                note.push_str(&format!(
+                    " (after {lease_lost} runs stopped by a lost Lease)"
+                ));
             }
             return Ok(RunOutcome {
                 clean: true,
@@ -1423,10 +1452,11 @@ async fn sequence(
                 w.cleanup().await;
                 if let Some(seed) = seed {
                     println!(
-                        "model-figures seed={seed} steps={} runs={} killed={} result=fail check={}",
+                        "model-figures seed={seed} steps={} runs={} killed={} lease_lost={} result=fail check={}",
                         steps.len(),
                         w.runs.runs,
                         w.runs.kills,
+                        w.runs.lease_lost,
                         violation.check
                     );
                 }
@@ -1444,18 +1474,20 @@ async fn sequence(
     w.cleanup().await;
     if let Some(seed) = seed {
         println!(
-            "model-figures seed={seed} steps={} runs={} killed={} result=ok",
+            "model-figures seed={seed} steps={} runs={} killed={} lease_lost={} result=ok",
             steps.len(),
             w.runs.runs,
-            w.runs.kills
+            w.runs.kills,
+            w.runs.lease_lost
         );
     }
     let mut s = format!(
-        "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
+        "model: {}: {} steps {counts:?}, {} kbind runs, {} killed, {} stopped by a lost Lease, longest skip after a kill {:.1} s, {:.0} s",
         seed.map_or("replay".into(), |s| format!("seed {s}")),
         steps.len(),
         w.runs.runs,
         w.runs.kills,
+        w.runs.lease_lost,
         w.runs.longest_skip.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
@@ -1871,11 +1903,12 @@ async fn rsequence(
             Err(violation) => {
                 steps.push((step.to_string(), "VIOLATION".into()));
                 println!(
-                    "model-figures relsync seed={} steps={} runs={} killed={} result=fail check={}",
+                    "model-figures relsync seed={} steps={} runs={} killed={} lease_lost={} result=fail check={}",
                     seed.unwrap_or(0),
                     steps.len(),
                     w.runs.runs,
                     w.runs.kills,
+                    w.runs.lease_lost,
                     violation.check
                 );
                 return Some(Err(Failure {
@@ -1890,18 +1923,20 @@ async fn rsequence(
         }
     }
     println!(
-        "model-figures relsync seed={} steps={} runs={} killed={} result=ok",
+        "model-figures relsync seed={} steps={} runs={} killed={} lease_lost={} result=ok",
         seed.unwrap_or(0),
         steps.len(),
         w.runs.runs,
-        w.runs.kills
+        w.runs.kills,
+        w.runs.lease_lost
     );
     let mut s = format!(
-        "model relsync: {}: {} steps, {} kbind runs, {} killed, longest skip after a kill {:.1} s, {:.0} s",
+        "model relsync: {}: {} steps, {} kbind runs, {} killed, {} stopped by a lost Lease, longest skip after a kill {:.1} s, {:.0} s",
         seed.map_or("replay".into(), |s| format!("seed {s}")),
         steps.len(),
         w.runs.runs,
         w.runs.kills,
+        w.runs.lease_lost,
         w.runs.longest_skip.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
