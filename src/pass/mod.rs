@@ -4,6 +4,7 @@
 pub mod args;
 pub mod budget;
 pub mod client;
+#[cfg(feature = "crash-points")]
 pub mod crash;
 pub mod error;
 pub mod events;
