@@ -16,6 +16,7 @@
 //! finalizer to live sources that lack it (see `cleanup`).
 
 pub mod apply;
+pub mod args;
 pub mod auth;
 pub mod cleanup;
 pub mod encode;
@@ -38,9 +39,9 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
-use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
+use args::RelsyncArgs;
 use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};

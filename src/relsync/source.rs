@@ -10,6 +10,7 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
+use super::args::RelsyncArgs;
 use super::kinds::{self, KindConfig, Upstreams};
 use super::limits::Turn;
 use super::plan::{self, Coverage};
@@ -17,7 +18,6 @@ use super::record::{Outcome, PassRecord, sample};
 use super::spicedb::RelationshipStore;
 use super::{PREFETCH_MIN, auth, directory, key};
 use crate::api::relsync::{LastPass, RelationshipSource, ScopeErrorSample};
-use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError};
 
