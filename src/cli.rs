@@ -50,3 +50,66 @@ pub enum Command {
     /// Print the version.
     Version,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kbind").chain(args.iter().copied()))
+    }
+
+    /// Every duration flag takes Go's grammar (src/pass/duration.rs), `1.5h` included.
+    #[test]
+    fn every_duration_flag_takes_go_durations() {
+        let cli = parse(&[
+            "--deadline",
+            "1.5h",
+            "--request-timeout",
+            "2m3.5s",
+            "--lease-duration",
+            "1h30m",
+            "relsync",
+            "--min-source-share",
+            "300ms",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.deadline, Duration::from_secs(5400));
+        assert_eq!(cli.common.request_timeout, Duration::from_millis(123_500));
+        assert_eq!(cli.common.lease_duration, Duration::from_secs(5400));
+        let Command::Relsync(args) = cli.command else {
+            panic!("relsync")
+        };
+        assert_eq!(args.min_source_share, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn duration_flags_refuse_what_go_refuses_and_what_is_too_long() {
+        for (flag, value, says) in [
+            ("--deadline", "600", "needs a unit"),
+            ("--deadline=-1m", "", "negative"),
+            ("--deadline", "2d", "no days"),
+            ("--deadline", "99999999999999999h", "too long"),
+            ("--request-timeout", "1h 30m", "unknown unit"),
+            ("--lease-duration", "1.5s", "whole number of seconds"),
+        ] {
+            let args: Vec<&str> = [flag, value, "schema"]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
+            let e = parse(&args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag} {value}"
+            );
+            let text = e.to_string();
+            let name = flag.split('=').next().unwrap_or(flag);
+            assert!(text.contains(name) && text.contains(says), "{text}");
+        }
+    }
+}

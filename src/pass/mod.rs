@@ -6,6 +6,7 @@ pub mod budget;
 pub mod client;
 #[cfg(feature = "crash-points")]
 pub mod crash;
+pub mod duration;
 pub mod error;
 pub mod events;
 pub mod finalizer;
