@@ -23,8 +23,13 @@ pub enum LogFormat {
 
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {
-    /// Kubeconfig of the cluster this job runs against. Default: in-cluster, then $KUBECONFIG.
-    #[arg(long, env = "KUBECONFIG", global = true)]
+    /// Kubeconfig of the cluster this job runs against. Default: $KUBECONFIG, ~/.kube/config,
+    /// in-cluster.
+    ///
+    /// Tried in order, as kubectl does: this file; else $KUBECONFIG, a list of files (`a:b`)
+    /// merged (the first file to set a cluster, user, context or current-context wins; missing
+    /// files are skipped); else ~/.kube/config; else the in-cluster service account.
+    #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Kubeconfig context to use.
     #[arg(long, global = true)]
