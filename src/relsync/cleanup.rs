@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use super::kinds::{all_object_types, relations};
 use super::spicedb::{Filter, RelationshipStore, SpiceError};
 use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
+use crate::pass::lock;
 use crate::pass::writes::Writes;
 
 /// The field manager of the finalizer, beside `kbind-relsync` (status).
@@ -48,10 +49,6 @@ pub fn filters(prefix: &str) -> Vec<Filter> {
             })
         })
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Delete every relationship of the source with this prefix; returns how many SpiceDB reported

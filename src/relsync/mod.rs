@@ -40,7 +40,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
 use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::pass::{PassContext, PassError, Summary, list, lock, shard};
 use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};
@@ -448,8 +448,4 @@ async fn clean_up<S: RelationshipStore>(
             tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

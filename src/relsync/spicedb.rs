@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::auth::Token;
 use super::limits::{DEFAULT_MAX_RESPONSE_BYTES, Lines, ReadError, read_capped, show_bytes};
+use crate::pass::backoff::Backoff;
 
 /// SpiceDB's default (and advisory) cap on updates per WriteRelationships call.
 pub const MAX_UPDATES: usize = 1000;
@@ -154,6 +155,9 @@ impl SpiceError {
 /// often they land.
 const RETRIES: u32 = 3;
 
+/// The waits between them: from 200 ms, doubling, jittered (see `pass::backoff`).
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_millis(800));
+
 /// `call`, again after a transient failure, unless the wait would pass `ends`.
 async fn with_retries<T, F, Fut>(ends: Option<Instant>, mut call: F) -> Result<T, SpiceError>
 where
@@ -164,10 +168,9 @@ where
     loop {
         match call().await {
             Err(e) if e.transient() && attempt < RETRIES => {
-                let wait = Duration::from_millis(200 << attempt);
-                if ends.is_some_and(|end| Instant::now() + wait >= end) {
+                let Some(wait) = BACKOFF.within(attempt, None, ends.map(Instant::into_std)) else {
                     return Err(e);
-                }
+                };
                 tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), attempt, "SpiceDB: transient failure; retrying");
                 tokio::time::sleep(wait).await;
                 attempt += 1;

@@ -18,7 +18,8 @@ use super::auth::{Credential, Token};
 use super::limits::{
     Limits, MAX_PAGE_SIZE, ReadError, Turn, read_capped, show_bytes, show_duration,
 };
-use super::ratelimit::{Pacer, Throttled, parse_retry_after};
+use super::ratelimit::{Pacer, Throttled};
+use crate::pass::backoff::{Backoff, parse_retry_after};
 
 /// One unit of sync: an upstream object whose membership is diffed as a whole.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -385,6 +386,8 @@ impl PageCount {
 
 /// Resends of a read that failed in transit or met a 5xx.
 const TRANSIENT_RETRIES: u32 = 3;
+/// The waits before them: from 500 ms, doubling, jittered (see `pass::backoff`).
+const RESEND_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(2));
 
 /// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
 /// token rides in the Authorization header only; error text names the URL without its query.
@@ -426,8 +429,8 @@ pub(crate) async fn get_json(
     // simply sent again, a few times, before it counts against its scope. The wait before a
     // resend is taken only if the turn has time for it.
     let resend = |transient: &mut u32, message: String| {
+        let wait = RESEND_BACKOFF.wait(*transient, None);
         *transient += 1;
-        let wait = Duration::from_millis(250 << *transient);
         if *transient > TRANSIENT_RETRIES {
             return Err(KindError::Transport {
                 method: method.to_string(),
