@@ -19,8 +19,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::auth::Token;
-use super::limits::{DEFAULT_MAX_RESPONSE_BYTES, Lines, ReadError, read_capped, show_bytes};
+use super::limits::DEFAULT_MAX_RESPONSE_BYTES;
 use crate::pass::backoff::Backoff;
+use crate::upstream::{self, Lines, UpstreamError, read_capped, show_bytes};
 
 /// SpiceDB's default (and advisory) cap on updates per WriteRelationships call.
 pub const MAX_UPDATES: usize = 1000;
@@ -131,6 +132,9 @@ pub enum SpiceError {
     /// The pass's end came first.
     #[error("SpiceDB {0}: cut off at the pass deadline")]
     Deadline(&'static str),
+    /// The HTTP client could not be built.
+    #[error("SpiceDB client: {0}")]
+    Client(#[source] UpstreamError),
 }
 
 impl SpiceError {
@@ -140,12 +144,13 @@ impl SpiceError {
     fn transient(&self) -> bool {
         match self {
             Self::Transport { .. } | Self::Cut(_) | Self::TimedOut { .. } => true,
-            Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
+            Self::Http { status, .. } => upstream::transient(*status),
             Self::Stream(_)
             | Self::TooManyUpdates(_)
             | Self::Delete(_)
             | Self::TooLarge { .. }
-            | Self::Deadline(_) => false,
+            | Self::Deadline(_)
+            | Self::Client(_) => false,
         }
     }
 }
@@ -296,15 +301,7 @@ impl HttpStore {
         request_timeout: Duration,
         max_bytes: u64,
     ) -> Result<Self, SpiceError> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(request_timeout.min(Duration::from_secs(10)))
-            .read_timeout(request_timeout)
-            .build()
-            .map_err(|e| SpiceError::Transport {
-                what: "client",
-                message: e.to_string(),
-            })?;
+        let http = upstream::client(request_timeout).map_err(SpiceError::Client)?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
@@ -358,8 +355,8 @@ impl HttpStore {
             let status = resp.status().as_u16();
             let message = match read_capped(resp, self.max_bytes).await {
                 Ok(b) => body_message(&String::from_utf8_lossy(&b)),
-                Err(ReadError::TooLarge { .. }) => "(an error answer too large to read)".into(),
-                Err(ReadError::Transport(m)) => m,
+                Err(UpstreamError::TooLarge { .. }) => "(an error answer too large to read)".into(),
+                Err(e) => crate::scrub::scrub(&e.to_string()),
             };
             return Err(SpiceError::Http {
                 what,
@@ -382,8 +379,11 @@ impl HttpStore {
             read_capped(resp, self.max_bytes)
                 .await
                 .map_err(|e| match e {
-                    ReadError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
-                    ReadError::Transport(message) => SpiceError::Transport { what, message },
+                    UpstreamError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
+                    e => SpiceError::Transport {
+                        what,
+                        message: crate::scrub::scrub(&e.to_string()),
+                    },
                 })
         };
         let timeout = self.request_timeout;

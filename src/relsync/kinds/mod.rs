@@ -15,11 +15,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::auth::{Credential, Token};
-use super::limits::{
-    Limits, MAX_PAGE_SIZE, ReadError, Turn, read_capped, show_bytes, show_duration,
-};
+use super::limits::{Limits, MAX_PAGE_SIZE, Turn, show_duration};
 use super::ratelimit::{Pacer, Throttled};
 use crate::pass::backoff::{Backoff, parse_retry_after};
+use crate::upstream::{self, UpstreamError, read_capped, show_bytes};
 
 /// One unit of sync: an upstream object whose membership is diffed as a whole.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,6 +93,9 @@ pub enum KindError {
     OutOfTime { method: String, message: String },
     #[error(transparent)]
     Throttled(#[from] Throttled),
+    /// The HTTP client could not be built.
+    #[error("client: {0}")]
+    Client(#[source] UpstreamError),
 }
 
 impl KindError {
@@ -311,17 +313,9 @@ pub fn build(
     turn: Arc<Turn>,
 ) -> Result<Box<dyn Kind>, KindError> {
     let limits = upstreams.limits;
-    let http = reqwest::Client::builder()
-        // A redirect would carry the credential to a host allowedHosts never admitted.
-        .redirect(reqwest::redirect::Policy::none())
-        // The whole request is bounded by `get_json`; these only end a dead connection early.
-        .connect_timeout(limits.request_timeout.min(Duration::from_secs(10)))
-        .read_timeout(limits.request_timeout)
-        .build()
-        .map_err(|e| KindError::Transport {
-            method: "client".into(),
-            message: e.to_string(),
-        })?;
+    // The whole request is bounded by `get_json`; the client's own timeouts only end a dead
+    // connection early.
+    let http = upstream::client(limits.request_timeout).map_err(KindError::Client)?;
     let http = |tiers, default_per_min| Http {
         client: http,
         pacer: Pacer::new(tiers, default_per_min, upstreams.rate_scale, turn),
@@ -472,11 +466,11 @@ pub(crate) async fn get_json(
             () = turn.over() => return Err(out_of_time()),
         };
         let status = resp.status().as_u16();
-        if matches!(status, 500 | 502 | 503 | 504) && transient < TRANSIENT_RETRIES {
+        if upstream::server_hiccup(status) && transient < TRANSIENT_RETRIES {
             resend(&mut transient, format!("HTTP {status}"))?.await;
             continue;
         }
-        if status == 429 {
+        if upstream::throttled(status) {
             let ra = parse_retry_after(
                 resp.headers()
                     .get(reqwest::header::RETRY_AFTER)
@@ -497,7 +491,7 @@ pub(crate) async fn get_json(
             r = tokio::time::timeout_at(by, read) => match r {
                 Err(_) => return Err(timed_out()),
                 Ok(Ok(b)) => b,
-                Ok(Err(ReadError::TooLarge { .. })) => {
+                Ok(Err(UpstreamError::TooLarge { .. })) => {
                     return Err(KindError::TooLarge {
                         method: method.to_string(),
                         message: format!(
@@ -506,8 +500,8 @@ pub(crate) async fn get_json(
                         ),
                     });
                 }
-                Ok(Err(ReadError::Transport(e))) => {
-                    resend(&mut transient, e)?.await;
+                Ok(Err(e)) => {
+                    resend(&mut transient, e.to_string())?.await;
                     continue;
                 }
             },
