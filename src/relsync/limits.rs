@@ -34,6 +34,17 @@ pub struct Limits {
     pub max_pages: usize,
 }
 
+impl Limits {
+    /// The bounds the pass's flags set.
+    pub fn of(ctx: &crate::pass::PassContext, args: &crate::cli::RelsyncArgs) -> Self {
+        Self {
+            max_response_bytes: args.max_response_bytes,
+            request_timeout: ctx.args.request_timeout,
+            max_pages: args.max_pages,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
