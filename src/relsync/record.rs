@@ -8,7 +8,7 @@
 //! reached the last enumerated scope. A refused source, a failed enumeration and a pass that
 //! stopped partway leave it where it was (docs/relsync.md "Status").
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
@@ -16,7 +16,7 @@ use super::plan::Deferral;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::relsync::condition::{CLEANUP_FAILED, PARTIAL_FAILURE, READY, REAP_DEFERRED};
 use crate::api::relsync::{
-    LastPass, RelationshipSource, RelationshipSourceStatus, ScopeErrorSample,
+    LastPass, RelationshipSource, RelationshipSourceStatus, ScopeErrorSample, SyncProgress,
 };
 
 /// Samples kept in status.
@@ -132,7 +132,15 @@ pub fn next_status(
     now: Timestamp,
 ) -> RelationshipSourceStatus {
     let mut st = prev.cloned().unwrap_or_default();
-    let prev_sync = st.sync.clone().unwrap_or_default();
+    st.sync = Some(next_sync(st.sync.clone().unwrap_or_default(), rec, now));
+    st.observed_generation = generation;
+    let resume_after = st.sync.as_ref().map(|s| s.resume_after.as_str());
+    set_conditions(&mut st.conditions, rec, resume_after, generation, now);
+    st
+}
+
+/// The sync progress after `rec`: its lastPass, the cycle and the cursor.
+fn next_sync(prev_sync: SyncProgress, rec: &PassRecord, now: Timestamp) -> SyncProgress {
     let mut sync = prev_sync.clone();
     let mut last = rec.counts.clone();
     last.finished_at = Some(Time(now));
@@ -170,9 +178,17 @@ pub fn next_status(
             }
         }
     }
-    st.sync = Some(sync);
-    st.observed_generation = generation;
-    let c = &mut st.conditions;
+    sync
+}
+
+/// `Ready`, `PartialFailure` and `ReapDeferred` after `rec`.
+fn set_conditions(
+    c: &mut Vec<Condition>,
+    rec: &PassRecord,
+    resume_after: Option<&str>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     match &rec.outcome {
         Outcome::Refused { reason, message } | Outcome::EnumerationFailed { reason, message } => {
             let message = crate::scrub::scrub(message);
@@ -197,9 +213,7 @@ pub fn next_status(
             } else {
                 format!(
                     "cycle in progress: the next pass resumes after {}",
-                    st.sync
-                        .as_ref()
-                        .map(|s| s.resume_after.as_str())
+                    resume_after
                         .filter(|s| !s.is_empty())
                         .unwrap_or("the start")
                 )
@@ -246,7 +260,6 @@ pub fn next_status(
             ),
         };
     }
-    st
 }
 
 /// Write the status for `rec`, re-reading and recomputing on a 409.

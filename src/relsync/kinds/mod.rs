@@ -400,42 +400,12 @@ pub(crate) async fn get_json(
 ) -> Result<(u16, Value), KindError> {
     let mut bare = url.clone();
     bare.set_query(None);
+    let get = Get { http, method, bare };
     let pacer = &http.pacer;
     let turn = pacer.turn();
     let limits = &http.limits;
     let mut attempt = 0;
     let mut transient = 0;
-    let out_of_time = || KindError::OutOfTime {
-        method: method.to_string(),
-        message: format!(
-            "GET {bare}: cut off when this source's {} share of the pass deadline ran out",
-            show_duration(turn.share())
-        ),
-    };
-    let timed_out = || KindError::TimedOut {
-        method: method.to_string(),
-        message: format!(
-            "GET {bare}: no complete answer within --request-timeout {}",
-            show_duration(limits.request_timeout)
-        ),
-    };
-    // Every request here is a read: one that failed in transit, or met a server error, is
-    // simply sent again, a few times, before it counts against its scope. The wait before a
-    // resend is taken only if the turn has time for it.
-    let resend = |transient: &mut u32, message: String| {
-        let wait = RESEND_BACKOFF.wait(*transient, None);
-        *transient += 1;
-        if *transient > TRANSIENT_RETRIES {
-            return Err(KindError::Transport {
-                method: method.to_string(),
-                message: crate::scrub::scrub(&format!("GET {bare}: {message}")),
-            });
-        }
-        if turn.would_cross(wait) {
-            return Err(out_of_time());
-        }
-        Ok(tokio::time::sleep(wait))
-    };
     loop {
         pacer.pace(method).await?;
         let started = tokio::time::Instant::now();
@@ -454,20 +424,20 @@ pub(crate) async fn get_json(
                         "no answer within --request-timeout {}",
                         show_duration(limits.request_timeout)
                     );
-                    resend(&mut transient, why)?.await;
+                    get.resend(&mut transient, why)?.await;
                     continue;
                 }
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
-                    resend(&mut transient, e.to_string())?.await;
+                    get.resend(&mut transient, e.to_string())?.await;
                     continue;
                 }
             },
-            () = turn.over() => return Err(out_of_time()),
+            () = turn.over() => return Err(get.out_of_time()),
         };
         let status = resp.status().as_u16();
         if upstream::server_hiccup(status) && transient < TRANSIENT_RETRIES {
-            resend(&mut transient, format!("HTTP {status}"))?.await;
+            get.resend(&mut transient, format!("HTTP {status}"))?.await;
             continue;
         }
         if upstream::throttled(status) {
@@ -480,43 +450,9 @@ pub(crate) async fn get_json(
             attempt += 1;
             continue;
         }
-        if resp.status().is_redirection() {
-            return Err(KindError::Upstream {
-                method: method.to_string(),
-                message: format!("GET {bare}: HTTP {status} redirect not followed"),
-            });
-        }
-        let read = read_capped(resp, limits.max_response_bytes);
-        let bytes = tokio::select! {
-            r = tokio::time::timeout_at(by, read) => match r {
-                Err(_) => return Err(timed_out()),
-                Ok(Ok(b)) => b,
-                Ok(Err(UpstreamError::TooLarge { .. })) => {
-                    return Err(KindError::TooLarge {
-                        method: method.to_string(),
-                        message: format!(
-                            "GET {bare}: HTTP {status}: the answer is larger than the {} cap (--max-response-bytes); nothing of it was used",
-                            show_bytes(limits.max_response_bytes)
-                        ),
-                    });
-                }
-                Ok(Err(e)) => {
-                    resend(&mut transient, e.to_string())?.await;
-                    continue;
-                }
-            },
-            () = turn.over() => return Err(out_of_time()),
+        let Some(body) = get.body(resp, by, &mut transient).await? else {
+            continue;
         };
-        let body: Value = match serde_json::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(_) => {
-                return Err(KindError::Upstream {
-                    method: method.to_string(),
-                    message: format!("GET {bare}: HTTP {status}, body is not JSON"),
-                });
-            }
-        };
-        drop(bytes);
         if slack_style
             && body.get("ok") == Some(&Value::Bool(false))
             && body.get("error").and_then(Value::as_str) == Some("ratelimited")
@@ -526,6 +462,107 @@ pub(crate) async fn get_json(
             continue;
         }
         return Ok((status, body));
+    }
+}
+
+/// One GET of [`get_json`]: what its attempts share, and the errors they end with (naming the
+/// URL without its query).
+struct Get<'a> {
+    http: &'a Http,
+    method: &'a str,
+    bare: Url,
+}
+
+impl Get<'_> {
+    fn out_of_time(&self) -> KindError {
+        KindError::OutOfTime {
+            method: self.method.to_string(),
+            message: format!(
+                "GET {}: cut off when this source's {} share of the pass deadline ran out",
+                self.bare,
+                show_duration(self.http.pacer.turn().share())
+            ),
+        }
+    }
+
+    fn timed_out(&self) -> KindError {
+        KindError::TimedOut {
+            method: self.method.to_string(),
+            message: format!(
+                "GET {}: no complete answer within --request-timeout {}",
+                self.bare,
+                show_duration(self.http.limits.request_timeout)
+            ),
+        }
+    }
+
+    /// Every request here is a read: one that failed in transit, or met a server error, is
+    /// simply sent again, a few times, before it counts against its scope. The wait before a
+    /// resend is taken only if the turn has time for it.
+    fn resend(
+        &self,
+        transient: &mut u32,
+        message: String,
+    ) -> Result<tokio::time::Sleep, KindError> {
+        let wait = RESEND_BACKOFF.wait(*transient, None);
+        *transient += 1;
+        if *transient > TRANSIENT_RETRIES {
+            return Err(KindError::Transport {
+                method: self.method.to_string(),
+                message: crate::scrub::scrub(&format!("GET {}: {message}", self.bare)),
+            });
+        }
+        if self.http.pacer.turn().would_cross(wait) {
+            return Err(self.out_of_time());
+        }
+        Ok(tokio::time::sleep(wait))
+    }
+
+    /// The answer's JSON body, read within `by` and `--max-response-bytes`; `None` when the body
+    /// broke off and the request is to be sent again (after the resend wait).
+    async fn body(
+        &self,
+        resp: reqwest::Response,
+        by: tokio::time::Instant,
+        transient: &mut u32,
+    ) -> Result<Option<Value>, KindError> {
+        let status = resp.status().as_u16();
+        let limits = &self.http.limits;
+        if resp.status().is_redirection() {
+            return Err(KindError::Upstream {
+                method: self.method.to_string(),
+                message: format!("GET {}: HTTP {status} redirect not followed", self.bare),
+            });
+        }
+        let read = read_capped(resp, limits.max_response_bytes);
+        let bytes = tokio::select! {
+            r = tokio::time::timeout_at(by, read) => match r {
+                Err(_) => return Err(self.timed_out()),
+                Ok(Ok(b)) => b,
+                Ok(Err(UpstreamError::TooLarge { .. })) => {
+                    return Err(KindError::TooLarge {
+                        method: self.method.to_string(),
+                        message: format!(
+                            "GET {}: HTTP {status}: the answer is larger than the {} cap (--max-response-bytes); nothing of it was used",
+                            self.bare,
+                            show_bytes(limits.max_response_bytes)
+                        ),
+                    });
+                }
+                Ok(Err(e)) => {
+                    self.resend(transient, e.to_string())?.await;
+                    return Ok(None);
+                }
+            },
+            () = self.http.pacer.turn().over() => return Err(self.out_of_time()),
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(Some(v)),
+            Err(_) => Err(KindError::Upstream {
+                method: self.method.to_string(),
+                message: format!("GET {}: HTTP {status}, body is not JSON", self.bare),
+            }),
+        }
     }
 }
 

@@ -186,10 +186,7 @@ impl HttpStore {
             .json(body)
             .send()
             .await
-            .map_err(|e| SpiceError::Transport {
-                what,
-                message: crate::scrub::scrub(&e.to_string()),
-            })?;
+            .map_err(|source| SpiceError::Send { what, source })?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let message = match read_capped(resp, self.max_bytes).await {
@@ -219,10 +216,7 @@ impl HttpStore {
                 .await
                 .map_err(|e| match e {
                     UpstreamError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
-                    e => SpiceError::Transport {
-                        what,
-                        message: crate::scrub::scrub(&e.to_string()),
-                    },
+                    source => SpiceError::Read { what, source },
                 })
         };
         let timeout = self.request_timeout;
@@ -300,10 +294,7 @@ impl HttpStore {
             Ok(())
         };
         loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| SpiceError::Cut(crate::scrub::scrub(&e.to_string())))?;
+            let chunk = resp.chunk().await.map_err(SpiceError::Cut)?;
             let Some(chunk) = chunk else { break };
             let done = lines.push(&chunk).map_err(|_| SpiceError::TooLarge {
                 what,
@@ -417,9 +408,9 @@ impl RelationshipStore for HttpStore {
                 let bytes = self
                     .post("delete", "/v1/relationships/delete", &body)
                     .await?;
-                serde_json::from_slice::<Value>(&bytes).map_err(|e| SpiceError::Transport {
+                serde_json::from_slice::<Value>(&bytes).map_err(|source| SpiceError::Decode {
                     what: "delete",
-                    message: crate::scrub::scrub(&e.to_string()),
+                    source,
                 })
             })
             .await?;

@@ -108,13 +108,33 @@ pub enum SpiceError {
         status: u16,
         message: String,
     },
-    #[error("SpiceDB {what}: {message}")]
-    Transport { what: &'static str, message: String },
+    /// The request did not get an answer (connection refused, reset, stalled). Error texts may
+    /// name the gateway's URL: scrubbed where printed, as every `SpiceError`.
+    #[error("SpiceDB {what}: {source}")]
+    Send {
+        what: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer's body broke off.
+    #[error("SpiceDB {what}: {source}")]
+    Read {
+        what: &'static str,
+        #[source]
+        source: UpstreamError,
+    },
+    /// The answer was not the JSON the gateway sends (a proxy's page, a cut-off body).
+    #[error("SpiceDB {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("SpiceDB read stream: {0}")]
     Stream(String),
     /// The stream broke off mid-read (a dropped connection, a stall): worth reading again.
     #[error("SpiceDB read stream cut off: {0}")]
-    Cut(String),
+    Cut(#[source] reqwest::Error),
     #[error("SpiceDB write of {0} updates exceeds the {MAX_UPDATES}-update cap")]
     TooManyUpdates(usize),
     /// A DeleteRelationships answer that cannot be trusted to mean progress.
@@ -143,7 +163,11 @@ impl SpiceError {
     /// overloaded or broken.
     fn transient(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Cut(_) | Self::TimedOut { .. } => true,
+            Self::Send { .. }
+            | Self::Read { .. }
+            | Self::Decode { .. }
+            | Self::Cut(_)
+            | Self::TimedOut { .. } => true,
             Self::Http { status, .. } => upstream::transient(*status),
             Self::Stream(_)
             | Self::TooManyUpdates(_)
