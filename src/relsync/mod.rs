@@ -50,7 +50,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
+use crate::api::relsync::RelationshipSource;
 use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, lock, shard};
@@ -58,7 +58,7 @@ use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};
 use record::Outcome;
-use spicedb::{HttpStore, RelationshipStore};
+use spicedb::HttpStore;
 
 pub const PASS: &str = "relsync";
 
@@ -166,7 +166,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         .iter()
         .filter(|s| cleanup::deleting(s) && cleanup::has_finalizer(s))
     {
-        clean_up(
+        cleanup::clean_up(
             &ctx,
             &store,
             reachable.as_ref().err(),
@@ -193,7 +193,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     mine.retain(|s| !cleanup::deleting(s));
 
     // Live sources carry the finalizer before their first SpiceDB write.
-    add_finalizers(&ctx, &mut mine, &writes).await?;
+    cleanup::add_finalizers(&ctx, &mut mine, &writes).await?;
 
     let order = due_order(&args, &mine, &mut summary);
     let upstreams = Upstreams {
@@ -308,46 +308,6 @@ async fn observe_sources(
         .collect())
 }
 
-/// Add the cleanup finalizer to the live sources that lack it; a source deleted meanwhile is
-/// dropped from `mine`.
-async fn add_finalizers(
-    ctx: &PassContext,
-    mine: &mut Vec<RelationshipSource>,
-    writes: &Mutex<Writes>,
-) -> Result<(), PassError> {
-    let finalizer_manager = cleanup::manager(&ctx.field_manager());
-    let mut gone = Vec::new();
-    for src in mine.iter_mut().filter(|s| !cleanup::has_finalizer(s)) {
-        let k = key(src);
-        let go = lock(writes).will(
-            "add finalizer",
-            format!("RelationshipSource {k}"),
-            CLEANUP_FINALIZER,
-        );
-        if !go {
-            continue;
-        }
-        let ns = src.namespace().unwrap_or_default();
-        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
-        match cleanup::add_finalizer(&sapi, src, &finalizer_manager)
-            .await
-            .map_err(|e| {
-                PassError::kube(
-                    format!("adding finalizer {CLEANUP_FINALIZER} to RelationshipSource {k}"),
-                    &e,
-                )
-            })? {
-            Some(updated) => {
-                *src = updated;
-                lock(writes).bookkeeping_done();
-            }
-            None => gone.push(k),
-        }
-    }
-    mine.retain(|s| !gone.contains(&key(s)));
-    Ok(())
-}
-
 /// The due sources' keys, least recently synced first (`--source`: that one, due or not).
 fn due_order(
     args: &RelsyncArgs,
@@ -423,90 +383,4 @@ async fn record_source(
         }
     }
     Ok(())
-}
-
-/// One deleted source that still carries our finalizer: delete its relationships from SpiceDB,
-/// then release the finalizer. A failure leaves the finalizer and says why on the source
-/// (`Ready=False CleanupFailed`); the next run retries. Never fails the pass: one source's
-/// cleanup must not hold up the others.
-async fn clean_up<S: RelationshipStore>(
-    ctx: &PassContext,
-    store: &S,
-    unreachable: Option<&String>,
-    src: &RelationshipSource,
-    writes: &Mutex<Writes>,
-    summary: &mut Summary,
-) {
-    let k = key(src);
-    let ns = src.namespace().unwrap_or_default();
-    let api: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
-    // Deleting costs no --max-items; only the deadline (or SIGTERM) defers it to the next run.
-    if unreachable.is_none() && ctx.budget.remaining().is_zero() {
-        summary.count("sourcesCleanupDeferred", 1);
-        return;
-    }
-    let deleted = match unreachable {
-        Some(m) => Err(format!("SpiceDB is unreachable: {m}")),
-        None => {
-            let prefix = plan::source_prefix(&ns, &src.name_any());
-            cleanup::delete_relationships(store, &prefix, writes)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    };
-    let failure = match deleted {
-        Ok(n) => {
-            summary.count("relationshipsDeleted", i64::try_from(n).unwrap_or(i64::MAX));
-            let go = lock(writes).will(
-                "release finalizer",
-                format!("RelationshipSource {k}"),
-                CLEANUP_FINALIZER,
-            );
-            if !go {
-                return;
-            }
-            let manager = cleanup::manager(&ctx.field_manager());
-            match cleanup::release_finalizer(&api, src, &manager).await {
-                Ok(()) => {
-                    lock(writes).bookkeeping_done();
-                    summary.count("sourcesCleanedUp", 1);
-                    tracing::info!(source = %k, relationships = n, "deleted source: its relationships are deleted and its finalizer released");
-                    return;
-                }
-                Err(e) => format!(
-                    "its relationships were deleted from SpiceDB but finalizer {CLEANUP_FINALIZER} could not be released; the next run retries: {e}"
-                ),
-            }
-        }
-        Err(e) => format!(
-            "its relationships could not be deleted from SpiceDB, so finalizer {CLEANUP_FINALIZER} stays; the next run retries: {e}"
-        ),
-    };
-    let failure = crate::scrub::scrub(&failure);
-    summary.count("sourcesCleanupFailed", 1);
-    tracing::warn!(source = %k, reason = %failure, "deleted source not cleaned up yet");
-    let go = lock(writes).will(
-        "apply-status",
-        format!("RelationshipSource {k}"),
-        "Ready=False CleanupFailed",
-    );
-    if !go {
-        return;
-    }
-    let now = Timestamp::now();
-    match record::apply(
-        &api,
-        &src.name_any(),
-        src,
-        &ctx.field_manager(),
-        |prev, generation| record::cleanup_failed(prev, generation, &failure, now),
-    )
-    .await
-    {
-        Ok(true) => lock(writes).bookkeeping_done(),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
-        }
-    }
 }
