@@ -308,6 +308,21 @@ impl HttpStore {
         Ok(out)
     }
 
+    /// A fully consistent read of every relationship matching `filter` (sent as `filter_field`)
+    /// from one of the gateway's streaming endpoints, again after a transient failure.
+    async fn read_stream(
+        &self,
+        what: &'static str,
+        path: &str,
+        filter_field: &str,
+        pointer: &str,
+        filter: &Filter,
+    ) -> Result<Vec<Rel>, SpiceError> {
+        let mut body = json!({ "consistency": {"fullyConsistent": true} });
+        body[filter_field] = filter.to_json();
+        with_retries(self.ends, || self.stream(what, path, &body, pointer)).await
+    }
+
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
     pub async fn ping(&self) -> Result<(), SpiceError> {
         let empty = json!({});
@@ -326,36 +341,26 @@ impl HttpStore {
 
 impl RelationshipStore for HttpStore {
     async fn read(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
-        let body = json!({
-            "consistency": {"fullyConsistent": true},
-            "relationshipFilter": filter.to_json(),
-        });
-        with_retries(self.ends, || {
-            self.stream(
-                "read",
-                "/v1/relationships/read",
-                &body,
-                "/result/relationship",
-            )
-        })
+        self.read_stream(
+            "read",
+            "/v1/relationships/read",
+            "relationshipFilter",
+            "/result/relationship",
+            filter,
+        )
         .await
     }
 
     /// Bulk export streams pages of up to 10,000 relationships: several times faster than
     /// ReadRelationships for a whole source.
     async fn read_bulk(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
-        let body = json!({
-            "consistency": {"fullyConsistent": true},
-            "optionalRelationshipFilter": filter.to_json(),
-        });
-        with_retries(self.ends, || {
-            self.stream(
-                "export",
-                "/v1/relationships/exportbulk",
-                &body,
-                "/result/relationships",
-            )
-        })
+        self.read_stream(
+            "export",
+            "/v1/relationships/exportbulk",
+            "optionalRelationshipFilter",
+            "/result/relationships",
+            filter,
+        )
         .await
     }
 
