@@ -2,6 +2,7 @@
 //! guarded by a Lease, limited by a budget and a deadline, reported as one summary line.
 
 pub mod args;
+pub mod backoff;
 pub mod budget;
 pub mod client;
 #[cfg(feature = "crash-points")]
@@ -25,3 +26,8 @@ pub use error::PassError;
 pub use runner::{PassContext, run};
 pub use shard::Shard;
 pub use summary::{PlannedWrite, Summary};
+
+/// Lock `m`, recovering from poisoning: a task that panicked holding it must not wedge the pass.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
