@@ -23,12 +23,9 @@ pub enum LogFormat {
 
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {
-    /// Kubeconfig of the cluster this job runs against. Default: $KUBECONFIG, ~/.kube/config,
-    /// in-cluster.
-    ///
-    /// Tried in order, as kubectl does: this file; else $KUBECONFIG, a list of files (`a:b`)
-    /// merged (the first file to set a cluster, user, context or current-context wins; missing
-    /// files are skipped); else ~/.kube/config; else the in-cluster service account.
+    /// Kubeconfig of the cluster this job runs against. Tried in order, as kubectl does: this
+    /// file; else $KUBECONFIG, files (`a:b`) merged, the first to set a cluster, user, context or
+    /// current-context winning, missing ones skipped; else ~/.kube/config; else in-cluster.
     #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Kubeconfig context to use.
