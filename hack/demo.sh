@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 hack/build-servers.sh
 cargo build --quiet --bin kbind
-cargo build --quiet --bin kbind-fake-upstreams --features fakes
+cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
 target=${CARGO_TARGET_DIR:-$PWD/target}
 kbind=$target/debug/kbind
 

@@ -8,8 +8,6 @@ pub mod bindings;
 pub mod claims;
 pub mod cli;
 pub mod crds;
-#[cfg(feature = "fakes")]
-pub mod fakes;
 pub mod pass;
 pub mod relsync;
 pub mod resync;

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind::api::core::ClusterBinding;
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY};
-use kbind::fakes::{Fault, Generated, scim, slack};
+use kbind_testkit::{Fault, Generated, scim, slack};
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};

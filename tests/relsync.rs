@@ -6,7 +6,7 @@ mod relsync_fx;
 mod support;
 
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
-use kbind::fakes::{Fault, scim, slack};
+use kbind_testkit::{Fault, scim, slack};
 use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -17,7 +17,7 @@ async fn slack_setup(
     prefix: &str,
     ws: slack::Workspace,
     spec: serde_json::Value,
-) -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
+) -> Option<(Rx, kbind_testkit::Running<slack::SlackState>)> {
     let rx = Rx::new(prefix).await?;
     let fake = slack::start(ws, 0).await.unwrap();
     rx.identity("slack", SLACK_TOKEN, &[]).await;
@@ -606,7 +606,7 @@ async fn a_scoped_pass_neither_moves_the_cursor_nor_reaps() {
 /// makes ten SpiceDB writes, one per channel and one for the workspace's members.
 const CRASH_WRITES: u64 = 10;
 
-async fn crash_setup() -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
+async fn crash_setup() -> Option<(Rx, kbind_testkit::Running<slack::SlackState>)> {
     let users: Vec<_> = (1..=5).map(|i| user(&format!("U{i}"))).collect();
     let chans: Vec<_> = (1..=9)
         .map(|i| {

@@ -5,7 +5,9 @@ pub mod args;
 pub mod backoff;
 pub mod budget;
 pub mod client;
+#[cfg(feature = "crash-points")]
 pub mod crash;
+pub mod duration;
 pub mod error;
 pub mod events;
 pub mod finalizer;

@@ -36,7 +36,7 @@ pub struct Limits {
 
 impl Limits {
     /// The bounds the pass's flags set.
-    pub fn of(ctx: &crate::pass::PassContext, args: &crate::cli::RelsyncArgs) -> Self {
+    pub fn of(ctx: &crate::pass::PassContext, args: &super::args::RelsyncArgs) -> Self {
         Self {
             max_response_bytes: args.max_response_bytes,
             request_timeout: ctx.args.request_timeout,

@@ -29,6 +29,7 @@
 //! - record: `record.rs` (the source's status: computed purely, written once per source).
 
 pub mod apply;
+pub mod args;
 pub mod auth;
 pub mod cleanup;
 pub mod encode;
@@ -51,9 +52,9 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::relsync::RelationshipSource;
-use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, lock, shard};
+use args::RelsyncArgs;
 use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};

@@ -12,58 +12,19 @@ use crate::api::relsync::RelationshipSourceStatus;
 /// `spec.sync.interval` when unset or zero.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
 
-/// Parse a Go-style duration (`15m`, `1h30m`, `45s`, `1h0m0s`, `1.5h`, `500ms`); zero or empty
-/// means the default.
+/// Parse `spec.sync.interval` with the duration grammar of every flag and field (Go's, at most a
+/// year: src/pass/duration.rs); empty or zero means the default.
 pub fn parse_interval(s: Option<&str>) -> Result<Duration, String> {
-    let s = s.map(str::trim).unwrap_or("");
-    if s.is_empty() || s == "0" {
-        return Ok(DEFAULT_INTERVAL);
+    match s.map(str::trim).filter(|s| !s.is_empty()) {
+        None => Ok(DEFAULT_INTERVAL),
+        Some(s) => crate::pass::duration::parse(s)
+            .map(|d| if d.is_zero() { DEFAULT_INTERVAL } else { d })
+            .map_err(|e| format!("interval {e}")),
     }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("interval {s:?}: a number needs a unit (h, m, s, ms)"))?;
-        let n: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("interval {s:?}: expected e.g. 15m, 1h30m, 45s"))?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let secs = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            u => {
-                return Err(format!(
-                    "interval {s:?}: unknown unit {u:?} (use h, m, s, ms)"
-                ));
-            }
-        };
-        total += n * secs;
-        rest = &rest[unit_len..];
-    }
-    if total <= 0.0 {
-        return Ok(DEFAULT_INTERVAL);
-    }
-    // Tenant-written: an absurd value must be a condition on its source, never a panic that
-    // takes the whole pass down (`Duration::from_secs_f64` panics past u64 seconds).
-    if !total.is_finite() || total > MAX_INTERVAL.as_secs_f64() {
-        return Err(format!(
-            "interval {s:?} is too long (at most {}h)",
-            MAX_INTERVAL.as_secs() / 3600
-        ));
-    }
-    Ok(Duration::from_secs_f64(total))
 }
 
 /// The longest `spec.sync.interval` accepted: a year.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
+pub const MAX_INTERVAL: Duration = crate::pass::duration::MAX;
 
 /// A cycle is in progress when it began and its walk has not reached the end of the scope
 /// list: `cycleStartedAt` set and `enumComplete` false. (An enumeration failure abandons the

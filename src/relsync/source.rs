@@ -10,6 +10,7 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
+use super::args::RelsyncArgs;
 use super::auth::{self, Credential};
 use super::join::Directory;
 use super::kinds::{self, Kind, KindConfig, Scope, Upstreams};
@@ -19,7 +20,6 @@ use super::record::{Outcome, PassRecord, sample};
 use super::spicedb::RelationshipStore;
 use super::{PREFETCH_MIN, Refusal, directory, key};
 use crate::api::relsync::{LastPass, RelationshipSource, ScopeErrorSample};
-use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError};
 

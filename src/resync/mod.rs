@@ -4,6 +4,7 @@
 //! writes, and the counts recorded on the covering binding.
 
 mod apply;
+pub mod args;
 pub mod plan;
 mod record;
 
@@ -67,7 +68,7 @@ struct Provider {
     local_uid: String,
 }
 
-pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summary, PassError> {
+pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let client = ctx.client.clone();

@@ -3,6 +3,7 @@
 //! of bindings, autoBind, and teardown. Each Connection is observed, planned (pure, `plan`),
 //! applied and recorded in turn.
 
+pub mod args;
 pub mod crdpull;
 pub mod credentials;
 pub mod discovery;
@@ -61,7 +62,7 @@ struct ProviderMemo {
     discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
-pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summary, PassError> {
+pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, PassError> {
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe(&ctx, args.selector.as_deref()).await?;
