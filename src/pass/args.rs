@@ -61,6 +61,17 @@ pub struct CommonArgs {
     /// Log format. Default: text on a terminal, JSON otherwise.
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
+    /// Prometheus Pushgateway to push the summary's figures to when the pass ends, grouped by
+    /// job=kbind-<pass> and instance=<i-of-n, or all> (docs/monitoring.md). A failed push is
+    /// a warning, never a failed pass.
+    #[arg(
+        long,
+        env = "KBIND_PUSHGATEWAY_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        global = true
+    )]
+    pub pushgateway_url: Option<String>,
 }
 
 impl CommonArgs {
