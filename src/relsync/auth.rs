@@ -164,20 +164,14 @@ pub async fn resolve(
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(secret_name)
         .await
-        .map_err(
-            |e| match kube_err(format!("Secret {ns}/{secret_name}"))(e) {
-                AuthError::Kube {
-                    forbidden: true,
-                    message,
-                    ..
-                } => AuthError::SecretForbidden {
-                    namespace: ns.to_string(),
-                    secret: secret_name.clone(),
-                    message,
-                },
-                other => other,
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 403 => AuthError::SecretForbidden {
+                namespace: ns.to_string(),
+                secret: secret_name.clone(),
+                message: crate::scrub::scrub(&s.message),
             },
-        )?
+            e => kube_err(format!("Secret {ns}/{secret_name}"))(e),
+        })?
         .ok_or_else(|| AuthError::SecretNotFound(secret_name.clone()))?;
     let token = secret
         .data
