@@ -339,22 +339,30 @@ async fn manifests_render_and_pass_server_dry_run() {
 
     // Namespaced objects need their namespace to exist even in a dry run.
     apply_for_real(&env, "deploy/namespace.yaml");
+    // The namespaces now carry `pod-security.kubernetes.io/warn: restricted`: the apiserver
+    // warns about every pod template in them that would violate `restricted`.
     let dry_run = |input: &str, what: &str, count: usize| {
-        let out = kubectl_ok(
-            Some(&env.consumer),
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--dry-run=server",
-                "--field-manager=kbind-deploy-tests",
-                "-f",
-                "-",
-            ],
-            Some(input),
+        let args = [
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "--field-manager=kbind-deploy-tests",
+            "-f",
+            "-",
+        ];
+        let output = kubectl(Some(&env.consumer), &args, Some(input));
+        let (out, err) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
         );
+        assert!(output.status.success(), "{what}: {err}\n{out}");
         let applied = out.matches("(server dry run)").count();
         assert_eq!(applied, count, "{what}: every document applies:\n{out}");
+        assert!(
+            !err.contains("PodSecurity"),
+            "{what}: pods must meet Pod Security restricted:\n{err}"
+        );
     };
     dry_run(&rendered, "deploy/", docs.len());
     for file in [
@@ -1680,5 +1688,124 @@ async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
             count,
             "{file}: {out}"
         );
+    }
+}
+
+/// Every Namespace kbind ships (deploy/, jobs/) has Pod Security `restricted` enforced, warned
+/// and audited.
+#[test]
+fn namespaces_enforce_pod_security_restricted() {
+    fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                yaml_files(&p, out);
+            } else if p.extension().is_some_and(|e| e == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    yaml_files(&repo("deploy"), &mut files);
+    yaml_files(&repo("jobs"), &mut files);
+    let mut namespaces = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read manifest");
+        // Not Kubernetes objects (kube-state-metrics' own config format).
+        if text.contains("kind: CustomResourceStateMetrics") {
+            continue;
+        }
+        for doc in documents(&text, &file.display().to_string()) {
+            if doc["kind"] != "Namespace" {
+                continue;
+            }
+            let name = doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            for mode in ["enforce", "warn", "audit"] {
+                assert_eq!(
+                    doc["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")],
+                    "restricted",
+                    "Namespace {name} ({}): {mode}",
+                    file.display()
+                );
+            }
+            namespaces.push(name);
+        }
+    }
+    namespaces.sort();
+    assert_eq!(namespaces, ["kbind-relsync", "kbind-system"]);
+}
+
+/// Every Job and CronJob in jobs/ fails at once on exit code 2 (a configuration error: retrying
+/// will not help) and keeps its retries for other failures, and its pod meets Pod Security
+/// `restricted` field by field (the server-side check is in
+/// manifests_render_and_pass_server_dry_run).
+#[test]
+fn jobs_fail_at_once_on_exit_2_and_pods_meet_restricted() {
+    let containers = job_containers();
+    assert!(containers.len() >= 6, "{}", containers.len());
+    for (what, job, c) in containers {
+        let pod = &job["template"]["spec"];
+        assert_eq!(
+            pod["restartPolicy"], "Never",
+            "{what}: podFailurePolicy needs it"
+        );
+        assert!(
+            job["backoffLimit"].as_u64().is_some_and(|n| n > 0),
+            "{what}"
+        );
+        let rules = job["podFailurePolicy"]["rules"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no podFailurePolicy"));
+        assert!(
+            rules.iter().any(|r| r["action"] == "FailJob"
+                && r["onExitCodes"]["operator"] == "In"
+                && r["onExitCodes"]["values"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!(2)))
+                && (r["onExitCodes"]["containerName"].is_null()
+                    || r["onExitCodes"]["containerName"] == c["name"])),
+            "{what}: exit code 2 must fail the Job: {rules:?}"
+        );
+        assert!(
+            !rules.iter().any(|r| r["action"] == "FailJob"
+                && r["onExitCodes"]["values"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!(1)))),
+            "{what}: exit code 1 (unreachable) is retried"
+        );
+        let (psc, csc) = (&pod["securityContext"], &c["securityContext"]);
+        let either = |field: &str| {
+            if csc[field].is_null() {
+                psc[field].clone()
+            } else {
+                csc[field].clone()
+            }
+        };
+        assert_eq!(either("runAsNonRoot"), true, "{what}: runAsNonRoot");
+        assert_ne!(either("runAsUser"), 0, "{what}: runAsUser");
+        assert_eq!(
+            either("seccompProfile")["type"],
+            "RuntimeDefault",
+            "{what}: seccomp"
+        );
+        assert_eq!(csc["allowPrivilegeEscalation"], false, "{what}");
+        assert_eq!(csc["capabilities"]["drop"], json!(["ALL"]), "{what}");
+        assert!(
+            csc["capabilities"]["add"].is_null() && csc["privileged"] != true,
+            "{what}"
+        );
+        for v in pod["volumes"].as_array().cloned().unwrap_or_default() {
+            assert!(
+                v["secret"].is_object()
+                    || v["configMap"].is_object()
+                    || v["projected"].is_object()
+                    || v["emptyDir"].is_object(),
+                "{what}: volume type not allowed under restricted: {v}"
+            );
+        }
+        assert!(pod["hostNetwork"] != true && pod["hostPID"] != true && pod["hostIPC"] != true);
     }
 }
