@@ -256,4 +256,24 @@ async fn a_push_that_fails_is_a_scrubbed_warning_and_the_exit_code_stands() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("HTTP 400"), "{stderr}");
     assert_eq!(pg.state.pushes().len(), 1);
+
+    // A Pushgateway that takes the request and never answers holds the pass no longer than
+    // --request-timeout.
+    *pg.state.status.lock().unwrap() = None;
+    *pg.state.delay.lock().unwrap() = Some(std::time::Duration::from_secs(120));
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = schema(
+        &fx,
+        &["--pushgateway-url", &pg.url(), "--request-timeout", "2s"],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("could not push metrics"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(pg.state.pushes().len(), 2, "the hung push did arrive");
 }

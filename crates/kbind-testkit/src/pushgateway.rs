@@ -27,6 +27,8 @@ pub struct Pushgateway {
     pub pushes: Mutex<Vec<Push>>,
     /// Answer with this status instead of 200.
     pub status: Mutex<Option<u16>>,
+    /// Hold each answer this long first (a Pushgateway that hangs).
+    pub delay: Mutex<Option<std::time::Duration>>,
 }
 
 impl Pushgateway {
@@ -65,6 +67,10 @@ async fn record(
         authorization: header(header::AUTHORIZATION),
         body: String::from_utf8_lossy(&body).to_string(),
     });
+    let delay = *lock(&pg.delay);
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
     let status = *lock(&pg.status);
     status
         .and_then(|s| StatusCode::from_u16(s).ok())
