@@ -13,6 +13,7 @@ pub mod relsync;
 pub mod resync;
 pub mod schema;
 pub mod scrub;
+pub mod uninstall;
 pub mod upstream;
 
 /// Install ring as the process-wide rustls provider (reqwest is built without one so only ring
