@@ -90,8 +90,8 @@ where
         json!({"op": "add", "path": "/metadata/finalizers/-", "value": f})
     };
     api.patch(name, &PatchParams::default(), &json_patch(json!([op])))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
 }
 
 /// Remove `f` from the object's finalizers, as the controller that added it would.

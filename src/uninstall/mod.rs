@@ -576,7 +576,7 @@ async fn release(
             Ok(None) => Ok(Outcome::Gone),
             Ok(Some(m))
                 if m.uid().as_deref() != Some(o.uid.as_str())
-                    || !m.finalizers().iter().any(|f| *f == k.finalizer) =>
+                    || !m.finalizers().contains(&k.finalizer) =>
             {
                 Ok(Outcome::Gone)
             }
