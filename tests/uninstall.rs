@@ -36,12 +36,16 @@ const KBIND_FINALIZERS: [&str; 3] = [
 /// `kbind uninstall` on the consumer cluster, limited to the fixture (its label) and its Lease
 /// namespace; returns (exit code, the JSON report, stderr).
 fn uninstall(fx: &Fx, extra: &[&str]) -> (i32, Value, String) {
-    let kc = fx.env.consumer.to_string_lossy().to_string();
+    uninstall_as(fx, &fx.env.consumer.to_string_lossy(), extra)
+}
+
+/// [`uninstall`] with another kubeconfig.
+fn uninstall_as(fx: &Fx, kc: &str, extra: &[&str]) -> (i32, Value, String) {
     let selector = format!("kbind-test={}", fx.label);
     let mut args = vec![
         "uninstall",
         "--kubeconfig",
-        &kc,
+        kc,
         "--lease-namespace",
         &fx.ns,
         "--selector",
@@ -467,4 +471,73 @@ async fn a_held_pass_lease_makes_it_refuse_unless_forced() {
     assert_eq!(report["released"], 1, "{report}");
     assert!(conns.get(&conn).await.unwrap().finalizers().is_empty());
     conns.delete(&conn, &DeleteParams::default()).await.unwrap();
+}
+
+/// An identity that may list but not patch: every object it could not release is named with the
+/// reason, the rest of the run goes on, and the exit code is 1.
+#[tokio::test]
+async fn an_object_it_may_not_patch_is_named_and_the_exit_code_is_1() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let Some(fx) = Fx::new("uninst-denied").await else {
+        return;
+    };
+    let conn = fx
+        .connection("c", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let conns: Api<Connection> = Api::all(fx.consumer.clone());
+    add_finalizer(&conns, &conn, "core.kbind.io/cleanup").await;
+
+    let name = support::unique("uninst-readonly");
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name}, "rules": [
+        {"apiGroups": ["core.kbind.io"], "resources": ["connections", "bindings", "clusterbindings"], "verbs": ["get", "list"]},
+        {"apiGroups": ["agentprimitives.authzed.com"], "resources": ["relationshipsources"], "verbs": ["get", "list"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]}))
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": fx.ns}]}))
+    .unwrap();
+    let pp = PostParams::default();
+    let roles: Api<ClusterRole> = Api::all(fx.consumer.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(fx.consumer.clone());
+    roles.create(&pp, &role).await.unwrap();
+    bindings.create(&pp, &binding).await.unwrap();
+    let kc = support::service_account_kubeconfig(&fx.env.consumer, &fx.ns, "reader").await;
+    let kc = support::temp_file("uninst-reader", &kc);
+    let kc = kc.to_string_lossy().to_string();
+
+    let (code, report, stderr) = uninstall_as(&fx, &kc, &["--yes"]);
+    assert_eq!(code, 1, "{report}\n{stderr}");
+    assert_eq!(
+        (report["found"].clone(), report["failed"].clone()),
+        (json!(1), json!(1)),
+        "{report}"
+    );
+    let k = report["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == "Connection")
+        .unwrap();
+    assert_eq!(k["objects"][0]["name"], conn.as_str(), "{report}");
+    assert_eq!(k["objects"][0]["outcome"], "failed", "{report}");
+    let why = k["objects"][0]["error"].as_str().unwrap_or_default();
+    assert!(why.contains("forbidden"), "{why}");
+    assert!(
+        conns
+            .get(&conn)
+            .await
+            .unwrap()
+            .finalizers()
+            .contains(&"core.kbind.io/cleanup".to_string()),
+        "not released"
+    );
+
+    let dp = DeleteParams::default();
+    let _ = bindings.delete(&name, &dp).await;
+    let _ = roles.delete(&name, &dp).await;
+    remove_finalizer(&conns, &conn, "core.kbind.io/cleanup").await;
+    conns.delete(&conn, &dp).await.unwrap();
 }
