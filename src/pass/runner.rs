@@ -49,6 +49,7 @@ where
     Fut: Future<Output = Result<Summary, PassError>>,
 {
     crate::install_crypto_provider();
+    crate::set_command(pass);
     let counter = Arc::new(RequestCounter::default());
     let budget = Arc::new(Budget::new(args.max_items, args.deadline));
     // Every client the pass builds bounds its requests by these (src/pass/retry.rs).
