@@ -132,7 +132,9 @@ where
         counter: counter.clone(),
         budget: budget.clone(),
     };
+    let progress = super::progress::Progress::start(pass, budget.clone(), counter.clone());
     let mut result = body(ctx).await;
+    progress.stop();
     // Renewal stops before the release, so it cannot write the Lease after we give it up.
     if let Some(r) = renewal {
         let report = r.stop().await;
