@@ -77,8 +77,9 @@ pub struct CommonArgs {
     /// Stop taking new work this long after start, persist progress, exit 0 (e.g. 10m, 90s, 1h).
     #[arg(long, default_value = "10m", value_parser = parse_duration, global = true)]
     pub deadline: Duration,
-    /// Give up on any one request that stalls this long (connect, or waiting for bytes); the
-    /// request is retried if it was a read. Applies to every server a pass talks to.
+    /// Give up on any one request not finished within this long, from connect through headers to
+    /// the last byte of the body; the request is retried if it was a read. Applies to every server
+    /// a pass talks to.
     #[arg(long, env = "KBIND_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
     pub request_timeout: Duration,
     /// Run shard i of n (0-based), e.g. `--shard $(JOB_COMPLETION_INDEX)/4` in an Indexed Job.

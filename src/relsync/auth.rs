@@ -68,6 +68,18 @@ pub enum AuthError {
     SecretKeyMissing { secret: String, key: String },
     #[error("{0}")]
     Host(#[from] HostError),
+    /// The job's identity may not read the credential's Secret: the source's namespace has not
+    /// granted it (docs/relsync.md, "RBAC").
+    #[error(
+        "may not read Secret {namespace}/{secret}: namespace {namespace} has no RoleBinding granting \
+         relsync's ServiceAccount the ClusterRole kbind-relsync-credentials; a namespace admin \
+         creates one as deploy/rbac/relsync-credentials-example.yaml shows ({message})"
+    )]
+    SecretForbidden {
+        namespace: String,
+        secret: String,
+        message: String,
+    },
     #[error("reading {what}: {message}")]
     Kube {
         what: String,
@@ -93,7 +105,8 @@ impl AuthError {
             Self::Host(_) => "InvalidBaseURL",
             Self::Kube {
                 forbidden: true, ..
-            } => "PermissionDenied",
+            }
+            | Self::SecretForbidden { .. } => "PermissionDenied",
             Self::Kube { .. } => "CredentialUnreadable",
         }
     }
@@ -151,7 +164,14 @@ pub async fn resolve(
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(secret_name)
         .await
-        .map_err(kube_err(format!("Secret {ns}/{secret_name}")))?
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 403 => AuthError::SecretForbidden {
+                namespace: ns.to_string(),
+                secret: secret_name.clone(),
+                message: crate::scrub::scrub(&s.message),
+            },
+            e => kube_err(format!("Secret {ns}/{secret_name}"))(e),
+        })?
         .ok_or_else(|| AuthError::SecretNotFound(secret_name.clone()))?;
     let token = secret
         .data
