@@ -313,3 +313,129 @@ fn unreachable_api_is_1_and_bad_usage_is_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The other kinds' rows, from statuses as their passes write them (set here directly).
+#[tokio::test]
+async fn catalog_entries_relationship_sources_and_grants_get_their_rows() {
+    use kube::api::{Patch, PatchParams};
+    let Some(fx) = Fx::new("stkinds").await else {
+        return;
+    };
+    let label = json!({"kbind-test": fx.label});
+    let now = "2026-01-02T03:04:05Z";
+    let create = |api: kube::api::ApiResource, namespaced: bool, body: Value| {
+        let client = fx.consumer.clone();
+        let ns = fx.ns.clone();
+        async move {
+            let o: DynamicObject = serde_json::from_value(body).unwrap();
+            let name = o.metadata.name.clone().unwrap();
+            let a: Api<DynamicObject> = if namespaced {
+                Api::namespaced_with(client, &ns, &api)
+            } else {
+                Api::all_with(client, &api)
+            };
+            a.create(&PostParams::default(), &o).await.unwrap();
+            (a, name)
+        }
+    };
+    let ar = |group: &str, kind: &str, plural: &str| {
+        kube::api::ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, "v1alpha1", kind),
+            plural,
+        )
+    };
+    let entry = format!("{}-entry", fx.label);
+    let (entries, _) = create(
+        ar("providers.kbind.io", "CatalogEntry", "catalogentries"),
+        false,
+        json!({"apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
+            "metadata": {"name": entry, "labels": label},
+            "spec": {"export": {"path": "root:org", "name": "widgets"}}}),
+    )
+    .await;
+    entries
+        .patch_status(
+            &entry,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"bindingsChecked": 7, "bindingsUpdated": 2,
+                "conditions": [{"type": "Ready", "status": "False", "reason": "DuplicateExport",
+                    "message": "another entry names root:org/widgets", "lastTransitionTime": now}]}})),
+        )
+        .await
+        .unwrap();
+    let (sources, _) = create(
+        ar(
+            "agentprimitives.authzed.com",
+            "RelationshipSource",
+            "relationshipsources",
+        ),
+        true,
+        json!({"apiVersion": "agentprimitives.authzed.com/v1alpha1", "kind": "RelationshipSource",
+            "metadata": {"name": "slack", "labels": label},
+            "spec": {"kind": "slack", "auth": {"agentIdentity": "a", "credential": "c"}}}),
+    )
+    .await;
+    sources
+        .patch_status(
+            "slack",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Synced",
+                    "message": "", "lastTransitionTime": now}],
+                "sync": {"lastSyncTime": now, "enumComplete": false, "resumeAfter": "C07",
+                    "lastPass": {"scopesProcessed": 3, "scopeErrors": 1}}}})),
+        )
+        .await
+        .unwrap();
+    create(
+        ar("tenancy.kbind.io", "Grant", "grants"),
+        true,
+        json!({"apiVersion": "tenancy.kbind.io/v1alpha1", "kind": "Grant",
+            "metadata": {"name": "consent", "labels": label},
+            "spec": {"workspace": "ws1", "provider": "widgets",
+                "compositions": [{"group": "", "resource": "secrets"}]}}),
+    )
+    .await;
+
+    let (code, table, stderr) = status(&consumer_kubeconfig(&fx), &fx.label, &[]);
+    println!("{table}");
+    assert_eq!(code, 3, "the CatalogEntry is not Ready:\n{table}\n{stderr}");
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().any(|c| c == name))
+            .unwrap_or_else(|| panic!("no row {name}:\n{table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        line(&entry),
+        [
+            entry.as_str(),
+            "False",
+            "root:org:widgets",
+            "7",
+            "2",
+            "0",
+            "DuplicateExport:",
+            "another",
+            "entry",
+            "names",
+            "root:org/widgets"
+        ]
+    );
+    assert_eq!(
+        row(
+            &table,
+            "RelationshipSource.agentprimitives.authzed.com",
+            &fx.ns
+        ),
+        [
+            &fx.ns, "slack", "slack", "True", now, "after", "C07", "3", "1"
+        ]
+    );
+    assert_eq!(
+        row(&table, "Grant.tenancy.kbind.io", &fx.ns),
+        [&fx.ns, "consent", "ws1", "widgets", "1"]
+    );
+}

@@ -3,6 +3,8 @@
 //! audit log is not available here: a loopback proxy in front of each real server records the
 //! User-Agent headers that reach it.
 
+#[path = "support/relsync_fx.rs"]
+mod relsync_fx;
 mod support;
 
 use kbind_testkit::faults::{FaultConfig, FaultProxy};
@@ -133,4 +135,51 @@ fn log_level_sets_the_level_and_rust_log_wins() {
     let mut bad = support::kbind_command(&["--log-level", "verbose", "status"]);
     let out = bad.output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// relsync's upstream (the Slack stand-in) and SpiceDB clients come from one builder
+/// (src/upstream): both say `kbind/<version> (relsync)`, and so does its Kubernetes client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relsync_says_kbind_and_its_name_to_the_upstream_and_to_spicedb() {
+    use kbind_testkit::slack;
+    use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
+    let Some(mut rx) = Rx::new("agent-rel").await else {
+        return;
+    };
+    let fake = slack::start(
+        workspace(vec![user("U1")], vec![channel("C01", &["U1"])]),
+        0,
+    )
+    .await
+    .unwrap();
+    let upstream = FaultProxy::start(&fake.url(), FaultConfig::rate(0.0, 1))
+        .await
+        .unwrap();
+    let spicedb = FaultProxy::start(&rx.env.spicedb_url, FaultConfig::rate(0.0, 1))
+        .await
+        .unwrap();
+    rx.env.spicedb_url = spicedb.url();
+    let (kube, kc) = recorded(&std::fs::read_to_string(&rx.env.consumer).unwrap()).await;
+    let kc = support::temp_file("agent-rel", &kc);
+    rx.identity("slack", SLACK_TOKEN, &[]).await;
+    rx.source("s", json!({"kind": "slack"})).await;
+    let kc = kc.to_string_lossy().into_owned();
+    let ns = rx.ns.clone();
+    rx.run(
+        &upstream.url(),
+        &["--kubeconfig", &kc, "--lease-namespace", &ns],
+    )
+    .await;
+    assert!(
+        !rx.held("slack_channel").await.is_empty(),
+        "the membership went through both proxies"
+    );
+    for (name, p) in [("slack", &upstream), ("spicedb", &spicedb), ("kube", &kube)] {
+        assert!(p.stats.requests() > 0, "nothing reached {name}");
+        assert_eq!(
+            p.stats.user_agents(),
+            [agent("relsync")].into(),
+            "every request to {name} carries the pass's User-Agent"
+        );
+    }
 }
