@@ -68,7 +68,8 @@ pub struct CommonArgs {
     /// Observe and plan only: print the writes the pass would make, and make none.
     #[arg(long, global = true)]
     pub dry_run: bool,
-    /// Format of the summary and of dry-run plans. Default: text on a terminal, JSON otherwise.
+    /// Format of the summary and of dry-run plans. Default: text on a terminal, JSON otherwise
+    /// (`kbind status`: a table unless json or yaml is asked for).
     #[arg(short = 'o', long = "output", value_enum, global = true)]
     pub output: Option<OutputFormat>,
     /// Stop taking new work after this many items (what counts is per pass; see --help of each).
