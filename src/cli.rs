@@ -14,7 +14,8 @@ use crate::pass::CommonArgs;
     long_about = "kbind runs as Kubernetes CronJobs: each subcommand does one bounded pass and exits, \
 keeping everything the next run needs in custom resource status.\n\n\
 Exit codes: 0 the pass did its work (or skipped because another run holds its Lease); \
-1 no progress was possible (API unreachable, auth failure); 2 usage or configuration error."
+1 no progress was possible (API unreachable, auth failure); 2 usage or configuration error; \
+3 (`kbind status` only) something is not Ready."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -40,6 +41,11 @@ pub enum Command {
     /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
     /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
     Relsync(Box<crate::relsync::args::RelsyncArgs>),
+    /// Read-only overview of every kbind resource on the cluster: Connections, ClusterBindings
+    /// and Bindings (per-API counts), CatalogEntries, RelationshipSources and Grants, as tables
+    /// (or -o json|yaml). Kinds not installed are skipped. Takes no Lease and writes nothing.
+    /// Exit 0 when everything is Ready, 3 when something is not.
+    Status(crate::status::StatusArgs),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -91,6 +97,25 @@ mod tests {
             panic!("relsync")
         };
         assert_eq!(args.min_source_share, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn log_level_defaults_to_info_and_takes_the_five_levels() {
+        use crate::pass::args::LogLevel;
+        assert_eq!(parse(&["status"]).unwrap().common.log_level, LogLevel::Info);
+        for (flag, want) in [
+            ("error", LogLevel::Error),
+            ("warn", LogLevel::Warn),
+            ("info", LogLevel::Info),
+            ("debug", LogLevel::Debug),
+            ("trace", LogLevel::Trace),
+        ] {
+            let cli = parse(&["schema", "--log-level", flag]).unwrap();
+            assert_eq!(cli.common.log_level, want);
+            assert_eq!(want.as_str(), flag);
+        }
+        let e = parse(&["--log-level", "verbose", "status"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

@@ -6,11 +6,21 @@ use std::io::IsTerminal;
 use clap::Parser;
 
 use kbind::cli::{Cli, Command};
-use kbind::pass::args::LogFormat;
+use kbind::pass::args::{LogFormat, LogLevel};
 
-fn init_logging(format: Option<LogFormat>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// `--log-level` sets the level; `RUST_LOG`, when set (and not empty), wins. A `RUST_LOG` that
+/// does not parse is reported and `--log-level` used instead.
+fn init_logging(format: Option<LogFormat>, level: LogLevel) {
+    let mut bad_env = None;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => {
+            tracing_subscriber::EnvFilter::try_new(&v).unwrap_or_else(|e| {
+                bad_env = Some(e.to_string());
+                tracing_subscriber::EnvFilter::new(level.filter())
+            })
+        }
+        _ => tracing_subscriber::EnvFilter::new(level.filter()),
+    };
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Text) => false,
@@ -25,6 +35,9 @@ fn init_logging(format: Option<LogFormat>) {
         builder.json().init();
     } else {
         builder.init();
+    }
+    if let Some(e) = bad_env {
+        tracing::warn!(error = %e, level = level.as_str(), "RUST_LOG does not parse; using --log-level");
     }
 }
 
@@ -43,7 +56,7 @@ fn block_on<F: std::future::Future<Output = i32>>(f: F) -> i32 {
 
 fn main() {
     let cli = Cli::parse();
-    init_logging(cli.common.log_format);
+    init_logging(cli.common.log_format, cli.common.log_level);
     let code = match cli.command {
         Command::Resync(args) => {
             block_on(kbind::pass::run(kbind::resync::PASS, cli.common, |ctx| {
@@ -57,6 +70,7 @@ fn main() {
         }
         Command::Claims(args) => match args.command.clone() {
             Some(kbind::claims::args::ClaimsCommand::Export { entry, hub }) => {
+                kbind::set_command(kbind::claims::PASS);
                 block_on(kbind::claims::export::run(cli.common, entry, hub))
             }
             None => block_on(kbind::pass::run(kbind::claims::PASS, cli.common, |ctx| {
@@ -68,6 +82,7 @@ fn main() {
                 kbind::relsync::run(ctx, *args)
             }))
         }
+        Command::Status(args) => block_on(kbind::status::run(cli.common, args)),
         Command::Crds { kcp } => {
             let crds = if kcp {
                 kbind::crds::kcp_crds()

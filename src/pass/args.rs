@@ -21,6 +21,40 @@ pub enum LogFormat {
     Json,
 }
 
+/// Log level (the least severe level printed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// As `RUST_LOG` and tracing spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Warn => "warn",
+            Self::Info => "info",
+            Self::Debug => "debug",
+            Self::Trace => "trace",
+        }
+    }
+
+    /// The filter this level stands for: kbind's own lines at this level, other libraries'
+    /// (kube, hyper, rustls) at warn at most, so `debug` shows what kbind does rather than TLS
+    /// handshakes and request URLs (`RUST_LOG=debug` shows those).
+    pub fn filter(self) -> String {
+        match self {
+            Self::Error | Self::Warn => self.as_str().to_string(),
+            _ => format!("warn,kbind={}", self.as_str()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {
     /// Kubeconfig of the cluster this job runs against. Tried in order, as kubectl does: this
@@ -34,7 +68,8 @@ pub struct CommonArgs {
     /// Observe and plan only: print the writes the pass would make, and make none.
     #[arg(long, global = true)]
     pub dry_run: bool,
-    /// Format of the summary and of dry-run plans. Default: text on a terminal, JSON otherwise.
+    /// Format of the summary and of dry-run plans. Default: text on a terminal, JSON otherwise
+    /// (`kbind status`: a table unless json or yaml is asked for).
     #[arg(short = 'o', long = "output", value_enum, global = true)]
     pub output: Option<OutputFormat>,
     /// Stop taking new work after this many items (what counts is per pass; see --help of each).
@@ -73,6 +108,11 @@ pub struct CommonArgs {
     /// Log format. Default: text on a terminal, JSON otherwise.
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
+    /// Least severe level of kbind's log lines (stderr); other libraries log warnings and errors
+    /// only. RUST_LOG, when set, wins over this flag (e.g. `RUST_LOG=debug` for every library,
+    /// `RUST_LOG=kbind=debug,kube=info`).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, global = true)]
+    pub log_level: LogLevel,
 }
 
 impl CommonArgs {

@@ -14,6 +14,8 @@ pub struct Budget {
     deadline: Duration,
     terminated: AtomicBool,
     lease_lost: AtomicBool,
+    /// Items the pass plans to handle this run, for progress lines; 0: not said.
+    planned: AtomicU64,
 }
 
 /// Why a pass stopped taking work.
@@ -36,6 +38,7 @@ impl Budget {
             deadline,
             terminated: AtomicBool::new(false),
             lease_lost: AtomicBool::new(false),
+            planned: AtomicU64::new(0),
         }
     }
 
@@ -117,6 +120,20 @@ impl Budget {
     /// Whether a wait of `d` would cross the point where work must stop.
     pub fn would_cross_deadline(&self, d: Duration) -> bool {
         d >= self.remaining()
+    }
+
+    /// Say how many items this run plans to handle (for the progress lines,
+    /// src/pass/progress.rs); may be called again as the plan grows.
+    pub fn plan(&self, items: u64) {
+        self.planned.store(items, Ordering::Relaxed);
+    }
+
+    /// What the pass planned, else `--max-items`; `None` when neither is known.
+    pub fn planned(&self) -> Option<u64> {
+        match self.planned.load(Ordering::Relaxed) {
+            0 => self.max_items,
+            n => Some(self.max_items.map_or(n, |m| n.min(m))),
+        }
     }
 
     pub fn used(&self) -> u64 {

@@ -47,13 +47,15 @@ impl RequestCounter {
 }
 
 /// Build a client from a config, counting its requests into `counter` (every attempt, retries
-/// included) and retrying transient failures with [`retry::Policy`] in place of kube's
-/// unbounded default.
+/// included), retrying transient failures with [`retry::Policy`] in place of kube's unbounded
+/// default, and sending kbind's User-Agent ([`crate::user_agent`]). Every Kubernetes client a
+/// pass builds, for its own cluster or from a provider kubeconfig, goes through here.
 pub fn counted_client(
     mut config: Config,
     counter: Arc<RequestCounter>,
 ) -> Result<Client, kube::Error> {
     config.default_retry = false;
+    with_user_agent(&mut config);
     let count = MapRequestLayer::new(move |req: Request<Body>| {
         counter.record(req.method());
         req
@@ -63,6 +65,16 @@ pub fn counted_client(
         .with_layer(&BufferLayer::<Request<Body>>::new(64))
         .with_layer(&RetryLayer(retry::Policy::default()))
         .build())
+}
+
+/// Set kbind's User-Agent on `config`, replacing any the config carried.
+pub fn with_user_agent(config: &mut Config) {
+    let name = http::header::USER_AGENT;
+    config.headers.retain(|(k, _)| k != name);
+    // Version and pass names are ASCII: this cannot fail, and if it did the request goes without.
+    if let Ok(v) = http::HeaderValue::from_str(&crate::user_agent()) {
+        config.headers.push((name, v));
+    }
 }
 
 /// Bound how long any one request may stall, so a hung server cannot hold a pass past its
@@ -190,6 +202,29 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The User-Agent as sent on the wire by a client built the way every pass builds one,
+    /// replacing one the config carried.
+    #[tokio::test]
+    async fn every_kube_client_sends_kbinds_user_agent() {
+        let (url, server) = crate::record_one_request(
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"x"}}"#,
+        );
+        let mut config = Config::new(url.parse().unwrap());
+        config
+            .headers
+            .push((http::header::USER_AGENT, "someone-else".parse().unwrap()));
+        let client = counted_client(config, Arc::default()).unwrap();
+        let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+        api.get("x").await.unwrap();
+        let sent = crate::user_agent_lines(&server.join().unwrap());
+        assert_eq!(sent, [crate::user_agent()]);
+        let want = format!("kbind/{} (", env!("CARGO_PKG_VERSION"));
+        assert!(
+            sent[0].starts_with(&want) && sent[0].ends_with(')'),
+            "{sent:?}"
+        );
+    }
 
     /// A fresh directory for one test's kubeconfig files.
     fn dir(name: &str) -> PathBuf {

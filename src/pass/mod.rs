@@ -14,6 +14,7 @@ pub mod finalizer;
 pub mod lease;
 pub mod list;
 pub mod metrics;
+pub mod progress;
 pub mod retry;
 pub mod runner;
 pub mod shard;

@@ -67,6 +67,7 @@ where
     Fut: Future<Output = Result<Summary, PassError>>,
 {
     crate::install_crypto_provider();
+    crate::set_command(pass);
     let counter = Arc::new(RequestCounter::default());
     let budget = Arc::new(Budget::new(args.max_items, args.deadline));
     // Every client the pass builds bounds its requests by these (src/pass/retry.rs).
@@ -144,7 +145,9 @@ where
         counter: counter.clone(),
         budget: budget.clone(),
     };
+    let progress = super::progress::Progress::start(pass, budget.clone(), counter.clone());
     let mut result = body(ctx).await;
+    progress.stop();
     // Renewal stops before the release, so it cannot write the Lease after we give it up.
     if let Some(r) = renewal {
         let report = r.stop().await;

@@ -201,6 +201,7 @@ pub struct Report {
 /// Run and print; returns the exit code: 0 done, 1 something could not be released or listed,
 /// 2 usage error or a held pass Lease.
 pub async fn run(common: CommonArgs, args: UninstallArgs) -> i32 {
+    crate::set_command("uninstall");
     crate::install_crypto_provider();
     match uninstall(&common, &args).await {
         Ok(report) => {

@@ -40,10 +40,12 @@ pub enum UpstreamError {
 }
 
 /// A client for one upstream: no redirects, a connection opened within
-/// `min(request_timeout, 10 s)`, and no read stalled for longer than `request_timeout`.
+/// `min(request_timeout, 10 s)`, no read stalled for longer than `request_timeout`, and kbind's
+/// User-Agent ([`crate::user_agent`]).
 pub fn client(request_timeout: Duration) -> Result<reqwest::Client, UpstreamError> {
     crate::install_crypto_provider();
     reqwest::Client::builder()
+        .user_agent(crate::user_agent())
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(request_timeout.min(MAX_CONNECT_TIMEOUT))
         .read_timeout(request_timeout)
@@ -70,6 +72,17 @@ pub fn transient(status: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The User-Agent as sent on the wire by the one builder every upstream client comes from.
+    #[tokio::test]
+    async fn upstream_clients_send_kbinds_user_agent() {
+        let (url, server) = crate::record_one_request("{}");
+        let c = client(Duration::from_secs(5)).unwrap();
+        c.get(format!("{url}/api")).send().await.unwrap();
+        let sent = crate::user_agent_lines(&server.join().unwrap());
+        assert_eq!(sent, [crate::user_agent()]);
+        assert!(sent[0].starts_with("kbind/"), "{sent:?}");
+    }
 
     #[test]
     fn which_statuses_are_retried() {

@@ -74,6 +74,11 @@ pub struct FaultConfig {
     pub stall: Duration,
     /// Delay of a slow response (shorter than the client's request timeout).
     pub slow: Duration,
+    /// API groups the upstream is made to look as if it did not serve: a request under
+    /// `/apis/<group>` is forwarded with the group renamed to one no server has, so the real
+    /// upstream answers as a cluster without that group's CRDs would (a 404). Discovery
+    /// (`/apis`) still lists them.
+    pub hidden_groups: Vec<String>,
 }
 
 impl FaultConfig {
@@ -84,6 +89,7 @@ impl FaultConfig {
             kinds: Injected::ALL.to_vec(),
             stall: Duration::from_secs(4),
             slow: Duration::from_millis(700),
+            hidden_groups: Vec::new(),
         }
     }
 }
@@ -93,6 +99,8 @@ impl FaultConfig {
 pub struct FaultStats {
     requests: AtomicU64,
     injected: std::sync::Mutex<BTreeMap<Injected, u64>>,
+    /// Every distinct User-Agent a client sent (none: `""`).
+    user_agents: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl FaultStats {
@@ -104,6 +112,10 @@ impl FaultStats {
     }
     pub fn total_injected(&self) -> u64 {
         lock(&self.injected).values().sum()
+    }
+    /// The distinct User-Agent headers seen so far (`""` for a request without one).
+    pub fn user_agents(&self) -> std::collections::BTreeSet<String> {
+        lock(&self.user_agents).clone()
     }
 }
 
@@ -246,6 +258,12 @@ impl Proxy {
 
     async fn handle(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let agent = req
+            .headers()
+            .get(header::USER_AGENT)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        lock(&self.stats.user_agents).insert(agent);
         let fault = self.draw();
         if let Some(f) = fault {
             *lock(&self.stats.injected).entry(f).or_default() += 1;
@@ -318,6 +336,7 @@ impl Proxy {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
+        let path = hide_groups(path, &self.config.hidden_groups);
         let mut out = self
             .http
             .request(parts.method.clone(), format!("{}{path}", self.upstream))
@@ -335,9 +354,34 @@ impl Proxy {
     }
 }
 
+/// `path` with a hidden group renamed to one no server serves (see `FaultConfig::hidden_groups`).
+fn hide_groups(path: &str, hidden: &[String]) -> String {
+    for g in hidden {
+        let prefix = format!("/apis/{g}");
+        if let Some(rest) = path.strip_prefix(&prefix)
+            && (rest.is_empty() || rest.starts_with('/') || rest.starts_with('?'))
+        {
+            return format!("/apis/{g}.hidden.invalid{rest}");
+        }
+    }
+    path.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hidden_groups_are_renamed_and_nothing_else() {
+        let hidden = vec!["core.kbind.io".to_string()];
+        assert_eq!(
+            hide_groups("/apis/core.kbind.io/v1alpha1/connections?limit=5", &hidden),
+            "/apis/core.kbind.io.hidden.invalid/v1alpha1/connections?limit=5"
+        );
+        for same in ["/apis/core.kbind.iox/v1", "/api/v1/pods", "/apis"] {
+            assert_eq!(hide_groups(same, &hidden), same);
+        }
+    }
 
     #[test]
     fn the_rate_is_honoured_and_every_kind_is_drawn() {

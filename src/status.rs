@@ -1,0 +1,720 @@
+//! `kbind status`: a one-shot, read-only overview of every kbind resource on the cluster the
+//! job's own kubeconfig points at (docs/operations.md, "kbind status"). It lists Connections,
+//! ClusterBindings and Bindings (per-API counts from status), CatalogEntries,
+//! RelationshipSources and the claims Grants; a kind whose CRD is not installed is skipped with
+//! one line. It takes no Lease and writes nothing, so it runs beside the passes at any time.
+//!
+//! Exit codes: 0 every object that has a Ready condition says `Ready=True`; 3 something is not
+//! Ready (or has no Ready condition yet); 1 the API cannot be read; 2 bad usage.
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::ListParams;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+
+use crate::api::core::{Binding, BindingStatus, ClusterBinding, Connection, condition};
+use crate::api::providers::{CatalogEntry, Grant};
+use crate::api::relsync::RelationshipSource;
+use crate::pass::client::{RequestCounter, counted_client, own_config};
+use crate::pass::{CommonArgs, OutputFormat, PassError};
+
+/// The exit code when something is not Ready (CONTRACT: 1 and 2 keep their meaning).
+pub const NOT_READY: i32 = 3;
+
+/// The name clients built by `kbind status` carry in their User-Agent.
+pub const COMMAND: &str = "status";
+
+/// Flags of `kbind status`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct StatusArgs {
+    /// Only objects matching this label selector (kubectl's `-l` syntax, e.g. `team=a`).
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+}
+
+/// The whole report, as `-o json|yaml` prints it.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// Whether every object with a Ready condition is Ready (the exit code is 0 exactly then).
+    pub ready: bool,
+    pub kinds: Vec<KindReport>,
+}
+
+/// One kind: installed or skipped, and its objects.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindReport {
+    pub kind: &'static str,
+    pub group: &'static str,
+    /// False when the cluster does not serve this kind (its CRD is not installed): skipped.
+    pub installed: bool,
+    pub items: Vec<Item>,
+}
+
+/// One object. `ready` is the Ready condition's status (`None`: the kind has no Ready
+/// condition, as the claims Grant); `reason` and `message` are set when it is not True.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Item {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(flatten)]
+    pub facts: Facts,
+}
+
+impl Item {
+    /// Whether this object holds the report back: it has (or should have) a Ready condition
+    /// that is not True.
+    pub fn not_ready(&self) -> bool {
+        self.ready.as_deref().is_some_and(|r| r != "True")
+    }
+}
+
+/// What each kind adds beside its Ready condition.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged, rename_all_fields = "camelCase")]
+pub enum Facts {
+    Connection {
+        /// The Connected condition's status.
+        connected: String,
+        #[serde(rename = "exportedAPIs")]
+        exported_apis: usize,
+    },
+    Binding {
+        connection: String,
+        apis: Vec<ApiCounts>,
+    },
+    CatalogEntry {
+        export: String,
+        bindings_checked: i64,
+        bindings_updated: i64,
+        missing_on_export: usize,
+    },
+    RelationshipSource {
+        source_kind: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        last_sync_time: Option<String>,
+        /// Whether the current enumeration cycle has covered every scope.
+        enum_complete: bool,
+        /// The last scope the current cycle finished (empty: from the beginning).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        resume_after: String,
+        scopes_processed: i32,
+        scope_errors: i32,
+    },
+    Grant {
+        workspace: String,
+        provider: String,
+        compositions: usize,
+    },
+}
+
+/// Per-API counts from a binding's `status.boundAPIs` (what `kbind resync` last recorded).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiCounts {
+    pub name: String,
+    pub in_sync: i64,
+    pub pending: i64,
+    pub conflicts: i64,
+    pub orphaned: i64,
+    pub denied: i64,
+    pub rejected: i64,
+}
+
+/// Read everything and print it; returns the exit code.
+pub async fn run(common: CommonArgs, args: StatusArgs) -> i32 {
+    crate::install_crypto_provider();
+    crate::set_command(COMMAND);
+    crate::pass::retry::set_limits(crate::pass::retry::Limits {
+        deadline: std::time::Instant::now() + common.deadline,
+        request_timeout: common.request_timeout,
+    });
+    let report = match collect(&common, &args).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kbind status: {e}");
+            return e.exit_code();
+        }
+    };
+    let text = match common.output {
+        None | Some(OutputFormat::Text) => Ok(table(&report)),
+        Some(OutputFormat::Json) => serde_json::to_string_pretty(&report)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string()),
+        Some(OutputFormat::Yaml) => serde_saphyr::to_string(&report).map_err(|e| e.to_string()),
+    };
+    match text {
+        Ok(t) => {
+            use std::io::Write;
+            // A closed pipe (`| head`) is not worth a panic.
+            let _ = std::io::stdout().write_all(t.as_bytes());
+        }
+        Err(e) => {
+            eprintln!("kbind status: rendering the report: {e}");
+            return 1;
+        }
+    }
+    if report.ready { 0 } else { NOT_READY }
+}
+
+/// Read every kind; a kind the server does not serve is reported as skipped.
+pub async fn collect(common: &CommonArgs, args: &StatusArgs) -> Result<Report, PassError> {
+    let config = own_config(common).await?;
+    let client = counted_client(config, Arc::new(RequestCounter::default()))
+        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+    let lp = match &args.selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    };
+    let kinds = vec![
+        kind::<Connection>(&client, &lp, connection).await?,
+        kind::<ClusterBinding>(&client, &lp, |b| {
+            binding(None, b.name_any(), &b.spec.connection_ref.name, b.status)
+        })
+        .await?,
+        kind::<Binding>(&client, &lp, |b| {
+            binding(
+                b.namespace(),
+                b.name_any(),
+                &b.spec.connection_ref.name,
+                b.status,
+            )
+        })
+        .await?,
+        kind::<CatalogEntry>(&client, &lp, catalog_entry).await?,
+        kind::<RelationshipSource>(&client, &lp, relationship_source).await?,
+        kind::<Grant>(&client, &lp, grant).await?,
+    ];
+    let ready = !kinds.iter().flat_map(|k| &k.items).any(Item::not_ready);
+    Ok(Report { ready, kinds })
+}
+
+/// List one kind across all namespaces; a 404 on the list means the server does not serve the
+/// kind (its CRD is not installed).
+async fn kind<K>(
+    client: &Client,
+    lp: &ListParams,
+    item: impl Fn(K) -> Item,
+) -> Result<KindReport, PassError>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let (kind, group) = (kind_of::<K>(), group_of::<K>());
+    let api: Api<K> = Api::all(client.clone());
+    match crate::pass::list::map_all(&api, lp, item).await {
+        Ok(mut items) => {
+            items.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            tracing::debug!(kind, group, items = items.len(), "listed");
+            Ok(KindReport {
+                kind,
+                group,
+                installed: true,
+                items,
+            })
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            tracing::debug!(kind, group, "not served by this cluster: skipped");
+            Ok(KindReport {
+                kind,
+                group,
+                installed: false,
+                items: Vec::new(),
+            })
+        }
+        Err(kube::Error::Api(s)) if s.code == 400 => Err(PassError::Config(format!(
+            "listing {kind}.{group}: {}",
+            crate::scrub::scrub(&s.message)
+        ))),
+        Err(e) => Err(PassError::kube(format!("listing {kind}.{group}"), &e)),
+    }
+}
+
+fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()) {
+        std::borrow::Cow::Borrowed(k) => k,
+        std::borrow::Cow::Owned(_) => "",
+    }
+}
+
+fn group_of<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::group(&()) {
+        std::borrow::Cow::Borrowed(g) => g,
+        std::borrow::Cow::Owned(_) => "",
+    }
+}
+
+/// The Ready condition's status, and its reason and message when it is not True. An object
+/// with no Ready condition yet (never handled by its pass) is `Unknown`.
+fn ready(conditions: &[Condition]) -> (String, String, String) {
+    match conditions.iter().find(|c| c.type_ == condition::READY) {
+        Some(c) if c.status == "True" => (c.status.clone(), String::new(), String::new()),
+        Some(c) => (c.status.clone(), c.reason.clone(), c.message.clone()),
+        None => (
+            "Unknown".into(),
+            "NotObserved".into(),
+            "no Ready condition yet: its pass has not handled this object".into(),
+        ),
+    }
+}
+
+fn item(namespace: Option<String>, name: String, conditions: &[Condition], facts: Facts) -> Item {
+    let (ready, reason, message) = ready(conditions);
+    Item {
+        namespace,
+        name,
+        ready: Some(ready),
+        reason,
+        message,
+        facts,
+    }
+}
+
+fn connection(c: Connection) -> Item {
+    let name = c.name_any();
+    let st = c.status.unwrap_or_default();
+    let connected = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::CONNECTED)
+        .map_or_else(|| "Unknown".to_string(), |c| c.status.clone());
+    let facts = Facts::Connection {
+        connected,
+        exported_apis: st.exported_apis.len(),
+    };
+    item(None, name, &st.conditions, facts)
+}
+
+fn binding(
+    namespace: Option<String>,
+    name: String,
+    connection: &str,
+    status: Option<BindingStatus>,
+) -> Item {
+    let st = status.unwrap_or_default();
+    let apis = st
+        .bound_apis
+        .iter()
+        .map(|a| ApiCounts {
+            name: a.name.clone(),
+            in_sync: a.in_sync.unwrap_or(0),
+            pending: a.pending.unwrap_or(0),
+            conflicts: a.conflict_count.unwrap_or(0),
+            orphaned: a.orphaned.unwrap_or(0),
+            denied: a.denied.unwrap_or(0),
+            rejected: a.rejected.unwrap_or(0),
+        })
+        .collect();
+    let facts = Facts::Binding {
+        connection: connection.to_string(),
+        apis,
+    };
+    item(namespace, name, &st.conditions, facts)
+}
+
+fn catalog_entry(e: CatalogEntry) -> Item {
+    let name = e.name_any();
+    let st = e.status.unwrap_or_default();
+    let export = match e.spec.export.path.as_str() {
+        "" => e.spec.export.name.clone(),
+        path => format!("{path}:{}", e.spec.export.name),
+    };
+    let facts = Facts::CatalogEntry {
+        export,
+        bindings_checked: st.bindings_checked,
+        bindings_updated: st.bindings_updated,
+        missing_on_export: st.missing_on_export.len(),
+    };
+    item(None, name, &st.conditions, facts)
+}
+
+fn relationship_source(s: RelationshipSource) -> Item {
+    let (namespace, name) = (s.namespace(), s.name_any());
+    let st = s.status.unwrap_or_default();
+    let sync = st.sync.unwrap_or_default();
+    let last = sync.last_pass.unwrap_or_default();
+    let facts = Facts::RelationshipSource {
+        source_kind: s.spec.kind,
+        last_sync_time: sync.last_sync_time.map(|t| t.0.to_string()),
+        enum_complete: sync.enum_complete,
+        resume_after: sync.resume_after,
+        scopes_processed: last.scopes_processed,
+        scope_errors: last.scope_errors,
+    };
+    item(namespace, name, &st.conditions, facts)
+}
+
+fn grant(g: Grant) -> Item {
+    Item {
+        namespace: g.namespace(),
+        name: g.name_any(),
+        // A Grant is consent, not reconciled: it has no status and no Ready condition.
+        ready: None,
+        reason: String::new(),
+        message: String::new(),
+        facts: Facts::Grant {
+            workspace: g.spec.workspace,
+            provider: g.spec.provider,
+            compositions: g.spec.compositions.len(),
+        },
+    }
+}
+
+/// The longest message a table cell shows (`-o json` carries it whole).
+const MESSAGE_WIDTH: usize = 72;
+
+/// The report as kubectl-like tables, one per kind, headed `Kind.group`.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    for k in &report.kinds {
+        if !k.installed {
+            out.push_str(&format!(
+                "{}.{}: not installed on this cluster (skipped)\n\n",
+                k.kind, k.group
+            ));
+            continue;
+        }
+        out.push_str(&format!("{}.{}\n", k.kind, k.group));
+        if k.items.is_empty() {
+            out.push_str("No resources found.\n\n");
+            continue;
+        }
+        let namespaced = k.items.iter().any(|i| i.namespace.is_some());
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        let mut header: Vec<&str> = Vec::new();
+        if namespaced {
+            header.push("NAMESPACE");
+        }
+        header.push("NAME");
+        let lead_columns = header.len();
+        for i in &k.items {
+            let mut lead = Vec::new();
+            if namespaced {
+                lead.push(i.namespace.clone().unwrap_or_default());
+            }
+            lead.push(i.name.clone());
+            let ready = i.ready.clone().unwrap_or_else(|| "-".into());
+            let why = reason_cell(i);
+            match &i.facts {
+                Facts::Connection {
+                    connected,
+                    exported_apis,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["READY", "CONNECTED", "EXPORTS", "REASON"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![ready, connected.clone(), exported_apis.to_string(), why],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::Binding { connection, apis } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &[
+                            "CONNECTION",
+                            "READY",
+                            "API",
+                            "IN-SYNC",
+                            "PENDING",
+                            "CONFLICTS",
+                            "ORPHANED",
+                            "DENIED",
+                            "REJECTED",
+                            "REASON",
+                        ],
+                    );
+                    if apis.is_empty() {
+                        let dash = || "-".to_string();
+                        rows.push(
+                            [
+                                lead.clone(),
+                                vec![connection.clone(), ready.clone(), dash()],
+                                vec![dash(); 6],
+                                vec![why.clone()],
+                            ]
+                            .concat(),
+                        );
+                    }
+                    for a in apis {
+                        rows.push(
+                            [
+                                lead.clone(),
+                                vec![connection.clone(), ready.clone(), a.name.clone()],
+                                [
+                                    a.in_sync,
+                                    a.pending,
+                                    a.conflicts,
+                                    a.orphaned,
+                                    a.denied,
+                                    a.rejected,
+                                ]
+                                .iter()
+                                .map(i64::to_string)
+                                .collect(),
+                                vec![why.clone()],
+                            ]
+                            .concat(),
+                        );
+                    }
+                }
+                Facts::CatalogEntry {
+                    export,
+                    bindings_checked,
+                    bindings_updated,
+                    missing_on_export,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["READY", "EXPORT", "CHECKED", "UPDATED", "MISSING", "REASON"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                ready,
+                                export.clone(),
+                                bindings_checked.to_string(),
+                                bindings_updated.to_string(),
+                                missing_on_export.to_string(),
+                                why,
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::RelationshipSource {
+                    source_kind,
+                    last_sync_time,
+                    enum_complete,
+                    resume_after,
+                    scopes_processed,
+                    scope_errors,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &[
+                            "KIND",
+                            "READY",
+                            "LAST-SYNC",
+                            "CYCLE",
+                            "SCOPES",
+                            "ERRORS",
+                            "REASON",
+                        ],
+                    );
+                    let cycle = if *enum_complete {
+                        "complete".to_string()
+                    } else if resume_after.is_empty() {
+                        "started".to_string()
+                    } else {
+                        format!("after {resume_after}")
+                    };
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                source_kind.clone(),
+                                ready,
+                                last_sync_time.clone().unwrap_or_else(|| "-".into()),
+                                cycle,
+                                scopes_processed.to_string(),
+                                scope_errors.to_string(),
+                                why,
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::Grant {
+                    workspace,
+                    provider,
+                    compositions,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["WORKSPACE", "PROVIDER", "COMPOSITIONS"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                workspace.clone(),
+                                provider.clone(),
+                                compositions.to_string(),
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+            }
+        }
+        let header: Vec<String> = header.into_iter().map(String::from).collect();
+        out.push_str(&columns(&header, &rows));
+        out.push('\n');
+    }
+    out.push_str(if report.ready {
+        "All kbind resources are Ready.\n"
+    } else {
+        "Some kbind resources are not Ready (exit code 3).\n"
+    });
+    out
+}
+
+/// The kind's own columns after NAMESPACE and NAME, added by its first row.
+fn header_once(header: &mut Vec<&'static str>, lead_columns: usize, cols: &[&'static str]) {
+    if header.len() == lead_columns {
+        header.extend_from_slice(cols);
+    }
+}
+
+/// `Reason: message`, on one line and cut to [`MESSAGE_WIDTH`] characters.
+fn reason_cell(i: &Item) -> String {
+    if i.reason.is_empty() && i.message.is_empty() {
+        return String::new();
+    }
+    let one_line = i.message.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = match (i.reason.is_empty(), one_line.is_empty()) {
+        (false, false) => format!("{}: {one_line}", i.reason),
+        (false, true) => i.reason.clone(),
+        _ => one_line,
+    };
+    if text.chars().count() > MESSAGE_WIDTH {
+        let cut: String = text.chars().take(MESSAGE_WIDTH - 1).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+/// Left-aligned columns three spaces apart, as kubectl prints them; the last column unpadded.
+fn columns(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut width = vec![0; header.len()];
+    for r in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
+        let last = r.len().saturating_sub(1);
+        let mut line = String::new();
+        for (i, (cell, w)) in r.iter().zip(&width).enumerate() {
+            if i == last {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}   "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(name: &str, ready: &str, reason: &str, message: &str) -> Item {
+        Item {
+            namespace: None,
+            name: name.into(),
+            ready: Some(ready.into()),
+            reason: reason.into(),
+            message: message.into(),
+            facts: Facts::Connection {
+                connected: ready.into(),
+                exported_apis: 2,
+            },
+        }
+    }
+
+    #[test]
+    fn the_table_lines_up_and_says_why_not_ready() {
+        let report = Report {
+            ready: false,
+            kinds: vec![
+                KindReport {
+                    kind: "Connection",
+                    group: "core.kbind.io",
+                    installed: true,
+                    items: vec![
+                        conn("a", "True", "", ""),
+                        conn(
+                            "long-name",
+                            "False",
+                            "SecretMissing",
+                            "Secret ns/x\nnot found",
+                        ),
+                    ],
+                },
+                KindReport {
+                    kind: "CatalogEntry",
+                    group: "providers.kbind.io",
+                    installed: false,
+                    items: vec![],
+                },
+            ],
+        };
+        let t = table(&report);
+        let want = "Connection.core.kbind.io
+NAME        READY   CONNECTED   EXPORTS   REASON
+a           True    True        2
+long-name   False   False       2         SecretMissing: Secret ns/x not found
+
+CatalogEntry.providers.kbind.io: not installed on this cluster (skipped)
+
+Some kbind resources are not Ready (exit code 3).
+";
+        assert_eq!(t, want);
+    }
+
+    #[test]
+    fn an_object_without_a_ready_condition_is_not_ready_and_a_grant_never_counts() {
+        let (r, reason, _) = ready(&[]);
+        assert_eq!((r.as_str(), reason.as_str()), ("Unknown", "NotObserved"));
+        let g = Item {
+            namespace: Some("ns".into()),
+            name: "g".into(),
+            ready: None,
+            reason: String::new(),
+            message: String::new(),
+            facts: Facts::Grant {
+                workspace: "w".into(),
+                provider: "p".into(),
+                compositions: 1,
+            },
+        };
+        assert!(!g.not_ready());
+        assert!(conn("c", "Unknown", "", "").not_ready());
+        assert!(!conn("c", "True", "", "").not_ready());
+    }
+
+    #[test]
+    fn long_messages_are_cut_in_the_table() {
+        let i = conn("c", "False", "R", &"x".repeat(200));
+        let cell = reason_cell(&i);
+        assert_eq!(cell.chars().count(), MESSAGE_WIDTH);
+        assert!(cell.ends_with('…'));
+    }
+}
