@@ -260,7 +260,7 @@ async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, 
                 Ok(outcome) => o.outcome = outcome,
                 Err(e) => {
                     o.outcome = Outcome::Failed;
-                    o.error = Some(scrub(&e.to_string()));
+                    o.error = Some(scrub(&short(&e)));
                 }
             }
         }
@@ -280,6 +280,14 @@ async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, 
         kinds,
         next: next_steps(),
     })
+}
+
+/// The server's own message for an API error (not the whole Status), else the error.
+fn short(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    }
 }
 
 fn count(objects: &[ObjectReport], outcome: Outcome) -> usize {
