@@ -56,7 +56,7 @@ pub struct SchemaArgs {
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
     #[command(flatten)]
-    pub credentials: crate::schema::credentials::CredentialArgs,
+    pub credentials: crate::connection::CredentialArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -66,7 +66,7 @@ pub struct ResyncArgs {
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
     #[command(flatten)]
-    pub credentials: crate::schema::credentials::CredentialArgs,
+    pub credentials: crate::connection::CredentialArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]

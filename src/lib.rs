@@ -7,6 +7,7 @@ pub mod api;
 pub mod bindings;
 pub mod claims;
 pub mod cli;
+pub mod connection;
 pub mod crds;
 #[cfg(feature = "fakes")]
 pub mod fakes;
@@ -15,6 +16,7 @@ pub mod relsync;
 pub mod resync;
 pub mod schema;
 pub mod scrub;
+pub mod secrets;
 
 /// Install ring as the process-wide rustls provider (reqwest is built without one so only ring
 /// is linked). Idempotent.

@@ -14,6 +14,7 @@ pub mod retry;
 pub mod runner;
 pub mod shard;
 pub mod status;
+pub mod status_code;
 pub mod summary;
 pub mod writes;
 
@@ -22,4 +23,5 @@ pub use budget::Budget;
 pub use error::PassError;
 pub use runner::{PassContext, run};
 pub use shard::Shard;
+pub use status_code::StatusCode;
 pub use summary::{PlannedWrite, Summary};

@@ -4,11 +4,11 @@
 //! (Slack's `--slack-api-url`) when the credential lists allowedHosts. Both are checked before
 //! the Secret is read; nothing is sent anywhere until this succeeds.
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
 use super::hosts::{self, Destination, HostError};
 use crate::api::relsync::{AgentIdentity, RelationshipSource};
+use crate::pass::StatusCode;
 
 /// A token read from a Secret. Its Debug form never shows the value.
 #[derive(Clone)]
@@ -102,8 +102,17 @@ impl AuthError {
 fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
     move |e| AuthError::Kube {
         what,
-        forbidden: matches!(&e, kube::Error::Api(s) if s.code == 403),
+        forbidden: e.is_forbidden(),
         message: crate::scrub::scrub(&e.to_string()),
+    }
+}
+
+/// A failed Secret read, reported as any other failed read (403 kept apart).
+fn secret_err(what: String, e: crate::secrets::SecretError) -> AuthError {
+    match e {
+        crate::secrets::SecretError::Forbidden { source, .. }
+        | crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
+        crate::secrets::SecretError::NotFound { name, .. } => AuthError::SecretNotFound(name),
     }
 }
 
@@ -148,16 +157,12 @@ pub async fn resolve(
         hosts::admit_endpoint(url, what, &cred.name, &cred.allowed_hosts)?;
     }
     let secret_name = &cred.secret_ref.name;
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get_opt(secret_name)
+    let secret = crate::secrets::read_opt(client, ns, secret_name)
         .await
-        .map_err(kube_err(format!("Secret {ns}/{secret_name}")))?
+        .map_err(|e| secret_err(format!("Secret {ns}/{secret_name}"), e))?
         .ok_or_else(|| AuthError::SecretNotFound(secret_name.clone()))?;
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&cred.secret_ref.key))
-        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+    let token = crate::secrets::key_bytes(&secret, &cred.secret_ref.key)
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| AuthError::SecretKeyMissing {
             secret: secret_name.clone(),

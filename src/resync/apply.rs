@@ -16,7 +16,7 @@ use super::plan::{
     Action, ConsumerObj, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, OrphanAction, Ownership,
     ProviderObj, ownership,
 };
-use super::{BoundApi, Provider};
+use super::{BoundApi, FINALIZER_MANAGER, MANAGER, Provider};
 use crate::api::core::ConflictPolicy;
 use crate::api::keys;
 use crate::pass::PassContext;
@@ -24,9 +24,6 @@ use crate::pass::events::EventType;
 use crate::pass::finalizer::release;
 use crate::pass::writes::Writes;
 use crate::scrub::scrub;
-
-const MANAGER: &str = "kbind-resync";
-pub(crate) const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

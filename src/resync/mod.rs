@@ -9,23 +9,27 @@ mod record;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, ResourceExt};
 
+use crate::api::BindingKey;
 use crate::api::core::{
     Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection, OrphanPolicy,
 };
 use crate::api::keys;
+use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
-use crate::schema::plan::BindingKey;
-use crate::schema::{credentials, identity};
 use plan::{ConsumerObj, ProviderObj, Standing};
 
 pub const PASS: &str = "resync";
+
+/// The field manager of every write resync makes (its finalizers: [`FINALIZER_MANAGER`]).
+pub(crate) const MANAGER: &str = "kbind-resync";
+/// The field manager of the syncer finalizer on consumer objects.
+pub(crate) const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
 
 /// A binding as resync sees it.
 #[derive(Clone, Debug)]
@@ -136,10 +140,10 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     }
     let mut resume_after: Option<String> = None;
 
-    let policy = credentials::CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    let policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
     // The consumer's own identity, read now: copies are marked with it, so a Connection status
     // claiming another (forged, or restored onto another cluster) must not be trusted.
-    let local = identity::cluster_uid(&client).await;
+    let local = connection::cluster_uid(&client).await;
     let mut providers: HashMap<String, Option<Provider>> = HashMap::new();
     let mut counts: BTreeMap<(BindingKey, String), Counts> = BTreeMap::new();
     let mut stopped = None;
@@ -308,8 +312,8 @@ async fn connect(
     ctx: &PassContext,
     client: &Client,
     conn: &Connection,
-    policy: &credentials::CredentialPolicy,
-    live_local: &Result<String, identity::IdentityError>,
+    policy: &CredentialPolicy,
+    live_local: &Result<String, IdentityError>,
     writes: &mut Writes,
 ) -> Option<Provider> {
     let name = conn.name_any();
@@ -341,28 +345,21 @@ async fn connect(
         }
     }
     let r = &conn.spec.kubeconfig_secret_ref;
-    if let Err(e) = policy.check_namespace(&r.namespace, &r.name) {
-        tracing::warn!(connection = %name, error = %e, "not syncing");
-        return None;
-    }
-    let secret = match Api::<Secret>::namespaced(client.clone(), &r.namespace)
-        .get_opt(&r.name)
-        .await
-    {
+    let secret = match connection::read_secret(client, policy, r).await {
         Ok(s) => s,
-        Err(e) => {
+        Err(CredentialError::SecretUnreadable(e)) => {
             // Not "Secret not found": an RBAC gap must say so, on the Connection.
-            let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
-            let reason = if forbidden {
+            let reason = if e.is_forbidden() {
                 "PermissionDenied"
             } else {
                 "SecretUnreadable"
             };
+            let cause = e.kube_source().map(ToString::to_string).unwrap_or_default();
             let note = format!(
                 "kbind resync could not read Secret {}/{}: {}",
                 r.namespace,
                 r.name,
-                crate::scrub::scrub(&e.to_string())
+                crate::scrub::scrub(&cause)
             );
             tracing::warn!(connection = %name, reason, note = %note, "not syncing");
             ctx.recorder
@@ -375,28 +372,22 @@ async fn connect(
                 .await;
             return None;
         }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "not syncing");
+            return None;
+        }
     };
-    let pk = match credentials::kubeconfig_from_secret(
-        secret.as_ref(),
-        &r.namespace,
-        &r.name,
-        &r.key,
-        policy,
-    ) {
+    let pk = match connection::kubeconfig(secret.as_ref(), r, policy).await {
         Ok(pk) => pk,
         Err(e) => {
             tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
             return None;
         }
     };
-    if let Err(e) = credentials::check_server_address(&pk).await {
-        tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
-        return None;
-    }
-    let provider = credentials::provider_client(&pk, ctx.counter.clone(), ctx.args.request_timeout)
+    let provider = connection::client(&pk, r, ctx.counter.clone(), ctx.args.request_timeout)
         .await
         .ok()?;
-    match identity::cluster_uid(&provider).await {
+    match connection::cluster_uid(&provider).await {
         Ok(uid) if uid == remote => {}
         Ok(uid) => {
             tracing::warn!(connection = %name, found = %uid, pinned = %remote, "ClusterIdentityChanged: the provider is another cluster; nothing is synced");

@@ -11,18 +11,16 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 
 use super::{BindingRef, BoundApi, Counts, Provider, covering};
+use crate::api::BindingKey;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
 use crate::api::keys;
 use crate::pass::events::EventType;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, list};
-use crate::schema::plan::BindingKey;
-
-const MANAGER: &str = "kbind-resync";
 
 async fn write(client: &Client, key: &BindingKey, status: Value) -> Result<(), kube::Error> {
-    crate::schema::apply_binding_status(client, MANAGER, key, status).await
+    crate::bindings::apply_status(client, super::MANAGER, key, status).await
 }
 
 /// Write each synced binding's counts and Conflicts condition when they changed.
@@ -232,7 +230,7 @@ async fn release_one(
                         &scoped,
                         &o.name_any(),
                         &body,
-                        super::apply::FINALIZER_MANAGER,
+                        super::FINALIZER_MANAGER,
                         keys::SYNCER_FINALIZER,
                     )
                     .await?;

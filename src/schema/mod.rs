@@ -4,9 +4,7 @@
 //! applied and recorded in turn.
 
 pub mod crdpull;
-pub mod credentials;
 pub mod discovery;
-pub mod identity;
 pub mod openapi;
 pub mod plan;
 mod teardown;
@@ -20,13 +18,16 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::api::core::{Binding, ClusterBinding, Connection, ConnectionStatus, SchemaSource};
+use crate::api::BindingKey;
+use crate::api::core::{ClusterBinding, Connection, ConnectionStatus, SchemaSource};
 use crate::api::keys;
+use crate::connection::{self, CredentialPolicy, IdentityError};
+use crate::pass::finalizer;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
 use crate::scrub::scrub;
-use plan::{AutoBind, BindingKey, BindingView, CrdAction, CrdMeta, CrdOutcome, Observed};
+use plan::{AutoBind, BindingView, CrdAction, CrdMeta, CrdOutcome, Observed};
 
 pub const PASS: &str = "schema";
 
@@ -50,14 +51,14 @@ struct World {
     /// Per provider credential (kubeconfig fingerprint), within this pass only.
     providers: HashMap<String, ProviderMemo>,
     /// Where Connection Secrets may live, which kubeconfig fields are re-allowed.
-    policy: credentials::CredentialPolicy,
+    policy: CredentialPolicy,
 }
 
 /// What one pass learned about a provider, shared by the Connections using the same credential.
 #[derive(Default)]
 struct ProviderMemo {
     client: Option<Client>,
-    identity: Option<Result<String, identity::IdentityError>>,
+    identity: Option<Result<String, IdentityError>>,
     discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
@@ -65,8 +66,7 @@ pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summa
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe(&ctx, args.selector.as_deref()).await?;
-    world.policy =
-        credentials::CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    world.policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
     let names: Vec<String> = world
         .connections
         .iter()
@@ -186,7 +186,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
     let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
         .await
         .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
-    let local_uid = identity::cluster_uid(&client)
+    let local_uid = connection::cluster_uid(&client)
         .await
         .map_err(|e| PassError::Unreachable {
             what: "reading the consumer cluster identity".into(),
@@ -218,7 +218,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
         views,
         crds,
         providers: HashMap::new(),
-        policy: credentials::CredentialPolicy::default(),
+        policy: CredentialPolicy::default(),
     })
 }
 
@@ -256,46 +256,35 @@ async fn reconcile(
         teardown::connection(world_view(world), conn, writes).await?;
         return Ok(false);
     }
-    if !has_finalizer(conn.meta().finalizers.as_ref())
+    if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER)
         && writes.will(
             "add finalizer",
             format!("Connection {name}"),
             keys::CLEANUP_FINALIZER,
         )
     {
-        set_finalizer(&conns, &name, None, &world.manager, true).await?;
+        finalizer::set(
+            &conns,
+            &name,
+            None,
+            &world.manager,
+            keys::CLEANUP_FINALIZER,
+            true,
+        )
+        .await?;
         writes.bookkeeping_done();
     }
 
     // Credentials: read the Secret now, every run (rotation needs no restart), and only in a
     // credential namespace (docs/schema.md "Credentials").
     let r = &conn.spec.kubeconfig_secret_ref;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
-    let secret = match world.policy.check_namespace(&r.namespace, &r.name) {
-        Err(e) => Err(e),
-        Ok(()) => match secrets.get_opt(&r.name).await {
-            Ok(s) => Ok(s),
-            Err(e) => Err(credentials::CredentialError::SecretUnreadable {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                message: scrub(&e.to_string()),
-            }),
-        },
-    };
+    let secret = connection::read_secret(&client, &world.policy, r).await;
     // Whether the Secret still needs kbind's cleanup finalizer, added only once it validated.
     let needs_finalizer = matches!(&secret, Ok(Some(s))
-        if s.meta().deletion_timestamp.is_none() && !has_finalizer(s.meta().finalizers.as_ref()));
-    let pk = secret.and_then(|s| {
-        credentials::kubeconfig_from_secret(
-            s.as_ref(),
-            &r.namespace,
-            &r.name,
-            &r.key,
-            &world.policy,
-        )
-    });
-    let pk = match pk {
-        Ok(pk) => credentials::check_server_address(&pk).await.map(|()| pk),
+        if s.meta().deletion_timestamp.is_none()
+            && !finalizer::has(s.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER));
+    let pk = match secret {
+        Ok(s) => connection::kubeconfig(s.as_ref(), r, &world.policy).await,
         Err(e) => Err(e),
     };
     let fingerprint = pk
@@ -306,14 +295,7 @@ async fn reconcile(
     let provider = match (&pk, &memo.client) {
         (Ok(_), Some(c)) => Ok(c.clone()),
         (Ok(pk), None) => {
-            credentials::provider_client(pk, ctx.counter.clone(), ctx.args.request_timeout)
-                .await
-                .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
-                    namespace: r.namespace.clone(),
-                    name: r.name.clone(),
-                    key: r.key.clone(),
-                    message,
-                })
+            connection::client(pk, r, ctx.counter.clone(), ctx.args.request_timeout).await
         }
         (Err(e), _) => Err(e.clone()),
     };
@@ -327,14 +309,22 @@ async fn reconcile(
             keys::CLEANUP_FINALIZER,
         )
     {
-        set_finalizer(&secrets, &r.name, Some(&r.namespace), &world.manager, true).await?;
+        finalizer::set(
+            &Api::<Secret>::namespaced(client.clone(), &r.namespace),
+            &r.name,
+            Some(&r.namespace),
+            &world.manager,
+            keys::CLEANUP_FINALIZER,
+            true,
+        )
+        .await?;
         writes.bookkeeping_done();
     }
     let remote_uid = match &provider {
         Ok(p) => {
             memo.client = Some(p.clone());
             if memo.identity.is_none() {
-                memo.identity = Some(identity::cluster_uid(p).await);
+                memo.identity = Some(connection::cluster_uid(p).await);
             }
             memo.identity.clone()
         }
@@ -409,7 +399,7 @@ async fn reconcile(
                 keys::CLEANUP_FINALIZER,
             )
         {
-            binding_finalizer(&client, &world.manager, &b.view.key, true).await?;
+            crate::bindings::set_finalizer(&client, &world.manager, &b.view.key, true).await?;
             writes.bookkeeping_done();
         }
     }
@@ -491,87 +481,6 @@ fn world_view(w: &World) -> teardown::View<'_> {
     }
 }
 
-pub(crate) fn has_finalizer(f: Option<&Vec<String>>) -> bool {
-    f.is_some_and(|f| f.iter().any(|x| x == keys::CLEANUP_FINALIZER))
-}
-
-/// Add (or release) kbind's cleanup finalizer with server-side apply: finalizers are a set, so
-/// other owners' finalizers are untouched.
-pub(crate) async fn set_finalizer<K>(
-    api: &Api<K>,
-    name: &str,
-    namespace: Option<&str>,
-    manager: &str,
-    present: bool,
-) -> Result<(), kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let finalizers: Vec<&str> = if present {
-        vec![keys::CLEANUP_FINALIZER]
-    } else {
-        vec![]
-    };
-    let mut metadata = json!({"name": name, "finalizers": finalizers});
-    if let Some(ns) = namespace {
-        metadata["namespace"] = json!(ns);
-    }
-    let body =
-        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
-    if !present {
-        let manager = format!("{manager}-finalizer");
-        return crate::pass::finalizer::release(
-            api,
-            name,
-            &body,
-            &manager,
-            keys::CLEANUP_FINALIZER,
-        )
-        .await;
-    }
-    match api
-        .patch(
-            name,
-            &PatchParams::apply(&format!("{manager}-finalizer")),
-            &Patch::Apply(&body),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-pub(crate) async fn binding_finalizer(
-    client: &Client,
-    manager: &str,
-    key: &BindingKey,
-    present: bool,
-) -> Result<(), kube::Error> {
-    match &key.namespace {
-        Some(ns) => {
-            set_finalizer(
-                &Api::<Binding>::namespaced(client.clone(), ns),
-                &key.name,
-                Some(ns),
-                manager,
-                present,
-            )
-            .await
-        }
-        None => {
-            set_finalizer(
-                &Api::<ClusterBinding>::all(client.clone()),
-                &key.name,
-                None,
-                manager,
-                present,
-            )
-            .await
-        }
-    }
-}
-
 async fn write_binding_status(
     client: &Client,
     manager: &str,
@@ -582,36 +491,7 @@ async fn write_binding_status(
     let owned = plan::schema_owned(st);
     let (apis, conds, generation) = (owned.apis, owned.conditions, owned.observed_generation);
     let status = json!({"boundAPIs": apis, "conditions": conds, "observedGeneration": generation});
-    apply_binding_status(client, manager, key, status).await
-}
-
-/// Server-side apply `status` to the Binding or ClusterBinding `key` as `manager`.
-pub(crate) async fn apply_binding_status(
-    client: &Client,
-    manager: &str,
-    key: &BindingKey,
-    status: Value,
-) -> Result<(), kube::Error> {
-    match &key.namespace {
-        Some(ns) => apply_status(
-            &Api::<Binding>::namespaced(client.clone(), ns),
-            &key.name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-        None => apply_status(
-            &Api::<ClusterBinding>::all(client.clone()),
-            &key.name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-    }
+    crate::bindings::apply_status(client, manager, key, status).await
 }
 
 /// The Connection's status moves only from the version that was read; on a conflict it is

@@ -9,13 +9,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::crdpull::{Export, with_markers};
-use super::credentials::CredentialError;
-use super::identity::IdentityError;
+use crate::api::BindingKey;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::*;
 use crate::api::core::{
     BindingStatus, BoundApi, ConnectionStatus, PullPolicy, SchemaSource, UpdatePolicy,
 };
+use crate::connection::{CredentialError, IdentityError};
 
 /// What the consumer cluster holds under a CRD name (metadata only).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,22 +26,6 @@ pub struct CrdMeta {
     pub connection: Option<String>,
     pub schema_hash: Option<String>,
     pub deleting: bool,
-}
-
-/// Identifies a ClusterBinding (`namespace: None`) or a Binding.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BindingKey {
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl std::fmt::Display for BindingKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "Binding {ns}/{}", self.name),
-            None => write!(f, "ClusterBinding {}", self.name),
-        }
-    }
 }
 
 /// The parts of a binding the schema pass looks at.

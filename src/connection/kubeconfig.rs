@@ -1,4 +1,4 @@
-//! Provider credentials: the Connection's Secret holds a kubeconfig that must work inside a
+//! The kubeconfig in a Connection's Secret and the rules it must meet: the Secret holds a kubeconfig that must work inside a
 //! CronJob pod, so it must be self-contained (embedded CA, certificate and token; no exec
 //! plugin, auth provider or file path). Every run builds its client from the Secret's current
 //! data, so a rotated credential is used on the next run without any restart.
@@ -16,18 +16,16 @@ use std::sync::Arc;
 
 use crate::pass::client::{RequestCounter, counted_client, with_timeouts};
 use crate::scrub::scrub;
+use crate::secrets::SecretError;
 
 /// Why a Connection's Secret cannot be used; each maps to a `SecretValid=False` reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CredentialError {
     #[error("Secret {namespace}/{name} not found")]
     SecretNotFound { namespace: String, name: String },
-    #[error("reading Secret {namespace}/{name} failed: {message}")]
-    SecretUnreadable {
-        namespace: String,
-        name: String,
-        message: String,
-    },
+    /// The GET failed (403 included: [`SecretError::is_forbidden`] tells it apart).
+    #[error(transparent)]
+    SecretUnreadable(Arc<SecretError>),
     #[error("Secret {namespace}/{name} has no key {key:?}")]
     KeyNotFound {
         namespace: String,
@@ -184,19 +182,8 @@ pub fn kubeconfig_from_secret(
         namespace: ns.clone(),
         name: n.clone(),
     })?;
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|s| s.clone().into_bytes())
-        })
-        .ok_or_else(|| CredentialError::KeyNotFound {
+    let bytes =
+        crate::secrets::key_bytes(secret, key).ok_or_else(|| CredentialError::KeyNotFound {
             namespace: ns.clone(),
             name: n.clone(),
             key: k.clone(),
