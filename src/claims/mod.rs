@@ -13,6 +13,7 @@ pub mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
@@ -541,11 +542,11 @@ fn describe(before: &SlimBinding, after: &[crate::api::kcp::AcceptablePermission
 }
 
 fn is_conflict(e: &HubError) -> bool {
-    matches!(e.kube_source(), Some(kube::Error::Api(s)) if s.is_conflict())
+    e.kube_source().is_some_and(|k| k.is_conflict())
 }
 
 fn blocked_by(e: &HubError) -> Blocked {
-    let forbidden = matches!(e.kube_source(), Some(kube::Error::Api(s)) if s.code == 403);
+    let forbidden = e.kube_source().is_some_and(|k| k.is_forbidden());
     Blocked {
         reason: if forbidden {
             "PermissionDenied"
@@ -566,8 +567,8 @@ fn unreachable(e: HubError) -> PassError {
 /// A binding write failed (forbidden, rejected): an Event on the CatalogEntry names it.
 async fn warn_entry(ctx: &PassContext, entry: &CatalogEntry, b: &SlimBinding, e: &HubError) {
     let reason = match e.kube_source() {
-        Some(kube::Error::Api(s)) if s.code == 403 => "BindingWriteDenied",
-        Some(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => "BindingWriteRejected",
+        Some(k) if k.is_forbidden() => "BindingWriteDenied",
+        Some(k) if k.is_invalid() || k.is_bad_request() => "BindingWriteRejected",
         _ => "BindingWriteFailed",
     };
     let note = format!("APIBinding {} in workspace {}: {e}", b.name, b.cluster);

@@ -2,6 +2,7 @@
 //! the `kube-system` Namespace. A forbidden read is an error to report, never a reason to skip
 //! the check.
 
+use crate::pass::StatusCode;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ApiResource;
 use kube::core::{DynamicObject, GroupVersionKind};
@@ -22,8 +23,8 @@ pub enum IdentityError {
 pub fn classify(e: &kube::Error) -> IdentityError {
     let msg = crate::scrub::scrub(&e.to_string());
     match e {
-        kube::Error::Api(s) if s.code == 403 => IdentityError::Forbidden(msg),
-        kube::Error::Api(s) if s.code == 401 => IdentityError::Unauthorized(msg),
+        _ if e.is_forbidden() => IdentityError::Forbidden(msg),
+        _ if e.is_unauthorized() => IdentityError::Unauthorized(msg),
         _ => IdentityError::Unreachable(msg),
     }
 }
@@ -39,7 +40,7 @@ pub async fn cluster_uid(client: &Client) -> Result<String, IdentityError> {
         match lc.get("cluster").await {
             Ok(o) => return o.metadata.uid.ok_or(IdentityError::NoUid),
             // The API is installed (e.g. kcp's CRDs on a plain cluster) but holds no `cluster`.
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => return Err(classify(&e)),
         }
     }
@@ -56,7 +57,7 @@ async fn serves_logical_clusters(client: &Client) -> Result<bool, IdentityError>
         .await
     {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == "logicalclusters")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(classify(&e)),
     }
 }

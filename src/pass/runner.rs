@@ -14,6 +14,7 @@ use super::error::PassError;
 use super::events::Recorder;
 use super::lease::{self, Acquired};
 use super::summary::Summary;
+use crate::pass::StatusCode;
 
 /// What a pass gets to work with.
 pub struct PassContext {
@@ -104,7 +105,7 @@ where
                 tracing::info!(lease = %name, %holder, "another run holds the pass Lease; skipping");
                 return finish(s, 0, &counter, &budget);
             }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {
+            Err(e) if e.is_not_found() => {
                 let e = PassError::Config(format!(
                     "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
                 ));

@@ -11,6 +11,9 @@ pub trait StatusCode {
     /// The API error's HTTP code, if the error is one.
     fn api_code(&self) -> Option<u16>;
 
+    /// The API error's own message (the `Status` body's `message`), if the error is one.
+    fn api_message(&self) -> Option<&str>;
+
     /// 400: the request was malformed (for instance a bad label selector).
     fn is_bad_request(&self) -> bool {
         self.api_code() == Some(400)
@@ -41,6 +44,13 @@ impl StatusCode for kube::Error {
     fn api_code(&self) -> Option<u16> {
         match self {
             kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+
+    fn api_message(&self) -> Option<&str> {
+        match self {
+            kube::Error::Api(s) => Some(&s.message),
             _ => None,
         }
     }

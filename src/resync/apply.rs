@@ -20,6 +20,7 @@ use super::{BoundApi, FINALIZER_MANAGER, MANAGER, Provider};
 use crate::api::core::ConflictPolicy;
 use crate::api::keys;
 use crate::pass::PassContext;
+use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use crate::pass::finalizer::release;
 use crate::pass::writes::Writes;
@@ -72,8 +73,8 @@ fn provider_body(api: &BoundApi, o: &ConsumerObj, local_uid: &str) -> Value {
 
 fn classify(e: &kube::Error) -> Outcome {
     match e {
-        kube::Error::Api(s) if s.code == 403 => Outcome::Denied,
-        kube::Error::Api(s) if s.code == 400 || s.code == 422 => Outcome::Rejected,
+        _ if e.is_forbidden() => Outcome::Denied,
+        _ if e.is_bad_request() || e.is_invalid() => Outcome::Rejected,
         _ => Outcome::Failed,
     }
 }
@@ -129,7 +130,7 @@ pub async fn object(
             }
             Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
                 Ok(()) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => {
+                Err(e) if e.is_conflict() => {
                     // A name we did not list as ours: classify it with one GET.
                     let existing = prov.get_opt(&name).await.ok().flatten();
                     let own = existing.as_ref().map(|e| ownership(&super::provider_obj(e), &provider.local_uid, &obj.uid, &Default::default()));
@@ -145,7 +146,7 @@ pub async fn object(
                             outcome = Outcome::Conflict;
                             Ok(())
                         }
-                        None => Err(kube::Error::Api(s)),
+                        None => Err(e),
                     }
                 }
                 Err(e) => Err(e),
@@ -168,7 +169,7 @@ pub async fn object(
                 let uid = p.map(|p| p.uid.clone());
                 let dp = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
                 match prov.delete(&name, &dp).await {
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) if e.is_not_found() => Ok(()),
                     r => r.map(|_| ()),
                 }
             }
@@ -237,7 +238,7 @@ async fn create(
         ..Default::default()
     };
     match prov.create(&pp, &body).await {
-        Err(kube::Error::Api(s)) if s.code == 404 && obj.namespace.is_some() => {
+        Err(e) if e.is_not_found() && obj.namespace.is_some() => {
             // The provider namespace does not exist yet: create it, then the object.
             let ns = Namespace {
                 metadata: ObjectMeta {
@@ -254,7 +255,7 @@ async fn create(
                 .await
             {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) if e.is_conflict() => {}
                 Err(e) => return Err(e),
             }
             prov.create(&pp, &body).await.map(|_| ())
@@ -348,7 +349,7 @@ pub async fn orphan(
                 ..Default::default()
             };
             match prov.delete(&o.name, &dp).await {
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return true,
+                Err(e) if e.is_not_found() || e.is_conflict() => return true,
                 r => r.map(|_| ()),
             }
         }
@@ -416,7 +417,7 @@ async fn restore(
     // A missing consumer namespace is not created (the pass would need namespace create on the
     // consumer for it): the create fails, is logged, and the next run tries again.
     match target.create(&pp, &obj).await {
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) if e.is_conflict() => Ok(()),
         r => r.map(|_| ()),
     }
 }

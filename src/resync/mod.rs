@@ -20,6 +20,7 @@ use crate::api::core::{
 };
 use crate::api::keys;
 use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
+use crate::pass::StatusCode;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary, list, shard};
 use plan::{ConsumerObj, ProviderObj, Standing};
@@ -100,7 +101,7 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     if let Some(sel) = &args.selector {
         let lp = ListParams::default().labels(sel);
         let bad_selector = |e: kube::Error| match &e {
-            kube::Error::Api(s) if s.code == 400 => {
+            kube::Error::Api(s) if e.is_bad_request() => {
                 PassError::Config(format!("--selector: {}", s.message))
             }
             _ => PassError::kube("listing bindings by --selector", &e),

@@ -15,6 +15,7 @@ use crate::api::BindingKey;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
 use crate::api::keys;
+use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, list};
@@ -330,7 +331,7 @@ async fn mark_unbound(
         };
         match super::apply::mark_orphaned(&scoped, &name, keys::ORPHANED_UNBOUND).await {
             Ok(()) => writes.data_done(),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }

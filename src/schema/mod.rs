@@ -22,6 +22,7 @@ use crate::api::BindingKey;
 use crate::api::core::{ClusterBinding, Connection, ConnectionStatus, SchemaSource};
 use crate::api::keys;
 use crate::connection::{self, CredentialPolicy, IdentityError};
+use crate::pass::StatusCode;
 use crate::pass::finalizer;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
@@ -175,7 +176,7 @@ async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, Pas
     let connections = list::all(&Api::<Connection>::all(client.clone()), &conn_lp)
         .await
         .map_err(|e| match &e {
-            kube::Error::Api(s) if s.code == 400 => {
+            kube::Error::Api(s) if e.is_bad_request() => {
                 PassError::Config(format!("--selector: {}", s.message))
             }
             _ => PassError::kube("listing Connections", &e),
@@ -584,7 +585,9 @@ async fn apply_crds(
                 writes.data_done();
                 CrdOutcome::Done
             }
-            Err(kube::Error::Api(s)) if s.code == 403 => CrdOutcome::Forbidden(scrub(&s.message)),
+            Err(e) if e.is_forbidden() => {
+                CrdOutcome::Forbidden(scrub(e.api_message().unwrap_or_default()))
+            }
             Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
         });
     }

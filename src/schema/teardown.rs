@@ -20,6 +20,7 @@ use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{INSTANCES_RELEASED, PERMISSION_DENIED, READY, SYNCED};
 use crate::api::core::{ClusterBinding, Connection};
 use crate::api::keys;
+use crate::pass::StatusCode;
 use crate::pass::finalizer;
 use crate::pass::status::apply_status;
 use crate::pass::writes::Writes;
@@ -221,7 +222,7 @@ where
     };
     match api.delete(name, &dp).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) if e.is_not_found() || e.is_conflict() => Ok(false),
         Err(e) => Err(e),
     }
 }
