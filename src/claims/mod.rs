@@ -196,17 +196,8 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
         record(&ctx, entry, &outcome, &manager, &mut writes).await;
     }
 
-    summary.data_writes = writes.data;
-    summary.bookkeeping_writes = writes.bookkeeping;
-    summary.planned = std::mem::take(&mut writes.planned);
-    summary.outcome = match (ctx.args.dry_run, stopped) {
-        (true, _) => "dry-run",
-        (false, Some(_)) => "partial",
-        (false, None) => "completed",
-    }
-    .into();
-    if let Some(why) = stopped {
-        summary.message = format!(
+    let stopped = stopped.map(|why| crate::pass::Stopped {
+        message: format!(
             "stopped early ({}); CatalogEntry cursors record where the next run resumes",
             match why {
                 Exhausted::MaxItems => "--max-items reached",
@@ -214,7 +205,13 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
                 Exhausted::Terminated => "SIGTERM received",
                 Exhausted::LeaseLost => "pass Lease lost",
             }
-        );
+        ),
+        resume_after: None,
+    });
+    summary.finish(writes, stopped);
+    if ctx.args.dry_run {
+        // claims alone has always said dry-run over partial for a dry run that stopped early.
+        summary.outcome = crate::pass::Outcome::DryRun;
     }
     Ok(summary)
 }

@@ -24,4 +24,4 @@ pub use error::PassError;
 pub use runner::{PassContext, run};
 pub use shard::Shard;
 pub use status_code::StatusCode;
-pub use summary::{PlannedWrite, Summary};
+pub use summary::{Outcome, PlannedWrite, Stopped, Summary};

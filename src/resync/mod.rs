@@ -22,7 +22,7 @@ use crate::api::keys;
 use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
 use crate::pass::StatusCode;
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::pass::{PassContext, PassError, Stopped, Summary, list, shard};
 use plan::{ConsumerObj, ProviderObj, Standing};
 
 pub const PASS: &str = "resync";
@@ -217,16 +217,6 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
     record::binding_statuses(&client, &bindings, &counts, stopped.is_none(), &mut writes)
         .await
         .map_err(err("recording binding status"))?;
-    summary.outcome = if writes.dry_run() {
-        "dry-run".into()
-    } else {
-        "completed".into()
-    };
-    if let Some(why) = stopped {
-        summary.outcome = "partial".into();
-        summary.message = format!("stopped early ({why:?}); the next run continues");
-        summary.resume_after = resume_after;
-    }
     for c in counts.values() {
         summary.count("inSync", c.in_sync);
         summary.count("pending", c.pending);
@@ -234,9 +224,11 @@ pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summa
         summary.count("denied", c.denied);
         summary.count("rejected", c.rejected);
     }
-    summary.data_writes = writes.data;
-    summary.bookkeeping_writes = writes.bookkeeping;
-    summary.planned = std::mem::take(&mut writes.planned);
+    let stopped = stopped.map(|why| Stopped {
+        message: format!("stopped early ({why:?}); the next run continues"),
+        resume_after,
+    });
+    summary.finish(writes, stopped);
     Ok(summary)
 }
 

@@ -26,7 +26,7 @@ use crate::pass::StatusCode;
 use crate::pass::finalizer;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::pass::{PassContext, PassError, Stopped, Summary, list, shard};
 use crate::scrub::scrub;
 use plan::{AutoBind, BindingView, CrdAction, CrdMeta, CrdOutcome, Observed};
 
@@ -127,22 +127,14 @@ pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summa
         }
     }
     summary.count("connections", done);
-    summary.outcome = if writes.dry_run() {
-        "dry-run".into()
-    } else {
-        "completed".into()
-    };
-    if let Some(why) = stopped {
-        summary.outcome = "partial".into();
-        summary.message = format!(
+    let stopped = stopped.map(|why| Stopped {
+        message: format!(
             "stopped early ({why:?}); {} Connections left for the next run",
             order.len() as i64 - done
-        );
-        summary.resume_after = last;
-    }
-    summary.data_writes = writes.data;
-    summary.bookkeeping_writes = writes.bookkeeping;
-    summary.planned = std::mem::take(&mut writes.planned);
+        ),
+        resume_after: last,
+    });
+    summary.finish(writes, stopped);
     Ok(summary)
 }
 
