@@ -106,62 +106,7 @@ async fn release_one(
         if !done {
             return Ok(false);
         }
-        for api in apis
-            .iter()
-            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
-        {
-            let consumer: Api<DynamicObject> = match (&b.key.namespace, api.namespaced) {
-                (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &api.resource),
-                (Some(_), false) => continue,
-                (None, _) => Api::all_with(client.clone(), &api.resource),
-            };
-            for o in list::all(&consumer, &ListParams::default()).await? {
-                let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
-                // Still covered by another live binding: that one keeps syncing it.
-                if !ours
-                    || covering(
-                        bindings,
-                        &api.name,
-                        &api.connection,
-                        o.namespace().as_deref(),
-                    )
-                    .is_some()
-                {
-                    continue;
-                }
-                if ctx.budget.take().is_err() {
-                    done = false;
-                    break;
-                }
-                if writes.will(
-                    "release finalizer",
-                    format!(
-                        "{} {} (binding {} deleting)",
-                        api.resource.kind,
-                        o.name_any(),
-                        b.key
-                    ),
-                    "",
-                ) {
-                    let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                        "metadata": {"name": o.name_any(), "namespace": o.namespace(), "finalizers": []}});
-                    let scoped: Api<DynamicObject> = match o.namespace() {
-                        Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
-                        None => Api::all_with(client.clone(), &api.resource),
-                    };
-                    crate::pass::finalizer::release(
-                        &scoped,
-                        &o.name_any(),
-                        &body,
-                        super::FINALIZER_MANAGER,
-                        keys::SYNCER_FINALIZER,
-                    )
-                    .await?;
-                    writes.data_done();
-                }
-            }
-        }
-        if !done {
+        if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
             return Ok(false);
         }
         if !unbound.is_empty() {
@@ -246,4 +191,73 @@ async fn mark_unbound(
         }
     }
     Ok((total, true))
+}
+
+/// Release the syncer finalizers of the objects `b` alone covered. Returns whether all were
+/// handled within the budget.
+async fn release_finalizers(
+    ctx: &PassContext,
+    client: &Client,
+    b: &BindingRef,
+    bindings: &[BindingRef],
+    apis: &[BoundApi],
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    let mut done = true;
+    for api in apis
+        .iter()
+        .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+    {
+        let consumer: Api<DynamicObject> = match (&b.key.namespace, api.namespaced) {
+            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &api.resource),
+            (Some(_), false) => continue,
+            (None, _) => Api::all_with(client.clone(), &api.resource),
+        };
+        for o in list::all(&consumer, &ListParams::default()).await? {
+            let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
+            // Still covered by another live binding: that one keeps syncing it.
+            if !ours
+                || covering(
+                    bindings,
+                    &api.name,
+                    &api.connection,
+                    o.namespace().as_deref(),
+                )
+                .is_some()
+            {
+                continue;
+            }
+            if ctx.budget.take().is_err() {
+                done = false;
+                break;
+            }
+            if writes.will(
+                "release finalizer",
+                format!(
+                    "{} {} (binding {} deleting)",
+                    api.resource.kind,
+                    o.name_any(),
+                    b.key
+                ),
+                "",
+            ) {
+                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                    "metadata": {"name": o.name_any(), "namespace": o.namespace(), "finalizers": []}});
+                let scoped: Api<DynamicObject> = match o.namespace() {
+                    Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
+                    None => Api::all_with(client.clone(), &api.resource),
+                };
+                crate::pass::finalizer::release(
+                    &scoped,
+                    &o.name_any(),
+                    &body,
+                    super::FINALIZER_MANAGER,
+                    keys::SYNCER_FINALIZER,
+                )
+                .await?;
+                writes.data_done();
+            }
+        }
+    }
+    Ok(done)
 }
