@@ -39,6 +39,15 @@ pub enum CredentialError {
         key: String,
         message: String,
     },
+    /// The kubeconfig validated, yet no client could be built from it.
+    #[error("Secret {namespace}/{name} key {key:?} is not a valid kubeconfig: {source}")]
+    ClientFailed {
+        namespace: String,
+        name: String,
+        key: String,
+        #[source]
+        source: Arc<ClientError>,
+    },
     #[error("kubeconfig in Secret {namespace}/{name} is not self-contained: {what}")]
     NotSelfContained {
         namespace: String,
@@ -67,7 +76,7 @@ impl CredentialError {
             Self::SecretNotFound { .. } => "SecretNotFound",
             Self::SecretUnreadable { .. } => "SecretUnreadable",
             Self::KeyNotFound { .. } => "KeyNotFound",
-            Self::InvalidKubeconfig { .. } => "InvalidKubeconfig",
+            Self::InvalidKubeconfig { .. } | Self::ClientFailed { .. } => "InvalidKubeconfig",
             Self::NotSelfContained { .. } => "NotSelfContained",
             Self::SecretNamespaceNotAllowed { .. } => "SecretNamespaceNotAllowed",
             Self::FieldNotAllowed { .. } => "KubeconfigFieldNotAllowed",
@@ -444,18 +453,27 @@ fn check_self_contained(kc: &Kubeconfig) -> Result<String, String> {
         .unwrap_or_else(|| "default".into()))
 }
 
+/// Why no client could be built from a validated kubeconfig; the text is scrubbed when shown.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{}", scrub(&.0.to_string()))]
+    Config(#[source] kube::config::KubeconfigError),
+    #[error("{}", scrub(&.0.to_string()))]
+    Client(#[source] kube::Error),
+}
+
 /// Build a counted client for the provider with bounded timeouts (an unreachable provider must
 /// not hang the pass): `timeout` is the pass's `--request-timeout`.
 pub async fn provider_client(
     pk: &ProviderKubeconfig,
     counter: Arc<RequestCounter>,
     timeout: Duration,
-) -> Result<Client, String> {
+) -> Result<Client, ClientError> {
     let config =
         Config::from_custom_kubeconfig(pk.kubeconfig.clone(), &KubeConfigOptions::default())
             .await
-            .map_err(|e| scrub(&e.to_string()))?;
-    counted_client(with_timeouts(config, timeout), counter).map_err(|e| scrub(&e.to_string()))
+            .map_err(ClientError::Config)?;
+    counted_client(with_timeouts(config, timeout), counter).map_err(ClientError::Client)
 }
 
 #[cfg(test)]

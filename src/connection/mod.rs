@@ -19,7 +19,8 @@ use crate::pass::client::RequestCounter;
 
 pub use identity::{IdentityError, cluster_uid};
 pub use kubeconfig::{
-    CredentialArgs, CredentialError, CredentialPolicy, KubeconfigField, ProviderKubeconfig,
+    ClientError, CredentialArgs, CredentialError, CredentialPolicy, KubeconfigField,
+    ProviderKubeconfig,
 };
 
 /// The Secret `r` names, refused outside the credential namespaces before anything reads it.
@@ -56,10 +57,10 @@ pub async fn client(
 ) -> Result<Client, CredentialError> {
     kubeconfig::provider_client(pk, counter, timeout)
         .await
-        .map_err(|message| CredentialError::InvalidKubeconfig {
+        .map_err(|e| CredentialError::ClientFailed {
             namespace: r.namespace.clone(),
             name: r.name.clone(),
             key: r.key.clone(),
-            message,
+            source: Arc::new(e),
         })
 }

@@ -263,7 +263,13 @@ fn install_table() {
             "identity unreadable: nothing",
             Case {
                 bindings: bound_a,
-                remote: Some(Err(IdentityError::Forbidden("no".into()))),
+                remote: Some(Err(IdentityError::Forbidden(std::sync::Arc::new(
+                    kube::Error::Api(Box::new(kube::core::Status {
+                        code: 403,
+                        message: "no".into(),
+                        ..Default::default()
+                    })),
+                )))),
                 ..Default::default()
             },
             vec![],
