@@ -170,46 +170,9 @@ fn connection_conditions(
             conds.set_condition(SECRET_VALID, S::True, "Valid", "", g, now);
         }
     }
-    let mut permission_denied: Option<(&str, String)> = None;
-    match (&o.credentials, &o.remote_uid) {
-        (Ok(()), Some(Err(e))) => {
-            let reason = match e {
-                IdentityError::Forbidden(_) => {
-                    permission_denied = Some(("IdentityForbidden", e.to_string()));
-                    "IdentityForbidden"
-                }
-                IdentityError::Unauthorized(_) => "Unauthorized",
-                _ => "Unreachable",
-            };
-            conds.set_condition(CONNECTED, S::False, reason, &e.to_string(), g, now);
-            ready = ready.and(Err((reason, e.to_string())));
-        }
-        (Ok(()), Some(Ok(uid))) if o.identity_changed() => {
-            let msg = format!(
-                "provider identity {uid} (consumer {}) differs from the pinned remoteClusterUID {} (localClusterUID {}); nothing is synced. Use a new Connection for a new provider",
-                o.local_uid,
-                o.status.remote_cluster_uid.as_deref().unwrap_or("-"),
-                o.status.local_cluster_uid.as_deref().unwrap_or("-"),
-            );
-            conds.set_condition(
-                CONNECTED,
-                S::False,
-                REASON_CLUSTER_IDENTITY_CHANGED,
-                &msg,
-                g,
-                now,
-            );
-            ready = ready.and(Err((REASON_CLUSTER_IDENTITY_CHANGED, msg)));
-        }
-        (Ok(()), Some(Ok(uid))) => {
-            conds.set_condition(CONNECTED, S::True, "Connected", "", g, now);
-            st.remote_cluster_uid.get_or_insert_with(|| uid.clone());
-            st.local_cluster_uid
-                .get_or_insert_with(|| o.local_uid.to_string());
-        }
-        _ => {}
-    }
-
+    let (connected, mut permission_denied) = connected_condition(o, st, now);
+    ready = ready.and(connected);
+    let conds = &mut st.conditions;
     match (&o.discovery, o.exports()) {
         (Some(Err(e)), _) if o.connected_uid().is_some() => {
             if e.forbidden {
@@ -252,6 +215,60 @@ fn connection_conditions(
         None => {}
     }
     ready
+}
+
+/// Connected, from the provider's identity as read (once the credentials work); pins the
+/// identities on first contact. Returns why not Ready, and a PermissionDenied cause.
+fn connected_condition(
+    o: &Observed,
+    st: &mut ConnectionStatus,
+    now: Timestamp,
+) -> (NotReady, Option<(&'static str, String)>) {
+    let g = o.generation;
+    let mut ready: NotReady = Ok(());
+    let mut permission_denied = None;
+    match (&o.credentials, &o.remote_uid) {
+        (Ok(()), Some(Err(e))) => {
+            let reason = match e {
+                IdentityError::Forbidden(_) => {
+                    permission_denied = Some(("IdentityForbidden", e.to_string()));
+                    "IdentityForbidden"
+                }
+                IdentityError::Unauthorized(_) => "Unauthorized",
+                _ => "Unreachable",
+            };
+            st.conditions
+                .set_condition(CONNECTED, S::False, reason, &e.to_string(), g, now);
+            ready = Err((reason, e.to_string()));
+        }
+        (Ok(()), Some(Ok(uid))) if o.identity_changed() => {
+            let msg = format!(
+                "provider identity {uid} (consumer {}) differs from the pinned remoteClusterUID {} (localClusterUID {}); nothing is synced. Use a new Connection for a new provider",
+                o.local_uid,
+                o.status.remote_cluster_uid.as_deref().unwrap_or("-"),
+                o.status.local_cluster_uid.as_deref().unwrap_or("-"),
+            );
+            st.conditions.set_condition(
+                CONNECTED,
+                S::False,
+                REASON_CLUSTER_IDENTITY_CHANGED,
+                &msg,
+                g,
+                now,
+            );
+            ready = Err((REASON_CLUSTER_IDENTITY_CHANGED, msg));
+        }
+        (Ok(()), Some(Ok(uid))) => {
+            st.conditions
+                .set_condition(CONNECTED, S::True, "Connected", "", g, now);
+            st.remote_cluster_uid.get_or_insert_with(|| uid.clone());
+            st.local_cluster_uid
+                .get_or_insert_with(|| o.local_uid.to_string());
+        }
+        _ => {}
+    }
+
+    (ready, permission_denied)
 }
 
 /// The APIs whose consumer CRD differs from the provider's: drifted, or pinned by
@@ -505,19 +522,7 @@ fn binding_status(
             ApiState::Problem { reason, message } => problems.push((reason, message.clone())),
         }
     }
-    // Entries only resync owns (counts for an API no longer bound) are left to resync.
-    for prev in &b.status.bound_apis {
-        if !bound.iter().any(|x| x.name == prev.name) {
-            bound.push(BoundApi {
-                name: prev.name.clone(),
-                scope: None,
-                version: None,
-                schema_hash: None,
-                ..prev.clone()
-            });
-        }
-    }
-    bound.sort_by(|a, b| a.name.cmp(&b.name));
+    keep_resync_entries(&b.status.bound_apis, &mut bound);
     st.bound_apis = bound;
     let denied: Vec<&String> = problems
         .iter()
@@ -559,6 +564,30 @@ fn binding_status(
         };
         c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
     }
+    permission_denied(c, &denied, g, now);
+    st.observed_generation = g;
+    st
+}
+
+/// Entries only resync owns (counts for an API no longer bound) are left to resync: kept with
+/// the schema fields cleared, and the list sorted by name.
+fn keep_resync_entries(previous: &[BoundApi], bound: &mut Vec<BoundApi>) {
+    for prev in previous {
+        if !bound.iter().any(|x| x.name == prev.name) {
+            bound.push(BoundApi {
+                name: prev.name.clone(),
+                scope: None,
+                version: None,
+                schema_hash: None,
+                ..prev.clone()
+            });
+        }
+    }
+    bound.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// A binding's PermissionDenied: the denied CRD writes of its APIs, if any.
+fn permission_denied(c: &mut Vec<Condition>, denied: &[&String], g: Option<i64>, now: Timestamp) {
     if denied.is_empty() {
         c.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
     } else {
@@ -576,8 +605,6 @@ fn binding_status(
             now,
         );
     }
-    st.observed_generation = g;
-    st
 }
 
 /// The binding status fields `kbind schema` owns (contract "Who writes what").
