@@ -6,9 +6,12 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /build
-# Only what the binary is built from (tests, examples, hack/ and tools/ are not needed).
+# Only what the binary is built from (tests, examples, hack/ and tools/ are not needed). The
+# test-only crate under crates/ is never compiled into kbind, but cargo reads every workspace
+# member's manifest.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 RUN cargo build --release --locked --bin kbind
 
 # glibc and CA certificates, no shell; the `nonroot` tag runs as 65532:65532.

@@ -14,9 +14,9 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use kbind::fakes::slack;
 use kbind::relsync::auth::Token;
 use kbind::relsync::spicedb::{HttpStore, MAX_UPDATES, Obj, Op, Rel, RelationshipStore};
+use kbind_testkit::slack;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 hack/build-servers.sh
 cargo build --quiet --bin kbind
-cargo build --quiet --bin kbind-fake-upstreams --features fakes
+cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
 target=${CARGO_TARGET_DIR:-$PWD/target}
 kbind=$target/debug/kbind
 
@@ -24,9 +24,9 @@ provider=(kubectl --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG")
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "install kbind's CRDs on the consumer, and a job namespace"
+step "install kbind's CRDs on the consumer, and the job namespaces (kbind-system; kbind-relsync for relsync)"
 "$kbind" crds | "${consumer[@]}" apply --server-side -f - >/dev/null
-"${consumer[@]}" create namespace kbind-system >/dev/null
+"${consumer[@]}" apply -f deploy/namespace.yaml >/dev/null
 "${consumer[@]}" wait --for condition=Established crd --all --timeout=60s >/dev/null
 
 step "provider: export an API (label core.kbind.io/exported=true)"
@@ -129,10 +129,31 @@ spec:
   auth: {agentIdentity: directory-sync, credential: scim}
 YAML
 
-step "kbind relsync: memberships into SpiceDB"
-relsync=("$kbind" relsync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system
+step "relsync's identity (deploy/rbac/relsync.yaml): its own namespace kbind-relsync, no Secret access anywhere yet"
+"${consumer[@]}" apply -f deploy/rbac/relsync.yaml >/dev/null
+relsync_kc="$dir/relsync.kubeconfig"
+cp "$KBIND_TEST_CONSUMER_KUBECONFIG" "$relsync_kc"
+kc_user=$(kubectl --kubeconfig "$relsync_kc" config view -o jsonpath='{.contexts[0].context.user}')
+kubectl --kubeconfig "$relsync_kc" config set-credentials "$kc_user" \
+  --token="$("${consumer[@]}" -n kbind-relsync create token kbind-relsync)" >/dev/null
+relsync=("$kbind" relsync --kubeconfig "$relsync_kc" --lease-namespace kbind-relsync
   --spicedb-url "$KBIND_TEST_SPICEDB_URL" --spicedb-token-file "$dir/spicedb.key"
   --slack-api-url "http://127.0.0.1:$slack_port/api" -o text --log-format text)
+show_ready() {
+  "${consumer[@]}" get relationshipsources -n team-a \
+    -o jsonpath='{range .items[*]}{.metadata.name}: {range .status.conditions[?(@.type=="Ready")]}{.status} {.reason}: {.message}{end}{"\n"}{end}'
+}
+
+step "kbind relsync as kbind-relsync/kbind-relsync: team-a has not granted it its Secrets"
+"${relsync[@]}"
+show_ready
+
+step "team-a grants it (deploy/rbac/relsync-credentials-example.yaml); kbind relsync: memberships into SpiceDB"
+"${consumer[@]}" apply -f deploy/rbac/relsync-credentials-example.yaml >/dev/null
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  "${consumer[@]}" auth can-i get secrets -n team-a --as system:serviceaccount:kbind-relsync:kbind-relsync >/dev/null 2>&1 && break
+  sleep 0.5
+done
 "${relsync[@]}"
 "${consumer[@]}" get relationshipsources -n team-a
 "${consumer[@]}" get relationshipsource slack -n team-a \

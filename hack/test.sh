@@ -9,6 +9,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 start=$SECONDS
+# The product holds no test-only code: kbind built as users build it has neither the crash knob
+# (feature `crash-points`, enabled only by kbind's dev-dependency on itself) nor the stand-ins of
+# crates/kbind-testkit. Features do not depend on the profile, so this debug build has exactly
+# the features of `cargo build --release --bin kbind`. (The `cargo test` below puts the test build
+# of the binary back in place.)
+cargo build --quiet --bin kbind
+product=${CARGO_TARGET_DIR:-target}/debug/kbind
+for name in KBIND_CRASH_AFTER_WRITES kbind_testkit kbind-fake-upstreams; do
+  if grep -qaF "$name" "$product"; then
+    echo "test.sh: $product contains $name: test-only code is compiled into the product" >&2
+    exit 1
+  fi
+done
+
 hack/build-servers.sh
 echo "test.sh: servers ready after $((SECONDS - start))s"
 
@@ -21,14 +35,15 @@ hack/testenv.sh up "$dir"
 source "$dir/env"
 
 [ "${1:-}" = "--" ] && shift
+
 # Every kbind run's output is kept here for the secret scan after the tests.
 export KBIND_TEST_EMIT_DIR=$dir/emitted
 mkdir -p "$KBIND_TEST_EMIT_DIR"
 t0=$SECONDS
 if [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
-  cargo nextest run --all-targets "$@"
+  cargo nextest run --workspace --all-targets "$@"
 else
-  cargo test --all-targets "$@"
+  cargo test --workspace --all-targets "$@"
 fi
 echo "test.sh: tests took $((SECONDS - t0))s (total $((SECONDS - start))s)"
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR"

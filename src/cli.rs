@@ -1,4 +1,6 @@
-//! The `kbind` command line.
+//! The `kbind` command line: assembles the commands from each pass's own flags
+//! (`<pass>/args.rs`) and the flags every pass takes (src/pass/args.rs). No pass imports this
+//! module.
 
 use clap::{Parser, Subcommand};
 
@@ -26,18 +28,18 @@ pub enum Command {
     /// One pass over every Connection: credentials, cluster identity, exported-API discovery,
     /// consumer CRD install per pullPolicy/updatePolicy, the setup side of bindings, autoBind
     /// and teardown. --max-items bounds the Connections handled in one run.
-    Schema(SchemaArgs),
+    Schema(crate::schema::args::SchemaArgs),
     /// One pass over every bound API: consumer spec up to the provider, provider status down,
     /// conflicts, deletion and the heartbeat; per-API counts recorded on the bindings.
     /// --max-items bounds instance writes in one run.
-    Resync(ResyncArgs),
+    Resync(crate::resync::args::ResyncArgs),
     /// One pass over every CatalogEntry: each tenant APIBinding to its export gets the claims its
     /// requirements and the workspace's Grant call for (core bindings first). --max-items bounds
     /// binding writes in one run. `kbind claims export <entry>` renders the export's claims.
-    Claims(Box<crate::claims::ClaimsArgs>),
+    Claims(Box<crate::claims::args::ClaimsArgs>),
     /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
     /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
-    Relsync(Box<RelsyncArgs>),
+    Relsync(Box<crate::relsync::args::RelsyncArgs>),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
@@ -49,69 +51,65 @@ pub enum Command {
     Version,
 }
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct SchemaArgs {
-    /// Only Connections matching this label selector (e.g. `team=a`), for one-off runs in a
-    /// maintenance window. Bindings of missing Connections are then left for a full run.
-    #[arg(long, short = 'l')]
-    pub selector: Option<String>,
-    #[command(flatten)]
-    pub credentials: crate::connection::CredentialArgs,
-}
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct ResyncArgs {
-    /// Only objects covered by bindings matching this label selector (coverage is still resolved
-    /// over all bindings, ClusterBindings first).
-    #[arg(long, short = 'l')]
-    pub selector: Option<String>,
-    #[command(flatten)]
-    pub credentials: crate::connection::CredentialArgs,
-}
+    use clap::Parser;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct RelsyncArgs {
-    /// Only this RelationshipSource (`namespace/name`), due or not.
-    #[arg(long)]
-    pub source: Option<String>,
-    /// Only these scopes of --source (e.g. `channel/C024BE91L`, `group/abc`), for maintenance
-    /// windows. A scoped pass never moves the cursor and never reaps.
-    #[arg(long = "scope", requires = "source")]
-    pub scopes: Vec<String>,
-    /// Only RelationshipSources in this namespace.
-    #[arg(long)]
-    pub namespace: Option<String>,
-    /// Only RelationshipSources matching this label selector.
-    #[arg(long, short = 'l')]
-    pub selector: Option<String>,
-    /// SpiceDB HTTP gateway URL (operator-level; tenants cannot choose it).
-    #[arg(long, env = "KBIND_SPICEDB_URL")]
-    pub spicedb_url: Option<String>,
-    /// File holding the SpiceDB preshared key.
-    #[arg(long, conflicts_with = "spicedb_token_secret")]
-    pub spicedb_token_file: Option<std::path::PathBuf>,
-    /// Secret holding the SpiceDB preshared key, as `namespace/name/key`.
-    #[arg(long)]
-    pub spicedb_token_secret: Option<String>,
-    /// Slack Web API root. The Slack kind ignores spec.baseURL.
-    #[arg(long, default_value = "https://slack.com/api")]
-    pub slack_api_url: String,
-    /// Scopes fetched concurrently per source (requests stay paced per upstream method).
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: usize,
-    /// Multiply the upstream's published rate limits (tests and benchmarks against local
-    /// stand-ins that enforce scaled limits; keep 1 against real services).
-    #[arg(long, default_value_t = 1.0, hide = true)]
-    pub upstream_rate_scale: f64,
-    /// Largest answer read from Slack, a SCIM bridge or SpiceDB (a SpiceDB read stream: each
-    /// line), e.g. 16Mi, 512Ki; a larger one fails its request and is never buffered whole.
-    #[arg(long, default_value = "16Mi", value_parser = crate::relsync::limits::parse_bytes)]
-    pub max_response_bytes: u64,
-    /// Most pages one paginated upstream listing may take (an enumeration, a scope's members,
-    /// the user list) before it fails: a server that never says "last page" cannot loop a pass.
-    #[arg(long, default_value_t = crate::relsync::limits::DEFAULT_MAX_PAGES, value_parser = crate::relsync::limits::parse_pages)]
-    pub max_pages: usize,
-    /// The least share of the remaining deadline a due source gets (tests use less).
-    #[arg(long, env = "KBIND_MIN_SOURCE_SHARE", default_value = "30s", value_parser = crate::pass::args::parse_duration, hide = true)]
-    pub min_source_share: std::time::Duration,
+    use super::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kbind").chain(args.iter().copied()))
+    }
+
+    /// Every duration flag takes Go's grammar (src/pass/duration.rs), `1.5h` included.
+    #[test]
+    fn every_duration_flag_takes_go_durations() {
+        let cli = parse(&[
+            "--deadline",
+            "1.5h",
+            "--request-timeout",
+            "2m3.5s",
+            "--lease-duration",
+            "1h30m",
+            "relsync",
+            "--min-source-share",
+            "300ms",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.deadline, Duration::from_secs(5400));
+        assert_eq!(cli.common.request_timeout, Duration::from_millis(123_500));
+        assert_eq!(cli.common.lease_duration, Duration::from_secs(5400));
+        let Command::Relsync(args) = cli.command else {
+            panic!("relsync")
+        };
+        assert_eq!(args.min_source_share, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn duration_flags_refuse_what_go_refuses_and_what_is_too_long() {
+        for (flag, value, says) in [
+            ("--deadline", "600", "needs a unit"),
+            ("--deadline=-1m", "", "negative"),
+            ("--deadline", "2d", "no days"),
+            ("--deadline", "99999999999999999h", "too long"),
+            ("--request-timeout", "1h 30m", "unknown unit"),
+            ("--lease-duration", "1.5s", "whole number of seconds"),
+        ] {
+            let args: Vec<&str> = [flag, value, "schema"]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
+            let e = parse(&args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag} {value}"
+            );
+            let text = e.to_string();
+            let name = flag.split('=').next().unwrap_or(flag);
+            assert!(text.contains(name) && text.contains(says), "{text}");
+        }
+    }
 }

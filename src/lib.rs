@@ -9,14 +9,13 @@ pub mod claims;
 pub mod cli;
 pub mod connection;
 pub mod crds;
-#[cfg(feature = "fakes")]
-pub mod fakes;
 pub mod pass;
 pub mod relsync;
 pub mod resync;
 pub mod schema;
 pub mod scrub;
 pub mod secrets;
+pub mod upstream;
 
 /// Install ring as the process-wide rustls provider (reqwest is built without one so only ring
 /// is linked). Idempotent.

@@ -1,8 +1,8 @@
 //! The deployment manifests (deploy/, jobs/) against the real consumer apiserver: they render and
 //! apply, the schema pass succeeds with exactly the RBAC in deploy/rbac/schema.yaml, the resync
 //! pass with exactly deploy/rbac/resync.yaml (plus the example instance role for its test group),
-//! a missing rule is reported as a condition, and the job command lines only use flags the binary
-//! has.
+//! a missing rule is reported as a condition, the job command lines only use flags the binary
+//! has, and (asked of the apiserver's own authorizer) no pass can read another pass's credentials.
 //!
 //! Only `schema_pass_runs_as_its_service_account` and `resync_pass_runs_as_its_service_account`
 //! use the shared Leases `kbind-system/kbind-schema` and `kbind-system/kbind-resync` (the
@@ -30,6 +30,10 @@ use support::fx::{cond, holds};
 use support::identity::{Without, pass_identity};
 
 const NAMESPACE: &str = "kbind-system";
+/// relsync's own namespace (its ServiceAccount, Lease and the SpiceDB key Secret).
+const RELSYNC_NAMESPACE: &str = "kbind-relsync";
+/// The RoleBinding a team creates so relsync may read its sources' credential Secrets.
+const RELSYNC_CREDENTIALS_EXAMPLE: &str = "deploy/rbac/relsync-credentials-example.yaml";
 const SERVICE_ACCOUNT: &str = "kbind-schema";
 const RESYNC_SERVICE_ACCOUNT: &str = "kbind-resync";
 /// The RBAC manifests, one per pass.
@@ -289,6 +293,9 @@ async fn manifests_render_and_pass_server_dry_run() {
         "the kustomization must not create a Job (it would run at once): {kinds:?}"
     );
     for (kind, name) in [
+        ("Namespace", "kbind-system"),
+        ("Namespace", RELSYNC_NAMESPACE),
+        ("ClusterRole", "kbind-relsync-credentials"),
         ("ServiceAccount", "kbind-schema"),
         ("ServiceAccount", "kbind-resync"),
         ("ClusterRole", "kbind-resync"),
@@ -309,6 +316,24 @@ async fn manifests_render_and_pass_server_dry_run() {
             docs.iter()
                 .any(|d| d["kind"] == kind && d["metadata"]["name"] == name),
             "no {kind} {name} in the rendered kustomization"
+        );
+    }
+
+    // relsync's credentials ClusterRole is granted per namespace, never cluster-wide.
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+            && d["roleRef"]["name"] == "kbind-relsync-credentials"),
+        "kbind-relsync-credentials must not be bound cluster-wide"
+    );
+    // relsync's objects live in its own namespace.
+    for d in docs.iter().filter(|d| {
+        d["metadata"]["labels"]["app.kubernetes.io/component"] == "relsync"
+            && d["metadata"]["namespace"].is_string()
+    }) {
+        assert_eq!(
+            d["metadata"]["namespace"], RELSYNC_NAMESPACE,
+            "{} {}",
+            d["kind"], d["metadata"]["name"]
         );
     }
 
@@ -339,6 +364,10 @@ async fn manifests_render_and_pass_server_dry_run() {
         let job = read(file);
         dry_run(&job, file, documents(&job, file).len());
     }
+    // The per-namespace credentials grant, in a namespace that exists.
+    let example =
+        read(RELSYNC_CREDENTIALS_EXAMPLE).replace("namespace: team-a", "namespace: default");
+    dry_run(&example, RELSYNC_CREDENTIALS_EXAMPLE, 1);
 }
 
 /// b. The pass, run as kbind-system/kbind-schema with exactly deploy/rbac/schema.yaml, succeeds:
@@ -1159,9 +1188,10 @@ fn every_job_passes_its_pod_and_job_name_for_the_lease() {
 }
 
 /// The default install's RBAC, rule by rule with why it is needed (the comment above it in the
-/// file): every rule must say why, and no pass reads Secrets cluster-wide except relsync (the
-/// AgentIdentity Secrets live in the sources' own namespaces). Run with `--nocapture` to see the
-/// table; the counts per pass are what docs/operations.md quotes.
+/// file): every rule must say why, and no pass reads Secrets cluster-wide (relsync's
+/// `kbind-relsync-credentials` is a ClusterRole only so that each team can bind it in its own
+/// namespace). Run with `--nocapture` to see the table; the counts per pass are what
+/// docs/operations.md quotes.
 #[test]
 fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
     let mut table = Vec::new();
@@ -1207,8 +1237,10 @@ fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
                     "{file}: {kind} {name}: rule without a reason: {rule}"
                 );
                 if rule.contains("\"secrets\"") && kind == "ClusterRole" {
+                    // Only relsync's per-namespace credentials role, which nothing binds
+                    // cluster-wide (checked in manifests_render_and_pass_server_dry_run).
                     assert!(
-                        file.ends_with("relsync.yaml"),
+                        file.ends_with("relsync.yaml") && name == "kbind-relsync-credentials",
                         "{file}: {name} reads Secrets cluster-wide: {rule}"
                     );
                 }
@@ -1225,4 +1257,158 @@ fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
         eprintln!("{file}: {n} rules");
         assert!(n > 0, "{file} has rules");
     }
+}
+
+/// Whether `namespace/service_account` may `verb` Secrets (`name`, when given) in `ns` (`None`:
+/// every namespace), asked of the apiserver's authorizer with the groups a ServiceAccount token
+/// carries.
+async fn may_secrets(
+    consumer: &Client,
+    (namespace, service_account): (&str, &str),
+    verb: &str,
+    ns: Option<&str>,
+    name: Option<&str>,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{namespace}:{service_account}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated"],
+            "resourceAttributes": {"namespace": ns.unwrap_or_default(), "verb": verb,
+                "resource": "secrets", "name": name.unwrap_or_default()}}}))
+    .expect("SubjectAccessReview");
+    Api::<SubjectAccessReview>::all(consumer.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("create SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// No pass can read another pass's credentials, with exactly the shipped manifests (applied for
+/// real) and asked of the apiserver's own authorizer (SubjectAccessReview, as each pass's
+/// ServiceAccount):
+/// - the SpiceDB key (kbind-relsync/kbind-spicedb, mounted by the kubelet) is readable by no
+///   pass's identity, relsync's included;
+/// - the Connection Secrets (the credential namespace kbind-system, and a further credential
+///   namespace set up as docs/operations.md says) are readable by schema and resync only;
+/// - a source's credential Secret is readable by relsync only, and only in a namespace whose team
+///   created the example RoleBinding (deploy/rbac/relsync-credentials-example.yaml);
+/// - no pass may list or watch Secrets anywhere, nor read them in a namespace it was not given.
+#[tokio::test]
+async fn no_pass_can_read_another_pass_credentials() {
+    let Some(env) = support::env() else { return };
+    let consumer = env.consumer().await;
+    apply_for_real(&env, "deploy/namespace.yaml");
+    for file in RBAC_FILES {
+        apply_for_real(&env, file);
+    }
+    // A further credential namespace for schema and resync, and two team namespaces holding
+    // RelationshipSources: one granted relsync's credentials role, one not.
+    let credentials = support::namespace(&consumer, "deploy-creds").await;
+    for file in ["deploy/rbac/schema.yaml", "deploy/rbac/resync.yaml"] {
+        credential_namespace(&consumer, file, &credentials).await;
+    }
+    let granted = support::namespace(&consumer, "deploy-team-granted").await;
+    let ungranted = support::namespace(&consumer, "deploy-team-ungranted").await;
+    let example = read(RELSYNC_CREDENTIALS_EXAMPLE)
+        .replace("namespace: team-a", &format!("namespace: {granted}"));
+    let example = documents(&example, RELSYNC_CREDENTIALS_EXAMPLE);
+    let rb: k8s_openapi::api::rbac::v1::RoleBinding =
+        serde_json::from_value(example[0].clone()).expect("RoleBinding");
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(consumer.clone(), &granted)
+        .create(&PostParams::default(), &rb)
+        .await
+        .expect("create the example RoleBinding");
+
+    let schema = (NAMESPACE, SERVICE_ACCOUNT);
+    let resync = (NAMESPACE, RESYNC_SERVICE_ACCOUNT);
+    let claims = (NAMESPACE, "kbind-claims");
+    let relsync = (RELSYNC_NAMESPACE, "kbind-relsync");
+    let passes = [
+        ("schema", schema),
+        ("resync", resync),
+        ("claims", claims),
+        ("relsync", relsync),
+    ];
+    // RBAC reaches the authorizer a moment after it is written: the RoleBinding created last
+    // taking effect shows the authorizer has seen everything above.
+    let mut seen = false;
+    for _ in 0..40 {
+        if may_secrets(
+            &consumer,
+            relsync,
+            "get",
+            Some(granted.as_str()),
+            Some("tokens"),
+        )
+        .await
+        {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        seen,
+        "relsync may read a source Secret where the team granted it"
+    );
+
+    // (what, namespace, Secret name, the passes that may read it)
+    let secrets: [(&str, &str, &str, &[&str]); 5] = [
+        ("SpiceDB key", RELSYNC_NAMESPACE, "kbind-spicedb", &[]),
+        (
+            "Connection Secret (install namespace)",
+            NAMESPACE,
+            "provider",
+            &["schema", "resync"],
+        ),
+        (
+            "Connection Secret (further credential namespace)",
+            &credentials,
+            "provider",
+            &["schema", "resync"],
+        ),
+        (
+            "source credential (granted)",
+            &granted,
+            "tokens",
+            &["relsync"],
+        ),
+        ("source credential (not granted)", &ungranted, "tokens", &[]),
+    ];
+    let mut table = Vec::new();
+    let mut wrong = Vec::new();
+    for (what, ns, name, readers) in secrets {
+        for (pass, sa) in passes {
+            let may = may_secrets(&consumer, sa, "get", Some(ns), Some(name)).await;
+            table.push(format!("{pass:<8} get {ns}/{name:<14} {what:<50} {may}"));
+            if may != readers.contains(&pass) {
+                wrong.push(format!("{pass} get {what} ({ns}/{name}): allowed={may}"));
+            }
+        }
+    }
+    for (pass, sa) in passes {
+        for verb in ["list", "watch"] {
+            for ns in [
+                None,
+                Some(NAMESPACE),
+                Some(RELSYNC_NAMESPACE),
+                Some(granted.as_str()),
+            ] {
+                if may_secrets(&consumer, sa, verb, ns, None).await {
+                    wrong.push(format!("{pass} may {verb} Secrets in {ns:?}"));
+                }
+            }
+        }
+        if may_secrets(&consumer, sa, "get", None, Some("provider")).await {
+            wrong.push(format!("{pass} may get Secrets in every namespace"));
+        }
+    }
+    for row in &table {
+        eprintln!("{row}");
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }

@@ -1,4 +1,4 @@
-//! Every pass under a 5% fault rate. A loopback proxy (`kbind::fakes::faults`) stands between
+//! Every pass under a 5% fault rate. A loopback proxy (`kbind_testkit::faults`) stands between
 //! kbind and each server it talks to and injects 500, 503, 429 with Retry-After, resets before
 //! and after the upstream acted, stalls past the request timeout, truncated bodies and slow
 //! responses. Every run must end cleanly (exit 0 or 1: never a panic, an abort or a hang), and the
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind::api::core::ClusterBinding;
-use kbind::fakes::faults::{FaultConfig, FaultProxy};
+use kbind_testkit::faults::{FaultConfig, FaultProxy};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -539,7 +539,7 @@ async fn clean(rx: &relsync_fx::Rx, source: &str) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relsync_slack_converges_under_faults() {
-    use kbind::fakes::slack;
+    use kbind_testkit::slack;
     use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
     let Some(mut rx) = Rx::new("flt-slack").await else {
         return;
@@ -606,7 +606,7 @@ async fn relsync_slack_converges_under_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relsync_scim_converges_under_faults() {
-    use kbind::fakes::scim;
+    use kbind_testkit::scim;
     use relsync_fx::Rx;
     let Some(mut rx) = Rx::new("flt-scim").await else {
         return;

@@ -8,6 +8,7 @@ use kbind::pass::lease::{self, Acquired};
 use kbind::pass::status::{apply_status, retry_on_conflict};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
 use serde_json::json;
 
 #[tokio::test]
@@ -234,4 +235,53 @@ async fn events_are_written_once_per_object_reason_and_message_and_scrubbed() {
         )
         .await
     );
+}
+
+/// `KUBECONFIG=a:b` as kubectl reads it: the context (and current-context) in the first file,
+/// the cluster and user in the second, whose own context of that name (pointing nowhere) and
+/// own current-context are shadowed by the first's. A pass connects with it and runs.
+#[tokio::test]
+async fn a_kubeconfig_path_list_is_merged_as_kubectl_merges_it() {
+    let Some(env) = support::env() else { return };
+    let client = env.consumer().await;
+    support::kbind_crds(&client).await;
+    let ns = support::namespace(&client, "kubeconfig-list").await;
+    let admin = serde_json::to_value(Kubeconfig::read_from(&env.consumer).unwrap()).unwrap();
+    let first = json!({"apiVersion": "v1", "kind": "Config", "current-context": "split",
+        "contexts": [{"name": "split", "context": {"cluster": "split-cluster", "user": "split-user"}}]});
+    let second = json!({"apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "split-cluster", "cluster": admin["clusters"][0]["cluster"]},
+            {"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "split-user", "user": admin["users"][0]["user"]}],
+        "contexts": [{"name": "split", "context": {"cluster": "nowhere", "user": "split-user"}},
+            {"name": "nowhere", "context": {"cluster": "nowhere", "user": "split-user"}}]});
+    // JSON is YAML.
+    let a = support::temp_file("kubeconfig-contexts", &first.to_string());
+    let b = support::temp_file("kubeconfig-clusters", &second.to_string());
+    let list = std::env::join_paths([&a, &b]).unwrap();
+    let selector = format!("kbind.test/none={ns}");
+    let out = support::kbind_command(&[
+        "schema",
+        "--selector",
+        &selector,
+        "--lease-namespace",
+        &ns,
+        "--deadline",
+        "30s",
+        "-o",
+        "json",
+    ])
+    .env("KUBECONFIG", &list)
+    .output()
+    .unwrap();
+    let _ = (std::fs::remove_file(&a), std::fs::remove_file(&b));
+    let (code, summary, stderr) = support::outcome(out);
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    assert_eq!(summary["outcome"], "completed", "{summary}\n{stderr}");
+    // The run's Lease is on the server the merged kubeconfig names.
+    let lease = Api::<Lease>::namespaced(client, &ns)
+        .get("kbind-schema")
+        .await
+        .unwrap();
+    assert!(lease.spec.is_some());
 }

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind::api::core::ClusterBinding;
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY};
-use kbind::fakes::{Fault, Generated, scim, slack};
+use kbind_testkit::{Fault, Generated, scim, slack};
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -1564,4 +1564,307 @@ async fn bindings_naming_apis_the_provider_does_not_export_install_nothing() {
     assert_eq!(cond(&c.conditions, "Ready").0, "True");
     assert!(c.exported_apis.iter().any(|e| e.name == widgets));
     assert!(!c.exported_apis.iter().any(|e| names.contains(&e.name)));
+}
+
+/// What a hostile provider apiserver does instead of answering one kind of request truthfully;
+/// everything else it passes through to the real provider apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HostileProvider {
+    /// The CRD LIST page is a valid JSON list padded past the body cap, with no Content-Length.
+    HugeListPage,
+    /// Every CRD LIST page is empty and carries a new continue token.
+    EndlessContinue,
+    /// Every `/openapi/v3/<group-version>` document is padded past the body cap.
+    HugeOpenApi,
+}
+
+/// A JSON body of about `bytes`: `head`, JSON whitespace, `tail`, streamed 64 KiB at a time and
+/// never held whole.
+fn padded_json(head: String, tail: &'static str, bytes: usize) -> axum::body::Body {
+    static SPACES: [u8; 64 << 10] = [b' '; 64 << 10];
+    let chunks = std::iter::once(bytes::Bytes::from(head))
+        .chain(std::iter::repeat_n(
+            bytes::Bytes::from_static(&SPACES),
+            bytes / SPACES.len() + 1,
+        ))
+        .chain(std::iter::once(bytes::Bytes::from_static(tail.as_bytes())));
+    axum::body::Body::from_stream(futures::stream::iter(
+        chunks.map(Ok::<_, std::convert::Infallible>),
+    ))
+}
+
+/// A provider apiserver on loopback (plain HTTP) that misbehaves as `mode` says and forwards
+/// every other request to `upstream` (the real provider). Returns its URL and the number of
+/// hostile answers it served.
+async fn hostile_provider(
+    upstream: String,
+    mode: HostileProvider,
+) -> (String, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
+    use axum::body::Body;
+    use axum::http::{Request, Response, StatusCode};
+    kbind::install_crypto_provider();
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let served = Arc::new(AtomicU32::new(0));
+    let counter = served.clone();
+    let cap = kbind::pass::retry::MAX_RESPONSE_BYTES;
+    let handler = move |req: Request<Body>| {
+        let (http, upstream, served) = (http.clone(), upstream.clone(), counter.clone());
+        async move {
+            let path = req.uri().path().to_string();
+            let crd_list = req.method() == "GET"
+                && path == "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+            let json = |body: Body| {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .unwrap()
+            };
+            match mode {
+                HostileProvider::HugeListPage if crd_list => {
+                    served.fetch_add(1, Ordering::SeqCst);
+                    return json(padded_json(
+                        r#"{"kind":"CustomResourceDefinitionList","apiVersion":"apiextensions.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":["#.into(),
+                        "]}",
+                        cap + (1 << 20),
+                    ));
+                }
+                HostileProvider::EndlessContinue if crd_list => {
+                    let n = served.fetch_add(1, Ordering::SeqCst);
+                    return json(Body::from(
+                        json!({"kind": "CustomResourceDefinitionList",
+                            "apiVersion": "apiextensions.k8s.io/v1",
+                            "metadata": {"resourceVersion": "1", "continue": format!("page-{n}")},
+                            "items": []})
+                        .to_string(),
+                    ));
+                }
+                HostileProvider::HugeOpenApi if path.starts_with("/openapi/v3/") => {
+                    served.fetch_add(1, Ordering::SeqCst);
+                    return json(padded_json(
+                        r#"{"openapi":"3.0.0","info":{"title":"Kubernetes","version":"v1"},"paths":{},"components":{"schemas":{}}"#.into(),
+                        "}",
+                        cap + (1 << 20),
+                    ));
+                }
+                _ => {}
+            }
+            let (parts, body) = req.into_parts();
+            let body = axum::body::to_bytes(body, 1 << 20)
+                .await
+                .unwrap_or_default();
+            let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let mut out = http
+                .request(parts.method.clone(), format!("{upstream}{path_and_query}"))
+                .body(body);
+            for (k, v) in &parts.headers {
+                if k != "host" && k != "content-length" {
+                    out = out.header(k, v);
+                }
+            }
+            match out.send().await {
+                Ok(resp) => {
+                    let mut b = Response::builder().status(resp.status());
+                    if let Some(ct) = resp.headers().get("content-type") {
+                        b = b.header("content-type", ct);
+                    }
+                    let bytes = resp.bytes().await.unwrap_or_default();
+                    b.body(Body::from(bytes)).unwrap()
+                }
+                Err(_) => Response::builder()
+                    .status(StatusCode::BAD_GATEWAY)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+    };
+    let app = axum::Router::new().fallback(handler);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, served, task)
+}
+
+/// Provider apiservers a tenant's Connection may point at, each answering one kind of request
+/// with something that would hold or sink a pass: a CRD LIST page larger than the body cap
+/// (128Mi, `kbind::pass::retry::MAX_RESPONSE_BYTES`, no Content-Length), a CRD LIST whose
+/// continue tokens never end (cap 10000 pages, `kbind::pass::list::MAX_PAGES`), and a
+/// `/openapi/v3` document larger than the body cap. Beside them, a healthy Connection in the same
+/// run. Each hostile Connection ends `Ready=False` with a condition naming the bound it met, the
+/// run ends well within its deadline with bounded memory, the healthy Connection is Ready, and a
+/// second run behaves the same and writes no hostile Connection's or binding's status again.
+/// (The hostile servers speak plain HTTP on loopback, hence `--allow-kubeconfig-field http`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_met() {
+    let Some(fx) = Fx::new("hostile-provider").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let good = fx.provider_kubeconfig();
+    let upstream = support::server_of(&good);
+    fx.secret("healthy", "kubeconfig", &good).await;
+    let healthy = fx
+        .connection("z-healthy", "healthy", json!({"source": "CRD"}), false)
+        .await;
+    let healthy_cb = fx.cluster_binding("z-healthy", &healthy, &[&widgets]).await;
+
+    let modes = [
+        ("huge-list", HostileProvider::HugeListPage, "CRD"),
+        ("endless", HostileProvider::EndlessContinue, "CRD"),
+        ("huge-openapi", HostileProvider::HugeOpenApi, "OpenAPI"),
+    ];
+    let mut servers = Vec::new();
+    let mut hostile = Vec::new();
+    for (name, mode, source) in modes {
+        let (url, served, task) = hostile_provider(upstream.clone(), mode).await;
+        fx.secret(name, "kubeconfig", &support::via(&good, &url))
+            .await;
+        let conn = fx
+            .connection(name, name, json!({"source": source}), false)
+            .await;
+        let cb = fx.cluster_binding(name, &conn, &[&widgets]).await;
+        servers.push((served, task));
+        hostile.push((name, mode, conn, cb));
+    }
+
+    let deadline = 120u64;
+    let deadline_arg = format!("{deadline}s");
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", fx.label);
+    let args = [
+        "schema",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &fx.ns,
+        "--selector",
+        &selector,
+        "--allow-kubeconfig-field",
+        "http",
+        "--deadline",
+        &deadline_arg,
+        "-o",
+        "json",
+    ];
+    // A run that outlives its deadline by more than a margin is killed and fails the test.
+    let run = || async {
+        let started = std::time::Instant::now();
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(deadline + 60),
+            tokio::process::Command::from(support::kbind_command(&args))
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "kbind schema still running {}s after its start",
+                deadline + 60
+            )
+        })
+        .expect("run kbind");
+        let wall = started.elapsed();
+        let (code, summary, stderr) = support::outcome(out);
+        assert_eq!(code, 0, "{summary}\n{stderr}");
+        (wall, summary)
+    };
+    let statuses = || async {
+        let mut out = Vec::new();
+        for (name, _, conn, cb) in &hostile {
+            let c = fx.conn(conn).await;
+            let b = Api::<ClusterBinding>::all(fx.consumer.clone())
+                .get(cb)
+                .await
+                .unwrap();
+            out.push((
+                *name,
+                c.metadata.resource_version.clone(),
+                c.status.unwrap_or_default().conditions,
+                b.metadata.resource_version.clone(),
+                b.status.unwrap_or_default().conditions,
+            ));
+        }
+        out
+    };
+
+    let (wall, summary) = run().await;
+    let first = statuses().await;
+    let served: Vec<u32> = servers
+        .iter()
+        .map(|(s, _)| s.load(Ordering::SeqCst))
+        .collect();
+    eprintln!(
+        "figures: run 1 wall {:.1}s, peak RSS {} MiB, hostile answers served {served:?}",
+        wall.as_secs_f64(),
+        summary["peak_rss_bytes"].as_u64().unwrap_or(0) / MIB
+    );
+    for (name, _, conds, _, bconds) in &first {
+        let (s, r, m) = cond(conds, "Ready");
+        let (bs, br, bm) = cond(bconds, "Ready");
+        eprintln!(
+            "{name}: Connection Ready={s} {r}: {m}\n{name}: ClusterBinding Ready={bs} {br}: {bm}"
+        );
+    }
+    assert!(
+        wall.as_secs() < deadline,
+        "the run outlived its deadline: {wall:?}"
+    );
+    let rss = summary["peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(rss < 400 * MIB, "peak RSS {rss} bytes: {summary}");
+    for ((name, mode, _, _), (_, _, conds, _, bconds)) in hostile.iter().zip(&first) {
+        let (s, r, m) = cond(conds, "Ready");
+        assert_eq!((s, r), ("False", "DiscoveryFailed"), "{name}: {m}");
+        let needle = match mode {
+            HostileProvider::HugeListPage | HostileProvider::HugeOpenApi => {
+                "response body larger than"
+            }
+            HostileProvider::EndlessContinue => "pages",
+        };
+        assert!(m.contains(needle), "{name}: {m:?} lacks {needle:?}");
+        assert_eq!(cond(bconds, "Ready").0, "False", "{name}: binding");
+    }
+    // The endless lister was cut off at the page cap (and not resent).
+    assert_eq!(
+        served[1] as usize,
+        kbind::pass::list::MAX_PAGES,
+        "continue tokens followed"
+    );
+    // The healthy Connection in the same run.
+    let st = fx.conn(&healthy).await.status.unwrap_or_default();
+    let (s, r, m) = cond(&st.conditions, "Ready");
+    assert_eq!((s, r), ("True", "Ready"), "healthy: {m}\n{summary}");
+    assert!(fx.installed_by(&widgets, &healthy).await, "{summary}");
+    let b = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&healthy_cb)
+        .await
+        .unwrap();
+    assert_eq!(
+        cond(&b.status.unwrap_or_default().conditions, "Ready").0,
+        "True"
+    );
+
+    // A second run: the same conditions, and no hostile status written again.
+    let (wall, summary) = run().await;
+    eprintln!(
+        "figures: run 2 wall {:.1}s, peak RSS {} MiB",
+        wall.as_secs_f64(),
+        summary["peak_rss_bytes"].as_u64().unwrap_or(0) / MIB
+    );
+    assert!(
+        wall.as_secs() < deadline,
+        "run 2 outlived its deadline: {wall:?}"
+    );
+    let second = statuses().await;
+    assert_eq!(first, second, "no status flapping across runs");
+    for (_, task) in servers {
+        task.abort();
+    }
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kbind::fakes::faults::{FaultConfig, FaultProxy, Injected};
-use kbind::fakes::slack;
+use kbind_testkit::faults::{FaultConfig, FaultProxy, Injected};
+use kbind_testkit::slack;
 use kube::Api;
 use kube::api::PostParams;
 use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
@@ -29,7 +29,7 @@ const LEASE: &str = "kbind-relsync";
 /// A relsync source over twelve channels, and a Slack that answers each request a second late.
 struct Slow {
     rx: Rx,
-    fake: kbind::fakes::Running<slack::SlackState>,
+    fake: kbind_testkit::Running<slack::SlackState>,
     proxy: FaultProxy,
 }
 

@@ -29,7 +29,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
 use kbind::api::keys;
-use kbind::fakes::slack;
+use kbind_testkit::slack;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -1618,7 +1618,7 @@ fn the_generator_is_a_function_of_the_seed_and_the_model() {
 /// One relsync fixture (its namespace, SpiceDB store, Slack stand-in, source `s`) and its model.
 struct RWorld {
     rx: Rx,
-    fake: kbind::fakes::Running<slack::SlackState>,
+    fake: kbind_testkit::Running<slack::SlackState>,
     runs: Runs,
     extra: Vec<String>,
     m: RModel,

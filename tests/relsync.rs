@@ -6,7 +6,7 @@ mod relsync_fx;
 mod support;
 
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
-use kbind::fakes::{Fault, scim, slack};
+use kbind_testkit::{Fault, scim, slack};
 use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -17,7 +17,7 @@ async fn slack_setup(
     prefix: &str,
     ws: slack::Workspace,
     spec: serde_json::Value,
-) -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
+) -> Option<(Rx, kbind_testkit::Running<slack::SlackState>)> {
     let rx = Rx::new(prefix).await?;
     let fake = slack::start(ws, 0).await.unwrap();
     rx.identity("slack", SLACK_TOKEN, &[]).await;
@@ -606,7 +606,7 @@ async fn a_scoped_pass_neither_moves_the_cursor_nor_reaps() {
 /// makes ten SpiceDB writes, one per channel and one for the workspace's members.
 const CRASH_WRITES: u64 = 10;
 
-async fn crash_setup() -> Option<(Rx, kbind::fakes::Running<slack::SlackState>)> {
+async fn crash_setup() -> Option<(Rx, kbind_testkit::Running<slack::SlackState>)> {
     let users: Vec<_> = (1..=5).map(|i| user(&format!("U{i}"))).collect();
     let chans: Vec<_> = (1..=9)
         .map(|i| {
@@ -821,8 +821,31 @@ async fn a_pass_killed_or_terminated_at_any_moment_converges_on_the_next_run() {
     tally.finish();
 }
 
-/// deploy/rbac/relsync.yaml is enough: the pass, run as kbind-system/kbind-relsync, reads its
-/// sources, identity, Secret and directory ConfigMap, writes status, and takes its Lease.
+/// The operator's per-namespace step (deploy/rbac/relsync-credentials-example.yaml): a
+/// RoleBinding in `ns` to the ClusterRole kbind-relsync-credentials for the ServiceAccount
+/// `kbind-relsync` of `sa_namespace`.
+async fn grant_credentials(rx: &Rx, ns: &str, sa_namespace: &str) {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let mut rb = support::identity::rbac_documents("deploy/rbac/relsync-credentials-example.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "RoleBinding")
+        .expect("the example RoleBinding");
+    rb["metadata"]["namespace"] = json!(ns);
+    rb["subjects"][0]["namespace"] = json!(sa_namespace);
+    let rb: RoleBinding = serde_json::from_value(rb).expect("RoleBinding");
+    kube::Api::<RoleBinding>::namespaced(rx.client.clone(), ns)
+        .patch(
+            "kbind-relsync-credentials",
+            &kube::api::PatchParams::apply("kbind-relsync-tests").force(),
+            &kube::api::Patch::Apply(&rb),
+        )
+        .await
+        .expect("apply the credentials RoleBinding");
+}
+
+/// deploy/rbac/relsync.yaml, plus the example RoleBinding in the source's namespace, is enough:
+/// the pass, run as kbind-relsync/kbind-relsync, reads its sources, identity, Secret and
+/// directory ConfigMap, writes status, and takes its Lease in kbind-relsync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pass_runs_with_exactly_its_rbac() {
     let ws = workspace(
@@ -847,8 +870,9 @@ async fn the_pass_runs_with_exactly_its_rbac() {
         .unwrap();
     rx.kubectl_apply("deploy/namespace.yaml");
     rx.kubectl_apply("deploy/rbac/relsync.yaml");
+    grant_credentials(&rx, &rx.ns, "kbind-relsync").await;
     let kc = rx
-        .service_account_kubeconfig("kbind-system", "kbind-relsync")
+        .service_account_kubeconfig("kbind-relsync", "kbind-relsync")
         .await;
     let kc = kc.to_string_lossy().to_string();
     let src = format!("{}/s", rx.ns);
@@ -863,7 +887,7 @@ async fn the_pass_runs_with_exactly_its_rbac() {
                         "--kubeconfig",
                         &kc,
                         "--lease-namespace",
-                        "kbind-system",
+                        "kbind-relsync",
                         "--source",
                         &src,
                         "--deadline",
@@ -937,10 +961,12 @@ async fn bulk_read_windows_diff_exactly_and_see_only_their_source() {
     assert_eq!(all.len(), 120 + 120 + 1 - 4, "{}", all.len());
 }
 
-/// Without its rule on Secrets (deploy/rbac/relsync.yaml minus `secrets`), the pass reports
-/// PermissionDenied on the source, naming the Secret, and sends nothing upstream.
+/// deploy/rbac/relsync.yaml grants no Secret anywhere: in a namespace whose team has not bound
+/// kbind-relsync-credentials, the pass reports PermissionDenied on the source, naming the
+/// namespace, the Secret and the missing RoleBinding, and sends nothing upstream. Once the
+/// namespace has the example RoleBinding, the same source syncs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
+async fn a_namespace_without_the_credentials_grant_is_reported_as_permission_denied() {
     let ws = workspace(vec![user("U1")], vec![channel("C1", &["U1"])]);
     let Some((rx, fake)) = slack_setup("rs-norbac", ws, json!({})).await else {
         return;
@@ -949,51 +975,73 @@ async fn a_missing_secrets_rule_is_reported_as_permission_denied() {
         &rx.env.consumer,
         "deploy/rbac/relsync.yaml",
         &rx.ns,
-        support::identity::Without::Resource("secrets"),
+        support::identity::Without::Nothing,
     )
     .await;
     let kc = identity.kubeconfig();
     let src = format!("{}/s", rx.ns);
+    let url = fake.url();
+    let args = [
+        "--kubeconfig",
+        kc.as_str(),
+        "--lease-namespace",
+        rx.ns.as_str(),
+        "--source",
+        src.as_str(),
+    ];
+    let run = || rx.run_env(&url, &args, &[]);
+    let ready = || async {
+        rx.status("s")
+            .await
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.reason.clone(), c.message.clone()))
+            .unwrap_or_default()
+    };
     // RBAC reaches the authorizer a moment late: retry until the run gets past its Lease.
-    let mut reason = String::new();
+    let mut last = (String::new(), String::new());
     for _ in 0..40 {
-        let (code, _, _) = rx
-            .run_env(
-                &fake.url(),
-                &[
-                    "--kubeconfig",
-                    &kc,
-                    "--lease-namespace",
-                    &rx.ns,
-                    "--source",
-                    &src,
-                ],
-                &[],
-            )
-            .await;
-        if code == 0
-            && let Some(c) = rx
-                .status("s")
-                .await
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Ready")
-        {
-            reason = c.reason.clone();
-            if reason == "PermissionDenied" {
-                assert!(c.message.contains("Secret"), "{}", c.message);
-                break;
-            }
+        let (code, _, _) = run().await;
+        last = ready().await;
+        if code == 0 && last.0 == "PermissionDenied" {
+            break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    assert_eq!(reason, "PermissionDenied");
+    let (reason, message) = last.clone();
+    assert_eq!(reason, "PermissionDenied", "{message}");
+    for needle in [
+        format!("Secret {}/", rx.ns),
+        format!("namespace {} has no RoleBinding", rx.ns),
+        "kbind-relsync-credentials".to_string(),
+        "relsync-credentials-example.yaml".to_string(),
+    ] {
+        assert!(message.contains(&needle), "{needle:?} in {message}");
+    }
     assert_eq!(
         fake.state.control().total_calls(),
         0,
         "nothing sent upstream"
     );
+
+    // The namespace's team grants it: the next run reads the Secret and syncs.
+    grant_credentials(&rx, &rx.ns, &rx.ns).await;
+    for _ in 0..40 {
+        let (code, _, _) = run().await;
+        last = ready().await;
+        if code == 0 && last.0 != "PermissionDenied" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
     identity.remove().await;
+    assert_ne!(last.0, "PermissionDenied", "{}", last.1);
+    let held = rx.held("slack_channel").await;
+    assert!(
+        held.contains(&members("C1", &["U1"])[0]),
+        "{held:?} {last:?}"
+    );
 }
 
 /// A Slack read that meets a server error (or a dropped connection) is sent again, a few times,

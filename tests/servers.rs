@@ -17,7 +17,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 
-use kbind::fakes::{Fault, scim, slack};
+use kbind_testkit::{Fault, scim, slack};
 
 fn widget_crd(group: &str) -> CustomResourceDefinition {
     let schema: JSONSchemaProps = serde_json::from_value(json!({

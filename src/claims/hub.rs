@@ -138,7 +138,17 @@ impl Hub {
         };
         for client in clients {
             let mut lp = ListParams::default().limit(PAGE);
+            let mut pages = 0usize;
             loop {
+                // A hub handing out a continue token on every page must not hold the pass
+                // until its deadline (docs/hostile-inputs.md).
+                pages += 1;
+                if pages > crate::pass::list::MAX_PAGES {
+                    return Err(HubError::Kube {
+                        what: "listing APIBindings".into(),
+                        source: crate::pass::list::too_many_pages(),
+                    });
+                }
                 let req = Request::new(&path)
                     .list(&lp)
                     .map_err(|e| HubError::Request {

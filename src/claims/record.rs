@@ -1,12 +1,19 @@
 //! What a claims pass records on a CatalogEntry: the requirements hash of the cycle, the cursor
 //! when the budget cut the cycle short, the cycle's counts, the requirements the export lacks,
-//! and the conditions. Pure; the write is one status apply per entry.
+//! and the conditions. The status is computed by pure functions ([`next_status`]) and written
+//! by [`write`], one status apply per entry.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use kube::{Api, Resource, ResourceExt};
+
 use crate::api::conditions::{ConditionStatus, Conditions};
-use crate::api::providers::{CatalogEntryStatus, Requirement};
+use crate::api::providers::{CatalogEntry, CatalogEntryStatus, Requirement};
+use crate::pass::PassContext;
+use crate::pass::status::apply_status;
+use crate::pass::writes::Writes;
+use crate::scrub::scrub;
 
 pub const READY: &str = "Ready";
 pub const EXPORT_COMPLETE: &str = "ExportComplete";
@@ -155,6 +162,34 @@ pub fn next_status(
         );
     }
     st
+}
+
+/// Record the entry's outcome in its status (one write per entry per run).
+pub(super) async fn write(
+    ctx: &PassContext,
+    entry: &CatalogEntry,
+    outcome: &EntryOutcome,
+    manager: &str,
+    writes: &mut Writes,
+) {
+    let prev = entry.status.clone().unwrap_or_default();
+    let next = next_status(&prev, entry.meta().generation, outcome, Timestamp::now());
+    let name = entry.name_any();
+    if !writes.will(
+        "apply-status",
+        format!("CatalogEntry {name}"),
+        "cycle cursor and counts",
+    ) {
+        return;
+    }
+    let api: Api<CatalogEntry> = Api::all(ctx.client.clone());
+    let value = serde_json::to_value(&next).unwrap_or_default();
+    match apply_status(&api, &name, manager, value, None).await {
+        Ok(_) => writes.bookkeeping_done(),
+        Err(e) => {
+            tracing::warn!(entry = %name, error = %scrub(&e.to_string()), "status not recorded")
+        }
+    }
 }
 
 #[cfg(test)]

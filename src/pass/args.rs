@@ -23,8 +23,10 @@ pub enum LogFormat {
 
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {
-    /// Kubeconfig of the cluster this job runs against. Default: in-cluster, then $KUBECONFIG.
-    #[arg(long, env = "KUBECONFIG", global = true)]
+    /// Kubeconfig of the cluster this job runs against. Tried in order, as kubectl does: this
+    /// file; else $KUBECONFIG, files (`a:b`) merged, the first to set a cluster, user, context or
+    /// current-context winning, missing ones skipped; else ~/.kube/config; else in-cluster.
+    #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Kubeconfig context to use.
     #[arg(long, global = true)]
@@ -41,8 +43,9 @@ pub struct CommonArgs {
     /// Stop taking new work this long after start, persist progress, exit 0 (e.g. 10m, 90s, 1h).
     #[arg(long, default_value = "10m", value_parser = parse_duration, global = true)]
     pub deadline: Duration,
-    /// Give up on any one request that stalls this long (connect, or waiting for bytes); the
-    /// request is retried if it was a read. Applies to every server a pass talks to.
+    /// Give up on any one request not finished within this long, from connect through headers to
+    /// the last byte of the body; the request is retried if it was a read. Applies to every server
+    /// a pass talks to.
     #[arg(long, env = "KBIND_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
     pub request_timeout: Duration,
     /// Run shard i of n (0-based), e.g. `--shard $(JOB_COMPLETION_INDEX)/4` in an Indexed Job.
@@ -74,79 +77,13 @@ impl CommonArgs {
     }
 }
 
-/// The longest duration a flag accepts (a year): anything longer is a typo, and arithmetic on
-/// it (Lease durations, deadlines) must never overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Parse `90s`, `10m`, `1h`, `1h30m`, `500ms`, or bare seconds; at most [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    let too_long = || {
-        format!(
-            "duration {s:?} is too long (at most {}h)",
-            MAX_DURATION.as_secs() / 3600
-        )
-    };
-    if s.chars().all(|c| c.is_ascii_digit()) {
-        let secs: u64 = s.parse().map_err(|_| too_long())?;
-        let d = Duration::from_secs(secs);
-        return if d > MAX_DURATION {
-            Err(too_long())
-        } else {
-            Ok(d)
-        };
-    }
-    let mut total = Duration::ZERO;
-    let mut num = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let mut unit = c.to_string();
-        if c == 'm' && chars.peek() == Some(&'s') {
-            unit.push('s');
-            chars.next();
-        }
-        if num.is_empty() {
-            return Err(format!(
-                "invalid duration {s:?}: expected e.g. 90s, 10m, 1h30m"
-            ));
-        }
-        // Digits only, so a parse failure is an overflow.
-        let n: u64 = num.parse().map_err(|_| too_long())?;
-        num.clear();
-        let part = match unit.as_str() {
-            "ms" => Some(Duration::from_millis(n)),
-            "s" => Some(Duration::from_secs(n)),
-            "m" => n.checked_mul(60).map(Duration::from_secs),
-            "h" => n.checked_mul(3600).map(Duration::from_secs),
-            _ => {
-                return Err(format!(
-                    "invalid duration unit {unit:?} in {s:?}: use ms, s, m or h"
-                ));
-            }
-        };
-        total = part
-            .and_then(|p| total.checked_add(p))
-            .filter(|t| *t <= MAX_DURATION)
-            .ok_or_else(too_long)?;
-    }
-    if !num.is_empty() {
-        return Err(format!(
-            "invalid duration {s:?}: a number needs a unit (ms, s, m, h)"
-        ));
-    }
-    Ok(total)
-}
+/// Every duration flag's parser: Go's `time.ParseDuration` grammar, at most a year
+/// (src/pass/duration.rs).
+pub use super::duration::parse as parse_duration;
 
 /// `--lease-duration`: a duration in whole seconds (a Lease counts whole seconds), at least 1s.
 pub fn parse_lease_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
     if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
         return Err(format!(
             "invalid Lease duration {s:?}: a whole number of seconds, at least 1s"
@@ -158,34 +95,6 @@ pub fn parse_lease_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        let ok = [
-            ("90", 90_000),
-            ("90s", 90_000),
-            ("10m", 600_000),
-            ("1h30m", 5_400_000),
-            ("250ms", 250),
-        ];
-        for (s, ms) in ok {
-            assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
-        }
-        for bad in [
-            "",
-            "10x",
-            "m",
-            "10m5",
-            "-1s",
-            "18446744073709551616",
-            "18446744073709551615",
-            "99999999999999999h",
-            "5124095576030431h",
-            "8761h",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn lease_durations_are_whole_seconds() {

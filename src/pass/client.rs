@@ -2,13 +2,15 @@
 //! for passes that talk to a provider, a client built from kubeconfig bytes. Every client counts
 //! its requests so the summary and the benchmarks can report them.
 
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Method, Request};
 use kube::client::{Body, ClientBuilder};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 use tower::buffer::BufferLayer;
 use tower::util::MapRequestLayer;
@@ -72,14 +74,92 @@ pub fn with_timeouts(mut config: Config, timeout: Duration) -> Config {
     config
 }
 
-/// The job's own cluster: `--kubeconfig`/`--context` when given, else in-cluster, else the
-/// default kubeconfig.
+/// The job's own cluster, found as kubectl finds it (see [`own_config`]).
 pub async fn own_client(
     args: &CommonArgs,
     counter: Arc<RequestCounter>,
 ) -> Result<Client, PassError> {
     counted_client(own_config(args).await?, counter)
         .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+}
+
+/// What went wrong finding the job's own kubeconfig.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnKubeconfigError {
+    #[error("reading kubeconfig {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error("merging kubeconfig {path} into the files before it in $KUBECONFIG: {source}")]
+    Merge {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error("none of the kubeconfig files in $KUBECONFIG exists: {}", list(.paths))]
+    NoneExists { paths: Vec<PathBuf> },
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The job's own kubeconfig, in kubectl's order: the `--kubeconfig` file, else the files
+/// `$KUBECONFIG` (`env`) lists, merged; `None` when neither names one (then kube reads
+/// ~/.kube/config, else the in-cluster service account).
+///
+/// `$KUBECONFIG` is a path list (`a:b`) merged as kubectl merges it: empty entries and files
+/// that do not exist are skipped, and the first file to set a key wins: a cluster, user or
+/// context of a name, and `current-context`. Relative paths inside each file (certificates,
+/// token files) are resolved against that file's directory.
+pub fn own_kubeconfig(
+    flag: Option<&Path>,
+    env: Option<&OsStr>,
+) -> Result<Option<(Kubeconfig, String)>, OwnKubeconfigError> {
+    if let Some(path) = flag {
+        let kc = Kubeconfig::read_from(path).map_err(|source| OwnKubeconfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        return Ok(Some((kc, path.display().to_string())));
+    }
+    let paths: Vec<PathBuf> = env
+        .map(|v| {
+            std::env::split_paths(v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut merged: Option<Kubeconfig> = None;
+    for path in &paths {
+        if std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            continue;
+        }
+        let kc = Kubeconfig::read_from(path).map_err(|source| OwnKubeconfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        merged = Some(match merged {
+            None => kc,
+            Some(m) => m.merge(kc).map_err(|source| OwnKubeconfigError::Merge {
+                path: path.clone(),
+                source,
+            })?,
+        });
+    }
+    let kc = merged.ok_or_else(|| OwnKubeconfigError::NoneExists {
+        paths: paths.clone(),
+    })?;
+    Ok(Some((kc, format!("$KUBECONFIG ({})", list(&paths)))))
 }
 
 /// The configuration behind [`own_client`], for passes that reach other paths or hosts of the
@@ -89,15 +169,14 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
         context: args.context.clone(),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path).map_err(|e| {
-                PassError::Config(format!("reading kubeconfig {}: {e}", path.display()))
-            })?;
-            Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| PassError::Config(format!("kubeconfig {}: {e}", path.display())))?
-        }
+    let env = std::env::var_os("KUBECONFIG");
+    let found = own_kubeconfig(args.kubeconfig.as_deref(), env.as_deref())
+        .map_err(|e| PassError::Config(e.to_string()))?;
+    let config = match found {
+        Some((kc, what)) => Config::from_custom_kubeconfig(kc, &options)
+            .await
+            .map_err(|e| PassError::Config(format!("kubeconfig {what}: {e}")))?,
+        // Neither names a file: kube reads ~/.kube/config (with --context, only that).
         None if args.context.is_some() => Config::from_kubeconfig(&options)
             .await
             .map_err(|e| PassError::Config(format!("kubeconfig context: {e}")))?,
@@ -106,4 +185,105 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
         })?,
     };
     Ok(with_timeouts(config, args.request_timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory for one test's kubeconfig files.
+    fn dir(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("kbind-kubeconfig-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The first file: the context (and the current-context) only.
+    const CONTEXTS: &str = "apiVersion: v1
+kind: Config
+current-context: work
+contexts:
+- name: work
+  context: {cluster: c1, user: u1, namespace: team-a}
+";
+
+    /// The second file: the cluster and user the first names, plus a context and a
+    /// current-context of its own that the first file's shadow.
+    const CLUSTERS: &str = "apiVersion: v1
+kind: Config
+current-context: elsewhere
+clusters:
+- name: c1
+  cluster: {server: 'https://127.0.0.1:6443'}
+- name: decoy
+  cluster: {server: 'https://127.0.0.1:1'}
+users:
+- name: u1
+  user: {token: not-a-real-token}
+contexts:
+- name: work
+  context: {cluster: decoy, user: u1}
+- name: elsewhere
+  context: {cluster: decoy, user: u1}
+";
+
+    async fn url_of(kc: Kubeconfig) -> String {
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap()
+            .cluster_url
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_paths_merge_as_kubectl_merges_them() {
+        let d = dir("merge");
+        let (a, b) = (d.join("contexts"), d.join("clusters"));
+        std::fs::write(&a, CONTEXTS).unwrap();
+        std::fs::write(&b, CLUSTERS).unwrap();
+        // Empty entries and a missing file are skipped.
+        let env = std::env::join_paths([&a, &PathBuf::new(), &d.join("missing"), &b]).unwrap();
+        let (kc, what) = own_kubeconfig(None, Some(&env)).unwrap().unwrap();
+        assert!(what.starts_with("$KUBECONFIG ("), "{what}");
+        assert_eq!(kc.current_context.as_deref(), Some("work"));
+        assert_eq!(url_of(kc).await, "https://127.0.0.1:6443/");
+
+        // The other order: the second file's context and current-context win.
+        let env = std::env::join_paths([&b, &a]).unwrap();
+        let (kc, _) = own_kubeconfig(None, Some(&env)).unwrap().unwrap();
+        assert_eq!(kc.current_context.as_deref(), Some("elsewhere"));
+        assert_eq!(url_of(kc).await, "https://127.0.0.1:1/");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_flag_wins_and_nothing_named_means_the_defaults() {
+        let d = dir("order");
+        let (a, b) = (d.join("contexts"), d.join("clusters"));
+        std::fs::write(&a, CONTEXTS).unwrap();
+        std::fs::write(&b, CLUSTERS).unwrap();
+        let env = std::env::join_paths([&a, &b]).unwrap();
+        let (kc, what) = own_kubeconfig(Some(&b), Some(&env)).unwrap().unwrap();
+        assert_eq!(what, b.display().to_string());
+        assert_eq!(kc.current_context.as_deref(), Some("elsewhere"));
+        for env in [None, Some(OsStr::new("")), Some(OsStr::new(":"))] {
+            assert!(own_kubeconfig(None, env).unwrap().is_none(), "{env:?}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_missing_explicit_file_or_no_existing_listed_file_is_an_error() {
+        let d = dir("missing");
+        let gone = d.join("gone");
+        let e = own_kubeconfig(Some(&gone), None).unwrap_err();
+        assert!(matches!(e, OwnKubeconfigError::Read { .. }), "{e}");
+        let env = std::env::join_paths([&gone, &d.join("also-gone")]).unwrap();
+        let e = own_kubeconfig(None, Some(&env)).unwrap_err();
+        assert!(matches!(e, OwnKubeconfigError::NoneExists { .. }), "{e}");
+        assert!(e.to_string().contains("also-gone"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

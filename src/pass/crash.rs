@@ -1,6 +1,8 @@
 //! Test-only crash knob: with `KBIND_CRASH_AFTER_WRITES=N` the process aborts right after its
-//! Nth data write, so crash-point tests can stop a real run at a chosen moment. Unset in
-//! production; an abort skips every destructor, which is the point.
+//! Nth data write, so crash-point tests can stop a real run at a chosen moment; an abort skips
+//! every destructor, which is the point. Compiled only with the `crash-points` feature, which
+//! only kbind's own dev-dependency on itself enables (Cargo.toml): `cargo build --bin kbind`,
+//! release or not, contains no knob (hack/test.sh checks the binary's strings).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

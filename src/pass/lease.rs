@@ -358,6 +358,22 @@ enum Renewed {
     Lost(String),
 }
 
+/// Why a Lease found past its expiry at a renewal tick was not renewed in time: the last attempt's
+/// error, or, when no attempt failed, that the renewal itself came too late (the process was
+/// stalled: a suspended pod, an overloaded node, a blocked runtime).
+fn expiry_cause(last_error: &str, late: Duration, since_renewal: Duration) -> String {
+    if last_error.is_empty() {
+        format!(
+            "the renewal came {:.1}s after the Lease expired ({:.1}s after the last renewal): \
+             the process was stalled (suspended, or starved of CPU)",
+            late.as_secs_f64(),
+            since_renewal.as_secs_f64()
+        )
+    } else {
+        format!("the last renewal attempt failed: {last_error}")
+    }
+}
+
 struct Renewer {
     api: Api<Lease>,
     /// `Lease <namespace>/<name>`, for messages.
@@ -389,8 +405,9 @@ impl Renewer {
             let started = Instant::now();
             let lost = if started >= expires {
                 Some(format!(
-                    "{} not renewed before it expired: {last_error}",
-                    self.what
+                    "{} not renewed before it expired: {}",
+                    self.what,
+                    expiry_cause(&last_error, started - expires, started - renewed_at)
                 ))
             } else {
                 let attempt = tokio::time::timeout(expires - started, self.renew_once());
@@ -478,6 +495,26 @@ impl Renewer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Lease lost at a tick says what happened, even when no renewal attempt failed.
+    #[test]
+    fn an_expired_lease_names_its_cause() {
+        let stalled = expiry_cause("", Duration::from_millis(2500), Duration::from_secs(3));
+        assert!(
+            stalled.contains("2.5s after the Lease expired"),
+            "{stalled}"
+        );
+        assert!(stalled.contains("stalled"), "{stalled}");
+        let failed = expiry_cause(
+            "connection refused",
+            Duration::ZERO,
+            Duration::from_secs(61),
+        );
+        assert_eq!(
+            failed,
+            "the last renewal attempt failed: connection refused"
+        );
+    }
 
     #[test]
     fn liveness() {

@@ -12,7 +12,8 @@ pub const PAGE: u32 = 500;
 /// forever must not keep a pass listing until its deadline.
 pub const MAX_PAGES: usize = 10_000;
 
-fn too_many_pages() -> kube::Error {
+/// The error of a listing stopped at [`MAX_PAGES`] (for page loops outside this module).
+pub fn too_many_pages() -> kube::Error {
     kube::Error::Service(
         format!("the server returned more than {MAX_PAGES} pages of {PAGE}; listing stopped")
             .into(),

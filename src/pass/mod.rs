@@ -2,9 +2,12 @@
 //! guarded by a Lease, limited by a budget and a deadline, reported as one summary line.
 
 pub mod args;
+pub mod backoff;
 pub mod budget;
 pub mod client;
+#[cfg(feature = "crash-points")]
 pub mod crash;
+pub mod duration;
 pub mod error;
 pub mod events;
 pub mod finalizer;
@@ -25,3 +28,8 @@ pub use runner::{PassContext, run};
 pub use shard::Shard;
 pub use status_code::StatusCode;
 pub use summary::{Outcome, PlannedWrite, Stopped, Summary};
+
+/// Lock `m`, recovering from poisoning: a task that panicked holding it must not wedge the pass.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -4,7 +4,8 @@
 //! park a pass for an hour, past its deadline) and never retries a dropped connection or a body
 //! cut off mid-read. A batch pass has a deadline and one shot per schedule, so this layer:
 //! - retries 429 and 503 for every verb (the server refused the request before acting on it),
-//!   honouring `Retry-After` up to [`Policy::max_delay`];
+//!   honouring `Retry-After` up to [`Policy::max_delay`], else waiting the jittered
+//!   [`Backoff`] schedule;
 //! - retries reads (GET/HEAD) also on other 5xx (a 504 write may have landed), transport errors
 //!   and truncated bodies, which it
 //!   detects by reading the whole body before handing the response on (passes never watch);
@@ -27,6 +28,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use tower::{BoxError, Layer, Service, ServiceExt};
+
+use super::backoff::{self, Backoff, parse_retry_after};
 
 /// The most a response body may hold (LIST pages are 500 objects; a CRD list or an OpenAPI
 /// document of a large provider is tens of MiB).
@@ -63,7 +66,7 @@ fn attempt_bound(l: Option<&Limits>, now: Instant) -> Option<Duration> {
 
 /// Whether waiting `wait` and trying again would start an attempt past the deadline.
 fn wait_crosses_deadline(l: Option<&Limits>, now: Instant, wait: Duration) -> bool {
-    l.is_some_and(|l| now + wait >= l.deadline)
+    backoff::crosses(l.map(|l| l.deadline), now, wait)
 }
 
 /// How many times and how long to retry.
@@ -71,7 +74,7 @@ fn wait_crosses_deadline(l: Option<&Limits>, now: Instant, wait: Duration) -> bo
 pub struct Policy {
     /// Retries after the first attempt.
     pub retries: u32,
-    /// First backoff; doubles per retry.
+    /// First backoff step; doubles per retry (each wait jittered, see [`Backoff`]).
     pub base: Duration,
     /// Cap on any one wait, `Retry-After` included.
     pub max_delay: Duration,
@@ -98,9 +101,8 @@ enum Verdict {
 }
 
 impl Policy {
-    fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self.base.saturating_mul(1u32 << attempt.min(16));
-        exp.min(self.max_delay)
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.base, self.max_delay)
     }
 
     /// The decision for a response status (`None` for a transport error or a cut-off body).
@@ -127,10 +129,7 @@ impl Policy {
         if !retry {
             return Verdict::Done;
         }
-        let wait = crate::relsync::ratelimit::parse_retry_after(retry_after)
-            .unwrap_or_else(|| self.backoff(attempt))
-            .min(self.max_delay);
-        Verdict::RetryAfter(wait)
+        Verdict::RetryAfter(self.backoff().wait(attempt, parse_retry_after(retry_after)))
     }
 }
 
@@ -274,27 +273,30 @@ mod tests {
     fn verdicts() {
         let p = Policy::default();
         let s = |c: u16| Some(StatusCode::from_u16(c).unwrap());
-        let b = Verdict::RetryAfter(Duration::from_millis(200));
+        let ms = Duration::from_millis;
+        // `None`: done; `Some((lo, hi))`: retried after a wait in [lo, hi] (the backoff is
+        // jittered: half a step to a step).
         type Case<'a> = (
             &'a str,
             Method,
             Option<StatusCode>,
             Option<&'a str>,
             u32,
-            Verdict,
+            Option<(Duration, Duration)>,
         );
+        let first = Some((ms(100), ms(200)));
         let cases: Vec<Case> = vec![
-            ("ok read", GET, s(200), None, 0, Verdict::Done),
-            ("not found", GET, s(404), None, 0, Verdict::Done),
-            ("conflict write", PATCH, s(409), None, 0, Verdict::Done),
-            ("429 write", PATCH, s(429), None, 0, b),
+            ("ok read", GET, s(200), None, 0, None),
+            ("not found", GET, s(404), None, 0, None),
+            ("conflict write", PATCH, s(409), None, 0, None),
+            ("429 write", PATCH, s(429), None, 0, first),
             (
                 "429 honours Retry-After",
                 POST,
                 s(429),
                 Some("2"),
                 0,
-                Verdict::RetryAfter(Duration::from_secs(2)),
+                Some((ms(2000), ms(2000))),
             ),
             (
                 "Retry-After capped",
@@ -302,7 +304,7 @@ mod tests {
                 s(503),
                 Some("3600"),
                 0,
-                Verdict::RetryAfter(Duration::from_secs(5)),
+                Some((ms(5000), ms(5000))),
             ),
             (
                 "unparsable Retry-After falls back to backoff",
@@ -310,54 +312,36 @@ mod tests {
                 s(503),
                 Some("soon"),
                 2,
-                Verdict::RetryAfter(Duration::from_millis(800)),
+                Some((ms(400), ms(800))),
             ),
-            (
-                "500 read",
-                GET,
-                s(500),
-                None,
-                1,
-                Verdict::RetryAfter(Duration::from_millis(400)),
-            ),
-            (
-                "500 write: outcome unknown",
-                POST,
-                s(500),
-                None,
-                0,
-                Verdict::Done,
-            ),
-            (
-                "reset read",
-                GET,
-                None,
-                None,
-                0,
-                Verdict::RetryAfter(Duration::from_millis(200)),
-            ),
-            (
-                "reset write: outcome unknown",
-                PATCH,
-                None,
-                None,
-                0,
-                Verdict::Done,
-            ),
-            ("out of retries", GET, s(503), None, 4, Verdict::Done),
+            ("500 read", GET, s(500), None, 1, Some((ms(200), ms(400)))),
+            ("500 write: outcome unknown", POST, s(500), None, 0, None),
+            ("reset read", GET, None, None, 0, first),
+            ("reset write: outcome unknown", PATCH, None, None, 0, None),
+            ("out of retries", GET, s(503), None, 4, None),
         ];
         for (what, m, st, ra, attempt, want) in cases {
-            assert_eq!(p.verdict(&m, st, ra, attempt), want, "{what}");
+            for _ in 0..20 {
+                match (p.verdict(&m, st, ra, attempt), want) {
+                    (Verdict::Done, None) => {}
+                    (Verdict::RetryAfter(w), Some((lo, hi))) => {
+                        assert!(lo <= w && w <= hi, "{what}: {w:?} not in [{lo:?}, {hi:?}]")
+                    }
+                    (got, want) => panic!("{what}: {got:?}, want {want:?}"),
+                }
+            }
         }
     }
 
     #[test]
     fn backoff_is_capped() {
         let p = Policy::default();
-        assert_eq!(p.backoff(0), Duration::from_millis(200));
-        assert_eq!(p.backoff(3), Duration::from_millis(1600));
-        assert_eq!(p.backoff(10), Duration::from_secs(5));
-        assert_eq!(p.backoff(40), Duration::from_secs(5));
+        for attempt in [0, 3, 10, 40] {
+            let w = p.backoff().wait(attempt, None);
+            assert!(w <= Duration::from_secs(5), "{attempt}: {w:?}");
+            assert!(w >= Duration::from_millis(100), "{attempt}: {w:?}");
+        }
+        assert_eq!(p.backoff().step(40), Duration::from_secs(5));
     }
 
     fn fast() -> RetryLayer {

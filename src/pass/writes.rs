@@ -1,8 +1,7 @@
 //! Bookkeeping of a pass's writes: a dry run records what it would write and writes nothing; a
-//! real run counts data and bookkeeping writes separately and trips the test crash knob after
-//! each data write.
+//! real run counts data and bookkeeping writes separately and, in test builds (feature
+//! `crash-points`), trips the crash knob after each data write.
 
-use super::crash;
 use super::summary::PlannedWrite;
 
 #[derive(Debug, Default)]
@@ -41,7 +40,8 @@ impl Writes {
     /// A data write succeeded.
     pub fn data_done(&mut self) {
         self.data += 1;
-        crash::data_write();
+        #[cfg(feature = "crash-points")]
+        super::crash::data_write();
     }
 
     /// A bookkeeping write (status counters, finalizers) succeeded.

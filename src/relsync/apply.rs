@@ -10,6 +10,7 @@ use super::join::{Directory, join};
 use super::kinds::{Fetched, Kind, KindError, Scope, relations};
 use super::plan::{self, Diff};
 use super::spicedb::{Filter, Obj, Rel, RelationshipStore, SpiceError};
+use crate::pass::lock;
 use crate::pass::writes::Writes;
 
 /// What one scope (or cross-resource set) did.
@@ -77,10 +78,6 @@ pub async fn prefetch<S: RelationshipStore>(
         }
     }
     Ok(out)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<S: RelationshipStore> SourceCtx<'_, S> {

@@ -68,6 +68,18 @@ pub enum AuthError {
     SecretKeyMissing { secret: String, key: String },
     #[error("{0}")]
     Host(#[from] HostError),
+    /// The job's identity may not read the credential's Secret: the source's namespace has not
+    /// granted it (docs/relsync.md, "RBAC").
+    #[error(
+        "may not read Secret {namespace}/{secret}: namespace {namespace} has no RoleBinding granting \
+         relsync's ServiceAccount the ClusterRole kbind-relsync-credentials; a namespace admin \
+         creates one as deploy/rbac/relsync-credentials-example.yaml shows ({message})"
+    )]
+    SecretForbidden {
+        namespace: String,
+        secret: String,
+        message: String,
+    },
     #[error("reading {what}: {message}")]
     Kube {
         what: String,
@@ -93,7 +105,8 @@ impl AuthError {
             Self::Host(_) => "InvalidBaseURL",
             Self::Kube {
                 forbidden: true, ..
-            } => "PermissionDenied",
+            }
+            | Self::SecretForbidden { .. } => "PermissionDenied",
             Self::Kube { .. } => "CredentialUnreadable",
         }
     }
@@ -107,11 +120,19 @@ fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
     }
 }
 
-/// A failed Secret read, reported as any other failed read (403 kept apart).
+/// A failed Secret read: 403 says which grant is missing, anything else as any failed read.
 fn secret_err(what: String, e: crate::secrets::SecretError) -> AuthError {
     match e {
-        crate::secrets::SecretError::Forbidden { source, .. }
-        | crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
+        crate::secrets::SecretError::Forbidden {
+            namespace,
+            name,
+            source,
+        } => AuthError::SecretForbidden {
+            namespace,
+            secret: name,
+            message: crate::scrub::scrub(source.api_message().unwrap_or_default()),
+        },
+        crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
         crate::secrets::SecretError::NotFound { name, .. } => AuthError::SecretNotFound(name),
     }
 }

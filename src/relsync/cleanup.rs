@@ -16,10 +16,14 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::kinds::{all_object_types, relations};
 use super::spicedb::{Filter, RelationshipStore, SpiceError};
+use super::{key, plan, record};
 use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
 use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, Summary, lock};
 
 /// The field manager of the finalizer, beside `kbind-relsync` (status).
 pub fn manager(pass_manager: &str) -> String {
@@ -48,10 +52,6 @@ pub fn filters(prefix: &str) -> Vec<Filter> {
             })
         })
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Delete every relationship of the source with this prefix; returns how many SpiceDB reported
@@ -175,6 +175,132 @@ pub async fn release_finalizer(
             Some(o) if o.metadata.uid != src.metadata.uid || !has_finalizer(&o) => Ok(()),
             Some(_) => Err(e),
         },
+    }
+}
+
+/// Add the cleanup finalizer to the live sources that lack it; a source deleted meanwhile is
+/// dropped from `mine`.
+pub(super) async fn add_finalizers(
+    ctx: &PassContext,
+    mine: &mut Vec<RelationshipSource>,
+    writes: &Mutex<Writes>,
+) -> Result<(), PassError> {
+    let finalizer_manager = manager(&ctx.field_manager());
+    let mut gone = Vec::new();
+    for src in mine.iter_mut().filter(|s| !has_finalizer(s)) {
+        let k = key(src);
+        let go = lock(writes).will(
+            "add finalizer",
+            format!("RelationshipSource {k}"),
+            CLEANUP_FINALIZER,
+        );
+        if !go {
+            continue;
+        }
+        let ns = src.namespace().unwrap_or_default();
+        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+        match add_finalizer(&sapi, src, &finalizer_manager)
+            .await
+            .map_err(|e| {
+                PassError::kube(
+                    format!("adding finalizer {CLEANUP_FINALIZER} to RelationshipSource {k}"),
+                    &e,
+                )
+            })? {
+            Some(updated) => {
+                *src = updated;
+                lock(writes).bookkeeping_done();
+            }
+            None => gone.push(k),
+        }
+    }
+    mine.retain(|s| !gone.contains(&key(s)));
+    Ok(())
+}
+
+/// One deleted source that still carries our finalizer: delete its relationships from SpiceDB,
+/// then release the finalizer. A failure leaves the finalizer and says why on the source
+/// (`Ready=False CleanupFailed`); the next run retries. Never fails the pass: one source's
+/// cleanup must not hold up the others.
+pub(super) async fn clean_up<S: RelationshipStore>(
+    ctx: &PassContext,
+    store: &S,
+    unreachable: Option<&String>,
+    src: &RelationshipSource,
+    writes: &Mutex<Writes>,
+    summary: &mut Summary,
+) {
+    let k = key(src);
+    let ns = src.namespace().unwrap_or_default();
+    let api: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+    // Deleting costs no --max-items; only the deadline (or SIGTERM) defers it to the next run.
+    if unreachable.is_none() && ctx.budget.remaining().is_zero() {
+        summary.count("sourcesCleanupDeferred", 1);
+        return;
+    }
+    let deleted = match unreachable {
+        Some(m) => Err(format!("SpiceDB is unreachable: {m}")),
+        None => {
+            let prefix = plan::source_prefix(&ns, &src.name_any());
+            delete_relationships(store, &prefix, writes)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let failure = match deleted {
+        Ok(n) => {
+            summary.count("relationshipsDeleted", i64::try_from(n).unwrap_or(i64::MAX));
+            let go = lock(writes).will(
+                "release finalizer",
+                format!("RelationshipSource {k}"),
+                CLEANUP_FINALIZER,
+            );
+            if !go {
+                return;
+            }
+            let manager = manager(&ctx.field_manager());
+            match release_finalizer(&api, src, &manager).await {
+                Ok(()) => {
+                    lock(writes).bookkeeping_done();
+                    summary.count("sourcesCleanedUp", 1);
+                    tracing::info!(source = %k, relationships = n, "deleted source: its relationships are deleted and its finalizer released");
+                    return;
+                }
+                Err(e) => format!(
+                    "its relationships were deleted from SpiceDB but finalizer {CLEANUP_FINALIZER} could not be released; the next run retries: {e}"
+                ),
+            }
+        }
+        Err(e) => format!(
+            "its relationships could not be deleted from SpiceDB, so finalizer {CLEANUP_FINALIZER} stays; the next run retries: {e}"
+        ),
+    };
+    let failure = crate::scrub::scrub(&failure);
+    summary.count("sourcesCleanupFailed", 1);
+    tracing::warn!(source = %k, reason = %failure, "deleted source not cleaned up yet");
+    let go = lock(writes).will(
+        "apply-status",
+        format!("RelationshipSource {k}"),
+        "Ready=False CleanupFailed",
+    );
+    if !go {
+        return;
+    }
+    let now = Timestamp::now();
+    match record::apply(
+        &api,
+        &src.name_any(),
+        src,
+        &ctx.field_manager(),
+        |prev, generation| record::cleanup_failed(prev, generation, &failure, now),
+    )
+    .await
+    {
+        Ok(true) => lock(writes).bookkeeping_done(),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
+        }
     }
 }
 

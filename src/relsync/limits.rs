@@ -3,7 +3,8 @@
 //! - `--max-response-bytes` (default 16Mi): a response body is read into memory only up to this
 //!   cap, checked against `Content-Length` first and then while reading, so a larger answer
 //!   fails its request with an error naming the cap and is never buffered whole. SpiceDB's read
-//!   streams are not one body: each of their lines is bounded instead.
+//!   streams are not one body: each of their lines is bounded instead (the reads themselves
+//!   are `upstream::read`).
 //! - `--request-timeout`: one request, connect to the last byte of its body, takes at most this
 //!   long (streams: each stall).
 //! - `--max-pages` (default 10,000): pages of one paginated listing (an enumeration, one scope's
@@ -31,6 +32,17 @@ pub struct Limits {
     pub max_response_bytes: u64,
     pub request_timeout: Duration,
     pub max_pages: usize,
+}
+
+impl Limits {
+    /// The bounds the pass's flags set.
+    pub fn of(ctx: &crate::pass::PassContext, args: &super::args::RelsyncArgs) -> Self {
+        Self {
+            max_response_bytes: args.max_response_bytes,
+            request_timeout: ctx.args.request_timeout,
+            max_pages: args.max_pages,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -77,95 +89,12 @@ pub fn parse_pages(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{s:?}: expected a number of pages, at least 1"))
 }
 
-/// A byte count as the flag is written: `16Mi` when exact, else bytes.
-pub fn show_bytes(n: u64) -> String {
-    for (unit, size) in [("Gi", KI * KI * KI), ("Mi", KI * KI), ("Ki", KI)] {
-        if n >= size && n.is_multiple_of(size) {
-            return format!("{}{unit}", n / size);
-        }
-    }
-    format!("{n} bytes")
-}
-
 /// A duration as a message shows it: whole seconds (`8s`), or milliseconds below one second.
 pub fn show_duration(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
         format!("{}s", d.as_secs())
     } else {
         format!("{}ms", d.as_millis())
-    }
-}
-
-/// Why a bounded read failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("the answer is larger than the {} cap (--max-response-bytes)", show_bytes(*cap))]
-    TooLarge { cap: u64 },
-    /// The body broke off (a dropped connection, a stall): worth reading again.
-    #[error("{0}")]
-    Transport(String),
-}
-
-/// Read a response body into memory, never past `cap` bytes: a declared `Content-Length` above
-/// the cap fails before reading, and a body that grows past it fails as soon as it does.
-pub async fn read_capped(mut resp: reqwest::Response, cap: u64) -> Result<Vec<u8>, ReadError> {
-    if resp.content_length().is_some_and(|n| n > cap) {
-        return Err(ReadError::TooLarge { cap });
-    }
-    let mut out = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| ReadError::Transport(crate::scrub::scrub(&e.to_string())))?
-    {
-        if (out.len() + chunk.len()) as u64 > cap {
-            return Err(ReadError::TooLarge { cap });
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-/// Splits a newline-delimited stream into lines, none longer than `cap` bytes (a line is one
-/// answer of SpiceDB's read streams: the stream as a whole is not capped).
-#[derive(Debug)]
-pub struct Lines {
-    buf: Vec<u8>,
-    cap: u64,
-}
-
-impl Lines {
-    pub fn new(cap: u64) -> Self {
-        Self {
-            buf: Vec::new(),
-            cap,
-        }
-    }
-
-    /// Add a chunk; returns the lines it completed (without their newline).
-    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Vec<u8>>, ReadError> {
-        let mut out = Vec::new();
-        let mut rest = chunk;
-        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-            self.extend(&rest[..pos])?;
-            out.push(std::mem::take(&mut self.buf));
-            rest = &rest[pos + 1..];
-        }
-        self.extend(rest)?;
-        Ok(out)
-    }
-
-    fn extend(&mut self, part: &[u8]) -> Result<(), ReadError> {
-        if (self.buf.len() + part.len()) as u64 > self.cap {
-            return Err(ReadError::TooLarge { cap: self.cap });
-        }
-        self.buf.extend_from_slice(part);
-        Ok(())
-    }
-
-    /// What is left after the stream ended (a last line without a newline).
-    pub fn finish(self) -> Vec<u8> {
-        self.buf
     }
 }
 
@@ -275,35 +204,8 @@ mod tests {
         }
         assert_eq!(parse_pages("10000"), Ok(10_000));
         assert!(parse_pages("0").is_err() && parse_pages("-1").is_err());
-        assert_eq!(show_bytes(16 << 20), "16Mi");
-        assert_eq!(show_bytes(1536), "1536 bytes");
-        assert_eq!(show_bytes(3 << 10), "3Ki");
         assert_eq!(show_duration(Duration::from_millis(8900)), "8s");
         assert_eq!(show_duration(Duration::from_millis(250)), "250ms");
-    }
-
-    #[test]
-    fn lines_are_bounded_not_the_stream() {
-        let mut l = Lines::new(8);
-        assert_eq!(l.push(b"abc\nde").unwrap(), vec![b"abc".to_vec()]);
-        assert_eq!(
-            l.push(b"f\n\ngh").unwrap(),
-            vec![b"def".to_vec(), Vec::new()]
-        );
-        // Many lines in all, each short: fine.
-        for _ in 0..1000 {
-            assert_eq!(l.push(b"\n1234567\n").unwrap().len(), 2);
-        }
-        assert_eq!(l.finish(), b"".to_vec());
-        // One line past the cap fails while it grows, however it is chunked.
-        let mut l = Lines::new(8);
-        assert!(l.push(b"12345").unwrap().is_empty());
-        assert!(matches!(
-            l.push(b"6789"),
-            Err(ReadError::TooLarge { cap: 8 })
-        ));
-        let mut l = Lines::new(8);
-        assert!(l.push(b"123456789\n").is_err());
     }
 
     #[test]

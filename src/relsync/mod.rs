@@ -14,8 +14,22 @@
 //! Before any due source, every run handles the deleted ones (their relationships are deleted
 //! from SpiceDB, then the finalizer `kbind.io/relsync-cleanup` is released) and adds that
 //! finalizer to live sources that lack it (see `cleanup`).
+//!
+//! The files, in the order of a run:
+//! - `mod.rs`: [`run`] — observe the sources, clean up deleted ones, order the due ones, give
+//!   each its turn, record; `source.rs`: one source's turn, step by step;
+//! - observe: `auth.rs` (the source's credential, admitted by `hosts.rs`), `kinds/` (each
+//!   upstream service: enumerate scopes, fetch a scope's members, paced by `ratelimit.rs`,
+//!   bounded by `limits.rs`), `join.rs` (upstream members to SpiceDB subjects);
+//! - plan (pure): `plan.rs` (due order, windows, diffs, the reap decision), `encode.rs` (object
+//!   ids);
+//! - apply: `apply.rs` (one scope's diff written in batches, cross-resource edges, the reap),
+//!   `spicedb/` (the relationship store and its HTTP gateway client), `cleanup.rs` (deleted
+//!   sources and the finalizer);
+//! - record: `record.rs` (the source's status: computed purely, written once per source).
 
 pub mod apply;
+pub mod args;
 pub mod auth;
 pub mod cleanup;
 pub mod encode;
@@ -37,15 +51,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::relsync::{CLEANUP_FINALIZER, RelationshipSource};
-use crate::cli::RelsyncArgs;
+use crate::api::relsync::RelationshipSource;
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Summary, list, shard};
+use crate::pass::{PassContext, PassError, Summary, list, lock, shard};
+use args::RelsyncArgs;
 use auth::Token;
 use join::Directory;
 use kinds::{KindConfig, Upstreams};
 use record::Outcome;
-use spicedb::{HttpStore, RelationshipStore};
+use spicedb::HttpStore;
 
 pub const PASS: &str = "relsync";
 
@@ -136,24 +150,7 @@ fn key(s: &RelationshipSource) -> String {
 
 pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassError> {
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
-    let url = args
-        .spicedb_url
-        .clone()
-        .ok_or_else(|| PassError::Config("--spicedb-url is required".into()))?;
-    let token = spicedb_token(&ctx.client, &args).await?;
-    // Upstream work stops where the budget does (the deadline less its margin); SpiceDB work in
-    // flight may use half of the margin; the rest is for recording status.
-    let stop_at = Instant::now() + ctx.budget.remaining();
-    let pass_end = Instant::now() + ctx.args.deadline.saturating_sub(ctx.budget.elapsed());
-    let spicedb_end = stop_at + pass_end.saturating_duration_since(stop_at) / 2;
-    let store = HttpStore::with_limits(
-        &url,
-        token,
-        ctx.args.request_timeout,
-        args.max_response_bytes,
-    )
-    .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?
-    .ending_at(spicedb_end);
+    let store = spicedb_store(&ctx, &args).await?;
     // Checked once, before any source. An unreachable SpiceDB still lets this run say, on each
     // deleted source, why its finalizer stays; then the pass fails.
     let reachable = store
@@ -162,28 +159,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         .map_err(|e| crate::scrub::scrub(&e.to_string()));
 
     // Observe.
-    let api: Api<RelationshipSource> = match &args.namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
-    let mut lp = ListParams::default();
-    if let Some(sel) = &args.selector {
-        lp = lp.labels(sel);
-    }
-    let sources = list::all(&api, &lp).await.map_err(|e| match &e {
-        kube::Error::Api(s) if s.code == 400 => {
-            PassError::Config(format!("--selector: {}", s.message))
-        }
-        _ => PassError::kube("listing RelationshipSources", &e),
-    })?;
-    summary.count("sources", sources.len() as i64);
-    let mut mine: Vec<RelationshipSource> = sources
-        .into_iter()
-        .filter(|s| {
-            let k = key(s);
-            shard::owns(ctx.args.shard, &k) && args.source.as_ref().is_none_or(|only| &k == only)
-        })
-        .collect();
+    let mut mine = observe_sources(&ctx, &args, &mut summary).await?;
     let writes = Mutex::new(Writes::new(ctx.args.dry_run));
 
     // Deleted sources first, due or not: they take their relationships with them.
@@ -191,7 +167,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         .iter()
         .filter(|s| cleanup::deleting(s) && cleanup::has_finalizer(s))
     {
-        clean_up(
+        cleanup::clean_up(
             &ctx,
             &store,
             reachable.as_ref().err(),
@@ -218,62 +194,13 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     mine.retain(|s| !cleanup::deleting(s));
 
     // Live sources carry the finalizer before their first SpiceDB write.
-    let finalizer_manager = cleanup::manager(&ctx.field_manager());
-    let mut gone = Vec::new();
-    for src in mine.iter_mut().filter(|s| !cleanup::has_finalizer(s)) {
-        let k = key(src);
-        let go = lock(&writes).will(
-            "add finalizer",
-            format!("RelationshipSource {k}"),
-            CLEANUP_FINALIZER,
-        );
-        if !go {
-            continue;
-        }
-        let ns = src.namespace().unwrap_or_default();
-        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
-        match cleanup::add_finalizer(&sapi, src, &finalizer_manager)
-            .await
-            .map_err(|e| {
-                PassError::kube(
-                    format!("adding finalizer {CLEANUP_FINALIZER} to RelationshipSource {k}"),
-                    &e,
-                )
-            })? {
-            Some(updated) => {
-                *src = updated;
-                lock(&writes).bookkeeping_done();
-            }
-            None => gone.push(k),
-        }
-    }
-    mine.retain(|s| !gone.contains(&key(s)));
+    cleanup::add_finalizers(&ctx, &mut mine, &writes).await?;
 
-    let now = Timestamp::now().as_second();
-    let mut due = Vec::new();
-    for s in &mine {
-        let k = key(s);
-        if args.source.is_some() {
-            due.push((k, None));
-            continue;
-        }
-        let interval =
-            plan::parse_interval(s.spec.sync.as_ref().and_then(|x| x.interval.as_deref()))
-                .unwrap_or(plan::DEFAULT_INTERVAL);
-        if plan::is_due(s.status.as_ref(), s.metadata.generation, interval, now) {
-            due.push((k, plan::last_pass_time(s.status.as_ref())));
-        }
-    }
-    summary.count("sourcesDue", due.len() as i64);
-    let order = plan::order_due(due);
+    let order = due_order(&args, &mine, &mut summary);
     let upstreams = Upstreams {
         slack_api_url: args.slack_api_url.clone(),
         rate_scale: args.upstream_rate_scale,
-        limits: limits::Limits {
-            max_response_bytes: args.max_response_bytes,
-            request_timeout: ctx.args.request_timeout,
-            max_pages: args.max_pages,
-        },
+        limits: limits::Limits::of(&ctx, &args),
     };
     let mut stopped = None;
     let mut out_of_share = 0;
@@ -300,43 +227,8 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
             out_of_share += 1;
         }
         summary.count("upstreamThrottles", throttles as i64);
-        let c = &rec.counts;
-        summary.count("scopesProcessed", i64::from(c.scopes_processed));
-        summary.count("relationshipsWritten", i64::from(c.written));
-        summary.count("relationshipsPruned", i64::from(c.pruned));
-        summary.count("reapedScopes", i64::from(c.reaped_scopes));
-        summary.count("joinMisses", i64::from(c.join_misses));
-        summary.count("scopeErrors", rec.errors.len() as i64);
-        if !rec.reached_end && rec.outcome == Outcome::Ran && !rec.scoped {
-            summary.count("sourcesIncomplete", 1);
-        }
-        if let Outcome::Refused { reason, .. } | Outcome::EnumerationFailed { reason, .. } =
-            &rec.outcome
-        {
-            summary.count("sourcesNotReady", 1);
-            tracing::warn!(source = %k, reason, "source not synced");
-        }
-        if let Outcome::OutOfTime { .. } = &rec.outcome {
-            summary.count("sourcesNotReady", 1);
-            tracing::warn!(source = %k, reason = record::DEADLINE_EXCEEDED, "source not synced: its share of the deadline ran out while enumerating");
-        }
-        let ns = src.namespace().unwrap_or_default();
-        let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
-        let go = lock(&writes).will(
-            "apply-status",
-            format!("RelationshipSource {k}"),
-            "sync progress, lastPass, conditions",
-        );
-        if go {
-            let wrote = record::write(&sapi, &src.name_any(), src, &rec, &ctx.field_manager())
-                .await
-                .map_err(|e| {
-                    PassError::kube(format!("recording status of RelationshipSource {k}"), &e)
-                })?;
-            if wrote {
-                lock(&writes).bookkeeping_done();
-            }
-        }
+        count_source(&mut summary, &k, &rec);
+        record_source(&ctx, src, &rec, &writes).await?;
     }
     let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
     if stopped.is_none()
@@ -357,92 +249,132 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     Ok(summary)
 }
 
-/// One deleted source that still carries our finalizer: delete its relationships from SpiceDB,
-/// then release the finalizer. A failure leaves the finalizer and says why on the source
-/// (`Ready=False CleanupFailed`); the next run retries. Never fails the pass: one source's
-/// cleanup must not hold up the others.
-async fn clean_up<S: RelationshipStore>(
-    ctx: &PassContext,
-    store: &S,
-    unreachable: Option<&String>,
-    src: &RelationshipSource,
-    writes: &Mutex<Writes>,
-    summary: &mut Summary,
-) {
-    let k = key(src);
-    let ns = src.namespace().unwrap_or_default();
-    let api: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
-    // Deleting costs no --max-items; only the deadline (or SIGTERM) defers it to the next run.
-    if unreachable.is_none() && ctx.budget.remaining().is_zero() {
-        summary.count("sourcesCleanupDeferred", 1);
-        return;
-    }
-    let deleted = match unreachable {
-        Some(m) => Err(format!("SpiceDB is unreachable: {m}")),
-        None => {
-            let prefix = plan::source_prefix(&ns, &src.name_any());
-            cleanup::delete_relationships(store, &prefix, writes)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    };
-    let failure = match deleted {
-        Ok(n) => {
-            summary.count("relationshipsDeleted", i64::try_from(n).unwrap_or(i64::MAX));
-            let go = lock(writes).will(
-                "release finalizer",
-                format!("RelationshipSource {k}"),
-                CLEANUP_FINALIZER,
-            );
-            if !go {
-                return;
-            }
-            let manager = cleanup::manager(&ctx.field_manager());
-            match cleanup::release_finalizer(&api, src, &manager).await {
-                Ok(()) => {
-                    lock(writes).bookkeeping_done();
-                    summary.count("sourcesCleanedUp", 1);
-                    tracing::info!(source = %k, relationships = n, "deleted source: its relationships are deleted and its finalizer released");
-                    return;
-                }
-                Err(e) => format!(
-                    "its relationships were deleted from SpiceDB but finalizer {CLEANUP_FINALIZER} could not be released; the next run retries: {e}"
-                ),
-            }
-        }
-        Err(e) => format!(
-            "its relationships could not be deleted from SpiceDB, so finalizer {CLEANUP_FINALIZER} stays; the next run retries: {e}"
-        ),
-    };
-    let failure = crate::scrub::scrub(&failure);
-    summary.count("sourcesCleanupFailed", 1);
-    tracing::warn!(source = %k, reason = %failure, "deleted source not cleaned up yet");
-    let go = lock(writes).will(
-        "apply-status",
-        format!("RelationshipSource {k}"),
-        "Ready=False CleanupFailed",
-    );
-    if !go {
-        return;
-    }
-    let now = Timestamp::now();
-    match record::apply(
-        &api,
-        &src.name_any(),
-        src,
-        &ctx.field_manager(),
-        |prev, generation| record::cleanup_failed(prev, generation, &failure, now),
+/// The SpiceDB store, its requests ending with the pass. Upstream work stops where the budget
+/// does (the deadline less its margin); SpiceDB work in flight may use half of the margin; the
+/// rest is for recording status.
+async fn spicedb_store(ctx: &PassContext, args: &RelsyncArgs) -> Result<HttpStore, PassError> {
+    let url = args
+        .spicedb_url
+        .clone()
+        .ok_or_else(|| PassError::Config("--spicedb-url is required".into()))?;
+    let token = spicedb_token(&ctx.client, args).await?;
+    let stop_at = Instant::now() + ctx.budget.remaining();
+    let pass_end = Instant::now() + ctx.args.deadline.saturating_sub(ctx.budget.elapsed());
+    let spicedb_end = stop_at + pass_end.saturating_duration_since(stop_at) / 2;
+    Ok(HttpStore::with_limits(
+        &url,
+        token,
+        ctx.args.request_timeout,
+        args.max_response_bytes,
     )
-    .await
-    {
-        Ok(true) => lock(writes).bookkeeping_done(),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
+    .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?
+    .ending_at(spicedb_end))
+}
+
+/// This run's RelationshipSources: the namespace and selector's, this shard's share, or the one
+/// `--source` names.
+async fn observe_sources(
+    ctx: &PassContext,
+    args: &RelsyncArgs,
+    summary: &mut Summary,
+) -> Result<Vec<RelationshipSource>, PassError> {
+    let api: Api<RelationshipSource> = match &args.namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let mut lp = ListParams::default();
+    if let Some(sel) = &args.selector {
+        lp = lp.labels(sel);
+    }
+    let sources = list::all(&api, &lp).await.map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 400 => {
+            PassError::Config(format!("--selector: {}", s.message))
         }
+        _ => PassError::kube("listing RelationshipSources", &e),
+    })?;
+    summary.count("sources", sources.len() as i64);
+    Ok(sources
+        .into_iter()
+        .filter(|s| {
+            let k = key(s);
+            shard::owns(ctx.args.shard, &k) && args.source.as_ref().is_none_or(|only| &k == only)
+        })
+        .collect())
+}
+
+/// The due sources' keys, least recently synced first (`--source`: that one, due or not).
+fn due_order(
+    args: &RelsyncArgs,
+    mine: &[RelationshipSource],
+    summary: &mut Summary,
+) -> Vec<String> {
+    let now = Timestamp::now().as_second();
+    let mut due = Vec::new();
+    for s in mine {
+        let k = key(s);
+        if args.source.is_some() {
+            due.push((k, None));
+            continue;
+        }
+        let interval =
+            plan::parse_interval(s.spec.sync.as_ref().and_then(|x| x.interval.as_deref()))
+                .unwrap_or(plan::DEFAULT_INTERVAL);
+        if plan::is_due(s.status.as_ref(), s.metadata.generation, interval, now) {
+            due.push((k, plan::last_pass_time(s.status.as_ref())));
+        }
+    }
+    summary.count("sourcesDue", due.len() as i64);
+    plan::order_due(due)
+}
+
+/// Add one source's record to the summary's counts.
+fn count_source(summary: &mut Summary, k: &str, rec: &record::PassRecord) {
+    let c = &rec.counts;
+    summary.count("scopesProcessed", i64::from(c.scopes_processed));
+    summary.count("relationshipsWritten", i64::from(c.written));
+    summary.count("relationshipsPruned", i64::from(c.pruned));
+    summary.count("reapedScopes", i64::from(c.reaped_scopes));
+    summary.count("joinMisses", i64::from(c.join_misses));
+    summary.count("scopeErrors", rec.errors.len() as i64);
+    if !rec.reached_end && rec.outcome == Outcome::Ran && !rec.scoped {
+        summary.count("sourcesIncomplete", 1);
+    }
+    if let Outcome::Refused { reason, .. } | Outcome::EnumerationFailed { reason, .. } =
+        &rec.outcome
+    {
+        summary.count("sourcesNotReady", 1);
+        tracing::warn!(source = %k, reason, "source not synced");
+    }
+    if let Outcome::OutOfTime { .. } = &rec.outcome {
+        summary.count("sourcesNotReady", 1);
+        tracing::warn!(source = %k, reason = record::DEADLINE_EXCEEDED, "source not synced: its share of the deadline ran out while enumerating");
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Write one source's status (sync progress, lastPass, conditions).
+async fn record_source(
+    ctx: &PassContext,
+    src: &RelationshipSource,
+    rec: &record::PassRecord,
+    writes: &Mutex<Writes>,
+) -> Result<(), PassError> {
+    let k = key(src);
+    let ns = src.namespace().unwrap_or_default();
+    let sapi: Api<RelationshipSource> = Api::namespaced(ctx.client.clone(), &ns);
+    let go = lock(writes).will(
+        "apply-status",
+        format!("RelationshipSource {k}"),
+        "sync progress, lastPass, conditions",
+    );
+    if go {
+        let wrote = record::write(&sapi, &src.name_any(), src, rec, &ctx.field_manager())
+            .await
+            .map_err(|e| {
+                PassError::kube(format!("recording status of RelationshipSource {k}"), &e)
+            })?;
+        if wrote {
+            lock(writes).bookkeeping_done();
+        }
+    }
+    Ok(())
 }

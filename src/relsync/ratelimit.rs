@@ -3,8 +3,9 @@
 //! Requests are paced *below* the upstream's published limit (90% of each Slack method's tier,
 //! one bucket per source and method, burst 1), so a healthy pass never meets a 429. When one
 //! comes anyway — 429 with `Retry-After`, 429 without it, or Slack's HTTP 200
-//! `{"ok":false,"error":"ratelimited"}` — the method is paused for the advised time (or an
-//! exponential backoff from 1 s) for every task of this source, and the request is retried. A
+//! `{"ok":false,"error":"ratelimited"}` — the method is paused for the advised time (or the
+//! framework's jittered exponential backoff, `pass::backoff`, from 1 s) for every task of this
+//! source, and the request is retried. A
 //! wait that would outlast the source's turn (its share of the pass deadline, see `limits`) is
 //! not taken: the source stops there and saves its cursor, and the next run continues.
 
@@ -17,13 +18,17 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use super::limits::Turn;
+use crate::pass::backoff::Backoff;
+use crate::pass::lock;
 
 /// Share of the published limit kbind uses.
 const HEADROOM: f64 = 0.9;
 /// Retries of one request after throttling before it counts as a scope error.
 const MAX_RETRIES: u32 = 6;
-const MIN_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// The wait after a throttle: the server's advice, floored at 1 s and capped at 5 minutes, or a
+/// step of 1 s doubling per attempt up to a minute (each wait half a step to a step).
+const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60))
+    .honouring(Duration::from_secs(1), Duration::from_secs(300));
 
 /// Why a request was not (re)sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -164,7 +169,7 @@ impl Pacer {
                 method: method.to_string(),
             });
         }
-        let d = backoff(attempt, retry_after);
+        let d = BACKOFF.wait(attempt, retry_after);
         lock(&self.paused_until)
             .entry(method.to_string())
             .and_modify(|t| *t = (*t).max(Instant::now() + d))
@@ -179,26 +184,6 @@ impl Pacer {
     }
 }
 
-/// Lock, recovering from poisoning (a panicked task must not wedge the pass).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// How long to wait after the `attempt`th throttle: the server's advice, floored at 1 s, or
-/// 1 s doubling per attempt, capped at a minute.
-pub fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
-    match retry_after {
-        Some(d) => d.clamp(MIN_BACKOFF, MAX_BACKOFF * 5),
-        None => (MIN_BACKOFF * 2u32.saturating_pow(attempt.min(16))).min(MAX_BACKOFF),
-    }
-}
-
-/// Parse a `Retry-After` header: integer seconds (Slack's form). HTTP-dates are not used by
-/// the services kbind reads and count as absent.
-pub fn parse_retry_after(v: Option<&str>) -> Option<Duration> {
-    v?.trim().parse::<u64>().ok().map(Duration::from_secs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,24 +194,26 @@ mod tests {
     }
 
     #[test]
-    fn backoff_table() {
-        assert_eq!(backoff(0, None), Duration::from_secs(1));
-        assert_eq!(backoff(3, None), Duration::from_secs(8));
-        assert_eq!(backoff(30, None), MAX_BACKOFF);
-        assert_eq!(backoff(0, Some(Duration::ZERO)), MIN_BACKOFF, "floored");
-        assert_eq!(
-            backoff(5, Some(Duration::from_secs(7))),
-            Duration::from_secs(7)
+    fn throttle_waits() {
+        let s = Duration::from_secs;
+        for attempt in [0, 3, 30] {
+            let w = BACKOFF.wait(attempt, None);
+            assert!(
+                w >= Duration::from_millis(500) && w <= s(60),
+                "{attempt}: {w:?}"
+            );
+        }
+        assert!(
+            BACKOFF.wait(3, None) >= s(4),
+            "doubling: half of 8 s at the least"
         );
         assert_eq!(
-            parse_retry_after(Some(" 30 ")),
-            Some(Duration::from_secs(30))
+            BACKOFF.wait(0, Some(Duration::ZERO)),
+            s(1),
+            "advice floored"
         );
-        assert_eq!(
-            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
-        );
-        assert_eq!(parse_retry_after(None), None);
+        assert_eq!(BACKOFF.wait(5, Some(s(7))), s(7), "advice wins");
+        assert_eq!(BACKOFF.wait(0, Some(s(3600))), s(300), "advice capped");
     }
 
     #[test]

@@ -10,14 +10,16 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
-use super::kinds::{self, KindConfig, Upstreams};
+use super::args::RelsyncArgs;
+use super::auth::{self, Credential};
+use super::join::Directory;
+use super::kinds::{self, Kind, KindConfig, Scope, Upstreams};
 use super::limits::Turn;
-use super::plan::{self, Coverage};
+use super::plan::{self, Coverage, Deferral};
 use super::record::{Outcome, PassRecord, sample};
 use super::spicedb::RelationshipStore;
-use super::{PREFETCH_MIN, auth, directory, key};
+use super::{PREFETCH_MIN, Refusal, directory, key};
 use crate::api::relsync::{LastPass, RelationshipSource, ScopeErrorSample};
-use crate::cli::RelsyncArgs;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError};
 
@@ -34,8 +36,51 @@ fn refused(scoped: bool, reason: &'static str, message: String) -> PassRecord {
     }
 }
 
+/// What a source needs before anything is sent upstream: its kind built for an admitted
+/// config and credential, and its join directory.
+struct Resolved {
+    cred: Credential,
+    dir: Directory,
+    kind: Box<dyn Kind>,
+}
+
+/// The scopes this run walks, and what the coverage decision needs to know about them.
+struct Window {
+    scopes: Vec<Scope>,
+    /// Every scope the enumeration returned (empty with `--scope`).
+    enumerated: Vec<Scope>,
+    /// The window starts at the first scope (no resume point).
+    from_start: bool,
+    /// The window ends at the last scope.
+    at_end: bool,
+}
+
+/// What the walk over the window did.
+#[derive(Default)]
+struct Walked {
+    total: Stats,
+    errors: Vec<ScopeErrorSample>,
+    /// The last scope completed, in order.
+    last_done: Option<String>,
+    processed: i32,
+    /// The walk stopped before the window's end (budget, deadline, the turn).
+    stopped: bool,
+}
+
+/// One source's run: what every step of [`sync_source`] reads.
+struct SourceRun<'a> {
+    args: &'a RelsyncArgs,
+    src: &'a RelationshipSource,
+    turn: &'a Arc<Turn>,
+    /// `--scope` was given: only those scopes, no cursor, no reap.
+    scoped: bool,
+    /// This run continues the previous cycle (from `status.sync.resumeAfter`).
+    continued: bool,
+    cred: &'a Credential,
+}
+
 /// One source in its `turn`: resolve, enumerate, walk its window of scopes, cross-resource
-/// edges, reap.
+/// edges, reap. Returns the record for its status and the throttles the upstream answered.
 pub(super) async fn sync_source<S: RelationshipStore>(
     ctx: &PassContext,
     args: &RelsyncArgs,
@@ -46,227 +91,282 @@ pub(super) async fn sync_source<S: RelationshipStore>(
     turn: Arc<Turn>,
 ) -> Result<(PassRecord, u64), PassError> {
     let scoped = !args.scopes.is_empty();
-    let ns = src.namespace().unwrap_or_default();
-    let spec = &src.spec;
-    if let Err(e) = plan::parse_interval(spec.sync.as_ref().and_then(|s| s.interval.as_deref())) {
-        return Ok((refused(scoped, "InvalidInterval", e), 0));
-    }
-    let cfg = match KindConfig::parse(&spec.kind, spec.config.as_ref(), spec.base_url.as_deref()) {
-        Ok(c) => c,
-        Err(e) => return Ok((refused(scoped, e.reason(), e.to_string()), 0)),
+    let r = match resolve(ctx, upstreams, src, &turn).await {
+        Ok(r) => r,
+        Err(Refusal { reason, message }) => return Ok((refused(scoped, reason, message), 0)),
     };
-    let cred = match auth::resolve(&ctx.client, &ns, src, cfg.fixed_endpoint(upstreams)).await {
-        Ok(c) => c,
-        Err(e) => return Ok((refused(scoped, e.reason(), e.to_string()), 0)),
+    let run = SourceRun {
+        args,
+        src,
+        turn: &turn,
+        scoped,
+        continued: !scoped && plan::cycle_in_progress(src.status.as_ref()),
+        cred: &r.cred,
     };
-    let dir = match directory(&ctx.client, &ns, &cfg).await {
-        Ok(d) => d,
-        Err(r) => return Ok((refused(scoped, r.reason, r.message), 0)),
+    let window = match run.window(r.kind.as_ref()).await? {
+        Ok(w) => w,
+        Err(rec) => return Ok((rec, r.kind.throttles())),
     };
-    let kind = match kinds::build(&cfg, &cred, upstreams, turn.clone()) {
-        Ok(k) => k,
-        Err(e) => {
-            return Ok((
-                refused(scoped, "InvalidConfig", crate::scrub::scrub(&e.to_string())),
-                0,
-            ));
-        }
-    };
-    let prefix = plan::source_prefix(&ns, &src.name_any());
+    let prefix = plan::source_prefix(&src.namespace().unwrap_or_default(), &src.name_any());
     let mut sctx = SourceCtx {
         store,
-        kind: kind.as_ref(),
+        kind: r.kind.as_ref(),
         prefix: &prefix,
-        directory: &dir,
+        directory: &r.dir,
         writes,
         held_cache: None,
         cached_kinds: BTreeSet::new(),
     };
+    run.prefetch(&mut sctx, &window.scopes).await;
+    let mut walked = run.walk(&sctx, &window.scopes).await;
+    let reap = run.cross_and_reap(&sctx, &window, &mut walked).await;
+    let throttles = r.kind.throttles();
+    if throttles > 0 {
+        tracing::info!(source = %key(src), throttles, "upstream throttled this pass; backed off and retried");
+    }
+    Ok((run.record(&window, walked, reap), throttles))
+}
 
-    // Which scopes: the explicit ones, or the enumeration after the cursor.
-    let prev_sync = src
-        .status
-        .as_ref()
-        .and_then(|s| s.sync.clone())
-        .unwrap_or_default();
-    let continued = !scoped && plan::cycle_in_progress(src.status.as_ref());
-    let (scopes, enumerated, from_start, at_end) = if scoped {
-        let mut v = Vec::new();
-        for id in &args.scopes {
-            v.push(kind.scope(id).ok_or_else(|| {
-                PassError::Config(format!("--scope {id:?} is not a scope id of kind {} (e.g. channel/C123, usergroup/S1, group/abc)", spec.kind))
-            })?);
+/// Resolve kind, config, credential and directory; nothing is sent before they are admitted.
+async fn resolve(
+    ctx: &PassContext,
+    upstreams: &Upstreams,
+    src: &RelationshipSource,
+    turn: &Arc<Turn>,
+) -> Result<Resolved, Refusal> {
+    let ns = src.namespace().unwrap_or_default();
+    let spec = &src.spec;
+    let refusal = |reason, message| Refusal { reason, message };
+    plan::parse_interval(spec.sync.as_ref().and_then(|s| s.interval.as_deref()))
+        .map_err(|e| refusal("InvalidInterval", e))?;
+    let cfg = KindConfig::parse(&spec.kind, spec.config.as_ref(), spec.base_url.as_deref())
+        .map_err(|e| refusal(e.reason(), e.to_string()))?;
+    let cred = auth::resolve(&ctx.client, &ns, src, cfg.fixed_endpoint(upstreams))
+        .await
+        .map_err(|e| refusal(e.reason(), e.to_string()))?;
+    let dir = directory(&ctx.client, &ns, &cfg).await?;
+    let kind = kinds::build(&cfg, &cred, upstreams, turn.clone())
+        .map_err(|e| refusal("InvalidConfig", crate::scrub::scrub(&e.to_string())))?;
+    Ok(Resolved { cred, dir, kind })
+}
+
+impl SourceRun<'_> {
+    /// The explicit scopes, or the enumeration's window after the cursor. An enumeration that
+    /// failed ends the source here with its record (the inner `Err`).
+    async fn window(&self, kind: &dyn Kind) -> Result<Result<Window, PassRecord>, PassError> {
+        let spec = &self.src.spec;
+        if self.scoped {
+            let mut scopes = Vec::new();
+            for id in &self.args.scopes {
+                scopes.push(kind.scope(id).ok_or_else(|| {
+                    PassError::Config(format!("--scope {id:?} is not a scope id of kind {} (e.g. channel/C123, usergroup/S1, group/abc)", spec.kind))
+                })?);
+            }
+            return Ok(Ok(Window {
+                scopes,
+                enumerated: Vec::new(),
+                from_start: false,
+                at_end: false,
+            }));
         }
-        (v, Vec::new(), false, false)
-    } else {
         let t = std::time::Instant::now();
-        match kind.enumerate().await {
-            Ok(all) => {
-                tracing::info!(source = %key(src), scopes = all.len(), seconds = t.elapsed().as_secs_f64(), "enumerated");
-                let resume = if continued {
-                    prev_sync.resume_after.as_str()
-                } else {
-                    ""
-                };
-                let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
-                let limit =
-                    plan::scope_limit(spec.sync.as_ref().and_then(|s| s.max_scopes_per_pass));
-                let (a, b, end) = plan::window(&ids, resume, limit);
-                (all[a..b].to_vec(), all, a == 0, end)
-            }
-            Err(e) => {
-                let reason = e.enumeration_reason();
-                let msg = crate::scrub::scrub(&cred.token.redact(&e.to_string()));
-                let mut rec = refused(false, reason, format!("enumerating scopes: {msg}"));
-                rec.errors = vec![sample("", &msg)];
-                if e.stops_pass() {
-                    // The turn ended first: nothing processed, the cycle and its cursor kept.
-                    tracing::warn!(source = %key(src), share = ?turn.share(), "enumeration cut off at the end of this source's share of the deadline");
-                    rec.outcome = Outcome::OutOfTime {
-                        message: format!("enumerating scopes: {msg}; the next run continues"),
-                    };
-                    rec.reap = Err(plan::Deferral::PartialCoverage);
-                } else {
-                    rec.outcome = Outcome::EnumerationFailed {
-                        reason,
-                        message: format!("enumerating scopes: {msg}"),
-                    };
-                }
-                return Ok((rec, kind.throttles()));
-            }
-        }
-    };
+        let all = match kind.enumerate().await {
+            Ok(all) => all,
+            Err(e) => return Ok(Err(self.enumeration_failed(&e))),
+        };
+        tracing::info!(source = %key(self.src), scopes = all.len(), seconds = t.elapsed().as_secs_f64(), "enumerated");
+        let prev_sync = self
+            .src
+            .status
+            .as_ref()
+            .and_then(|s| s.sync.clone())
+            .unwrap_or_default();
+        let resume = if self.continued {
+            prev_sync.resume_after.as_str()
+        } else {
+            ""
+        };
+        let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
+        let limit = plan::scope_limit(spec.sync.as_ref().and_then(|s| s.max_scopes_per_pass));
+        let (a, b, end) = plan::window(&ids, resume, limit);
+        Ok(Ok(Window {
+            scopes: all[a..b].to_vec(),
+            from_start: a == 0,
+            at_end: end,
+            enumerated: all,
+        }))
+    }
 
-    // A large window reads what SpiceDB holds in one stream per object type rather than one
-    // read per scope (SpiceDB, not the upstream, is then the cheaper side).
-    if scopes.len() >= PREFETCH_MIN {
+    /// The record of a source whose enumeration failed (or was cut off by its turn).
+    fn enumeration_failed(&self, e: &kinds::KindError) -> PassRecord {
+        let reason = e.enumeration_reason();
+        let msg = crate::scrub::scrub(&self.cred.token.redact(&e.to_string()));
+        let mut rec = refused(false, reason, format!("enumerating scopes: {msg}"));
+        rec.errors = vec![sample("", &msg)];
+        if e.stops_pass() {
+            // The turn ended first: nothing processed, the cycle and its cursor kept.
+            tracing::warn!(source = %key(self.src), share = ?self.turn.share(), "enumeration cut off at the end of this source's share of the deadline");
+            rec.outcome = Outcome::OutOfTime {
+                message: format!("enumerating scopes: {msg}; the next run continues"),
+            };
+            rec.reap = Err(Deferral::PartialCoverage);
+        } else {
+            rec.outcome = Outcome::EnumerationFailed {
+                reason,
+                message: format!("enumerating scopes: {msg}"),
+            };
+        }
+        rec
+    }
+
+    /// A large window reads what SpiceDB holds in one stream per object type rather than one
+    /// read per scope (SpiceDB, not the upstream, is then the cheaper side).
+    async fn prefetch<S: RelationshipStore>(&self, sctx: &mut SourceCtx<'_, S>, scopes: &[Scope]) {
+        if scopes.len() < PREFETCH_MIN {
+            return;
+        }
         let kinds: BTreeSet<&'static str> = scopes.iter().map(|s| s.object_type).collect();
-        match apply::prefetch(store, &prefix, &kinds).await {
+        match apply::prefetch(sctx.store, sctx.prefix, &kinds).await {
             Ok(c) => {
                 sctx.held_cache = Some(c);
                 sctx.cached_kinds = kinds;
             }
             Err(e) => {
-                tracing::warn!(source = %key(src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope")
+                tracing::warn!(source = %key(self.src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope")
             }
         }
     }
-    let sctx = sctx;
 
-    // Walk the window in order with bounded concurrency; results come back in order, so the
-    // cursor is the last scope before the first one not done.
-    let walk_started = std::time::Instant::now();
-    let sctx_ref = &sctx;
-    let turn_ref = &turn;
-    let mut results = futures::stream::iter(scopes.iter())
-        .map(|scope| async move {
-            if let Err(why) = turn_ref.take() {
-                return (scope, ScopeResult::Stopped(format!("{why:?}")));
-            }
-            (scope, sctx_ref.process(scope).await)
-        })
-        .buffered(args.concurrency.max(1));
-    let mut total = Stats::default();
-    let mut errors: Vec<ScopeErrorSample> = Vec::new();
-    let mut last_done = None;
-    let mut processed = 0i32;
-    let mut stopped = false;
-    while let Some((scope, r)) = results.next().await {
-        match r {
-            ScopeResult::Done(s) => {
-                total.written += s.written;
-                total.pruned += s.pruned;
-                total.reaped += s.reaped;
-                total.misses.extend(s.misses);
-            }
-            ScopeResult::Failed(msg) => errors.push(sample(&scope.id, &cred.token.redact(&msg))),
-            // The first scope of this pass outlasted the whole turn: it fails (the cursor
-            // passes it, the sample says why), so a scope that never fits in a turn cannot hold
-            // its source in place run after run. Any later one resumes next run.
-            ScopeResult::Cut(msg) if processed == 0 => {
-                errors.push(sample(&scope.id, &cred.token.redact(&msg)));
-                processed += 1;
-                last_done = Some(scope.id.clone());
-                stopped = true;
-                break;
-            }
-            ScopeResult::Cut(why) | ScopeResult::Stopped(why) => {
-                tracing::info!(source = %key(src), scope = %scope.id, why = %crate::scrub::scrub(&why), "stopping this source's walk; the next pass resumes here");
-                stopped = true;
-                break;
-            }
-        }
-        processed += 1;
-        last_done = Some(scope.id.clone());
-    }
-    drop(results);
-    tracing::info!(source = %key(src), processed, seconds = walk_started.elapsed().as_secs_f64(), "scopes walked");
-    let reached_end = at_end && !stopped;
-    let mut coverage = Coverage {
-        scoped,
-        enumeration_ok: !scoped,
-        enumerated: enumerated.len(),
-        from_start,
-        reached_end,
-        scope_errors: errors.len(),
-        cross_ok: true,
-    };
-    let mut reap = plan::reap_decision(&coverage);
-    if !scoped && !stopped {
-        match sctx.cross(reap.is_ok()).await {
-            Ok((s, cross_objects)) => {
-                total.written += s.written;
-                total.pruned += s.pruned;
-                if reap.is_ok() {
-                    let mut keep: BTreeSet<_> = enumerated
-                        .iter()
-                        .map(|s| sctx.object(s.object_type, &s.upstream_id))
-                        .collect();
-                    keep.extend(cross_objects);
-                    match sctx.reap(&keep).await {
-                        Ok(s) => {
-                            total.pruned += s.pruned;
-                            total.reaped += s.reaped;
-                        }
-                        Err(e) => {
-                            errors.push(sample("", &cred.token.redact(&format!("reap scan: {e}"))));
-                            reap = Err(plan::Deferral::ScopeErrors);
-                        }
-                    }
+    /// Walk the window in order with bounded concurrency; results come back in order, so the
+    /// cursor is the last scope before the first one not done.
+    async fn walk<S: RelationshipStore>(
+        &self,
+        sctx: &SourceCtx<'_, S>,
+        scopes: &[Scope],
+    ) -> Walked {
+        let walk_started = std::time::Instant::now();
+        let turn = self.turn;
+        let mut results = futures::stream::iter(scopes.iter())
+            .map(|scope| async move {
+                if let Err(why) = turn.take() {
+                    return (scope, ScopeResult::Stopped(format!("{why:?}")));
+                }
+                (scope, sctx.process(scope).await)
+            })
+            .buffered(self.args.concurrency.max(1));
+        let mut w = Walked::default();
+        let redact = |msg: &str| self.cred.token.redact(msg);
+        while let Some((scope, r)) = results.next().await {
+            match r {
+                ScopeResult::Done(s) => {
+                    w.total.written += s.written;
+                    w.total.pruned += s.pruned;
+                    w.total.reaped += s.reaped;
+                    w.total.misses.extend(s.misses);
+                }
+                ScopeResult::Failed(msg) => w.errors.push(sample(&scope.id, &redact(&msg))),
+                // The first scope of this pass outlasted the whole turn: it fails (the cursor
+                // passes it, the sample says why), so a scope that never fits in a turn cannot
+                // hold its source in place run after run. Any later one resumes next run.
+                ScopeResult::Cut(msg) if w.processed == 0 => {
+                    w.errors.push(sample(&scope.id, &redact(&msg)));
+                    w.processed += 1;
+                    w.last_done = Some(scope.id.clone());
+                    w.stopped = true;
+                    break;
+                }
+                ScopeResult::Cut(why) | ScopeResult::Stopped(why) => {
+                    tracing::info!(source = %key(self.src), scope = %scope.id, why = %crate::scrub::scrub(&why), "stopping this source's walk; the next pass resumes here");
+                    w.stopped = true;
+                    break;
                 }
             }
+            w.processed += 1;
+            w.last_done = Some(scope.id.clone());
+        }
+        drop(results);
+        tracing::info!(source = %key(self.src), processed = w.processed, seconds = walk_started.elapsed().as_secs_f64(), "scopes walked");
+        w
+    }
+
+    /// Cross-resource edges and the reap, after a walk that was not stopped; the reap only when
+    /// the pass covered every enumerated scope. Returns whether (or why not) the reap ran.
+    async fn cross_and_reap<S: RelationshipStore>(
+        &self,
+        sctx: &SourceCtx<'_, S>,
+        window: &Window,
+        w: &mut Walked,
+    ) -> Result<(), Deferral> {
+        let mut coverage = Coverage {
+            scoped: self.scoped,
+            enumeration_ok: !self.scoped,
+            enumerated: window.enumerated.len(),
+            from_start: window.from_start,
+            reached_end: window.at_end && !w.stopped,
+            scope_errors: w.errors.len(),
+            cross_ok: true,
+        };
+        let reap = plan::reap_decision(&coverage);
+        if self.scoped {
+            return reap;
+        }
+        if w.stopped {
+            return Err(Deferral::PartialCoverage);
+        }
+        let redact = |msg: &str| self.cred.token.redact(msg);
+        let cross_objects = match sctx.cross(reap.is_ok()).await {
+            Ok((s, cross_objects)) => {
+                w.total.written += s.written;
+                w.total.pruned += s.pruned;
+                cross_objects
+            }
             Err(e) => {
-                errors.push(sample(
-                    "",
-                    &cred.token.redact(&format!("cross-resource edges: {e}")),
-                ));
+                w.errors
+                    .push(sample("", &redact(&format!("cross-resource edges: {e}"))));
                 coverage.cross_ok = false;
-                reap = plan::reap_decision(&coverage);
+                return plan::reap_decision(&coverage);
+            }
+        };
+        reap?;
+        let mut keep: BTreeSet<_> = window
+            .enumerated
+            .iter()
+            .map(|s| sctx.object(s.object_type, &s.upstream_id))
+            .collect();
+        keep.extend(cross_objects);
+        match sctx.reap(&keep).await {
+            Ok(s) => {
+                w.total.pruned += s.pruned;
+                w.total.reaped += s.reaped;
+                Ok(())
+            }
+            Err(e) => {
+                w.errors
+                    .push(sample("", &redact(&format!("reap scan: {e}"))));
+                Err(Deferral::ScopeErrors)
             }
         }
-    } else if !scoped {
-        reap = Err(plan::Deferral::PartialCoverage);
     }
-    let throttles = kind.throttles();
-    if throttles > 0 {
-        tracing::info!(source = %key(src), throttles, "upstream throttled this pass; backed off and retried");
+
+    /// What the status records of this run.
+    fn record(&self, window: &Window, w: Walked, reap: Result<(), Deferral>) -> PassRecord {
+        let count = |n: i64| i32::try_from(n).unwrap_or(i32::MAX);
+        PassRecord {
+            scoped: self.scoped,
+            outcome: Outcome::Ran,
+            continued_cycle: self.continued,
+            reached_end: window.at_end && !w.stopped,
+            last_done: w.last_done,
+            counts: LastPass {
+                join_misses: i32::try_from(w.total.misses.len()).unwrap_or(i32::MAX),
+                pruned: count(w.total.pruned),
+                reaped_scopes: count(w.total.reaped),
+                scopes_processed: w.processed,
+                written: count(w.total.written),
+                ..Default::default()
+            },
+            errors: w.errors,
+            reap,
+        }
     }
-    let rec = PassRecord {
-        scoped,
-        outcome: Outcome::Ran,
-        continued_cycle: continued,
-        reached_end,
-        last_done,
-        counts: LastPass {
-            join_misses: i32::try_from(total.misses.len()).unwrap_or(i32::MAX),
-            pruned: i32::try_from(total.pruned).unwrap_or(i32::MAX),
-            reaped_scopes: i32::try_from(total.reaped).unwrap_or(i32::MAX),
-            scopes_processed: processed,
-            written: i32::try_from(total.written).unwrap_or(i32::MAX),
-            ..Default::default()
-        },
-        errors,
-        reap,
-    };
-    Ok((rec, throttles))
 }

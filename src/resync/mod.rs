@@ -8,6 +8,7 @@
 //! bindings), `record` (pure: the status each binding gets; written by [`Run::record`] here).
 
 mod apply;
+pub mod args;
 mod observe;
 pub mod plan;
 mod record;
@@ -87,7 +88,7 @@ struct Run<'a> {
     summary: Summary,
 }
 
-pub async fn run(ctx: PassContext, args: crate::cli::ResyncArgs) -> Result<Summary, PassError> {
+pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
     let client = ctx.client.clone();
     let seen = observe::consumer(&ctx, args.selector.as_deref()).await?;
     let mut apis = seen.apis;

@@ -53,7 +53,14 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
         source: SchemaSource::Crd,
         ..Default::default()
     };
+    let mut pages = 0;
     loop {
+        // Endless continue tokens must not hold the pass (docs/hostile-inputs.md).
+        if pages == crate::pass::list::MAX_PAGES {
+            let e = crate::pass::list::too_many_pages();
+            return Err(error("listing exported provider CRDs", &e));
+        }
+        pages += 1;
         let page = match api.list(&lp).await {
             Ok(p) => p,
             // One CRD the client cannot decode (a schema nested past the JSON reader's

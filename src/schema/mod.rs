@@ -9,6 +9,7 @@
 //! CRDs from the provider's.
 
 mod apply;
+pub mod args;
 pub mod crdpull;
 pub mod discovery;
 mod observe;
@@ -62,7 +63,7 @@ struct ProviderMemo {
     discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
-pub async fn run(ctx: PassContext, args: crate::cli::SchemaArgs) -> Result<Summary, PassError> {
+pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, PassError> {
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe::observe(&ctx, args.selector.as_deref()).await?;

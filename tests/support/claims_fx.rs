@@ -1,5 +1,5 @@
 //! Fixture for `kbind claims`: the provider apiserver (with kbind's kcp CRDs) stands for a kcp
-//! hub behind the local kcp front (`kbind::fakes::kcp`), so the pass runs its kcp code path:
+//! hub behind the local kcp front (`kbind_testkit::kcp`), so the pass runs its kcp code path:
 //! workspace URLs, the core export's virtual workspace, per-workspace writes. Names are unique
 //! per test, and the pass is limited to this fixture's CatalogEntries by a label.
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use kbind::api::kcp::{APIBinding, APIExport, AcceptablePermissionClaim, PermissionClaim};
 use kbind::api::providers::{CatalogEntry, Grant, Requirement};
-use kbind::fakes::{Running, kcp};
+use kbind_testkit::{Running, kcp};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Secret;
 use kbind::api::relsync::{AgentIdentity, RelationshipSource};
-use kbind::fakes::slack;
 use kbind::relsync::auth::Token;
 use kbind::relsync::spicedb::{Filter, HttpStore, Rel, RelationshipStore};
+use kbind_testkit::slack;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};

@@ -2,23 +2,23 @@
 //! lists its scopes, fetches one scope's whole membership, and names the cross-resource edges
 //! it asserts. The pass never knows which service it talks to.
 
+mod http;
 pub mod onepassword;
 pub mod slack;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
-use reqwest::Url;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::auth::{Credential, Token};
-use super::limits::{
-    Limits, MAX_PAGE_SIZE, ReadError, Turn, read_capped, show_bytes, show_duration,
-};
-use super::ratelimit::{Pacer, Throttled, parse_retry_after};
+use super::auth::Credential;
+use super::limits::{Limits, Turn};
+use super::ratelimit::{Pacer, Throttled};
+use crate::upstream::{self, UpstreamError};
+
+pub(crate) use http::{Http, PageCount, get_json, page_size};
 
 /// One unit of sync: an upstream object whose membership is diffed as a whole.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,6 +93,9 @@ pub enum KindError {
     OutOfTime { method: String, message: String },
     #[error(transparent)]
     Throttled(#[from] Throttled),
+    /// The HTTP client could not be built.
+    #[error("client: {0}")]
+    Client(#[source] UpstreamError),
 }
 
 impl KindError {
@@ -292,15 +295,6 @@ pub struct Upstreams {
     pub limits: Limits,
 }
 
-/// What every kind's requests share: the client, the pacer (and through it the source's turn),
-/// the token and the bounds.
-pub(crate) struct Http {
-    pub client: reqwest::Client,
-    pub pacer: Pacer,
-    pub token: Token,
-    pub limits: Limits,
-}
-
 /// Build the kind for a source whose config parsed and whose credential was admitted; its
 /// requests end with `turn`.
 pub fn build(
@@ -310,17 +304,9 @@ pub fn build(
     turn: Arc<Turn>,
 ) -> Result<Box<dyn Kind>, KindError> {
     let limits = upstreams.limits;
-    let http = reqwest::Client::builder()
-        // A redirect would carry the credential to a host allowedHosts never admitted.
-        .redirect(reqwest::redirect::Policy::none())
-        // The whole request is bounded by `get_json`; these only end a dead connection early.
-        .connect_timeout(limits.request_timeout.min(Duration::from_secs(10)))
-        .read_timeout(limits.request_timeout)
-        .build()
-        .map_err(|e| KindError::Transport {
-            method: "client".into(),
-            message: e.to_string(),
-        })?;
+    // The whole request is bounded by `get_json`; the client's own timeouts only end a dead
+    // connection early.
+    let http = upstream::client(limits.request_timeout).map_err(KindError::Client)?;
     let http = |tiers, default_per_min| Http {
         client: http,
         pacer: Pacer::new(tiers, default_per_min, upstreams.rate_scale, turn),
@@ -346,190 +332,6 @@ pub fn build(
             ))
         }
     })
-}
-
-/// One page-size parameter as sent: the source's `pageSize`, between 1 and [`MAX_PAGE_SIZE`].
-pub(crate) fn page_size(configured: u32) -> u32 {
-    configured.clamp(1, MAX_PAGE_SIZE)
-}
-
-/// Counts the pages of one listing against `--max-pages`.
-pub(crate) struct PageCount {
-    n: usize,
-    max: usize,
-}
-
-impl PageCount {
-    pub fn new(limits: &Limits) -> Self {
-        Self {
-            n: 0,
-            max: limits.max_pages.max(1),
-        }
-    }
-
-    /// Count one more page about to be asked for; an error past the cap.
-    pub fn next(&mut self, method: &str) -> Result<(), KindError> {
-        if self.n >= self.max {
-            return Err(KindError::TooManyPages {
-                method: method.to_string(),
-                message: format!(
-                    "more than {} pages (--max-pages): the server keeps saying there is more",
-                    self.max
-                ),
-            });
-        }
-        self.n += 1;
-        Ok(())
-    }
-}
-
-/// Resends of a read that failed in transit or met a 5xx.
-const TRANSIENT_RETRIES: u32 = 3;
-
-/// A paced GET returning (HTTP status, JSON body), retrying the three throttle shapes. The
-/// token rides in the Authorization header only; error text names the URL without its query.
-///
-/// Bounded (docs/relsync.md "Bounds"): each attempt, connect to the last byte of the body,
-/// within `--request-timeout` (one that got no answer at all is resent like a dropped
-/// connection; one whose body was still arriving is not); the body read only up to
-/// `--max-response-bytes`; every attempt,
-/// resend wait and rate-limit wait within the source's turn. A request the turn cuts off is
-/// [`KindError::OutOfTime`], which stops the source (its cursor is kept) rather than failing it.
-pub(crate) async fn get_json(
-    http: &Http,
-    method: &str,
-    url: Url,
-    slack_style: bool,
-) -> Result<(u16, Value), KindError> {
-    let mut bare = url.clone();
-    bare.set_query(None);
-    let pacer = &http.pacer;
-    let turn = pacer.turn();
-    let limits = &http.limits;
-    let mut attempt = 0;
-    let mut transient = 0;
-    let out_of_time = || KindError::OutOfTime {
-        method: method.to_string(),
-        message: format!(
-            "GET {bare}: cut off when this source's {} share of the pass deadline ran out",
-            show_duration(turn.share())
-        ),
-    };
-    let timed_out = || KindError::TimedOut {
-        method: method.to_string(),
-        message: format!(
-            "GET {bare}: no complete answer within --request-timeout {}",
-            show_duration(limits.request_timeout)
-        ),
-    };
-    // Every request here is a read: one that failed in transit, or met a server error, is
-    // simply sent again, a few times, before it counts against its scope. The wait before a
-    // resend is taken only if the turn has time for it.
-    let resend = |transient: &mut u32, message: String| {
-        *transient += 1;
-        let wait = Duration::from_millis(250 << *transient);
-        if *transient > TRANSIENT_RETRIES {
-            return Err(KindError::Transport {
-                method: method.to_string(),
-                message: crate::scrub::scrub(&format!("GET {bare}: {message}")),
-            });
-        }
-        if turn.would_cross(wait) {
-            return Err(out_of_time());
-        }
-        Ok(tokio::time::sleep(wait))
-    };
-    loop {
-        pacer.pace(method).await?;
-        let started = tokio::time::Instant::now();
-        let by = started + limits.request_timeout;
-        let sent = http
-            .client
-            .get(url.clone())
-            .bearer_auth(http.token.expose())
-            .send();
-        // No answer at all within the bound is a stall, resent like a dropped connection; an
-        // answer whose body is still arriving at the bound (a drip) is not resent.
-        let resp = tokio::select! {
-            r = tokio::time::timeout_at(by, sent) => match r {
-                Err(_) => {
-                    let why = format!(
-                        "no answer within --request-timeout {}",
-                        show_duration(limits.request_timeout)
-                    );
-                    resend(&mut transient, why)?.await;
-                    continue;
-                }
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    resend(&mut transient, e.to_string())?.await;
-                    continue;
-                }
-            },
-            () = turn.over() => return Err(out_of_time()),
-        };
-        let status = resp.status().as_u16();
-        if matches!(status, 500 | 502 | 503 | 504) && transient < TRANSIENT_RETRIES {
-            resend(&mut transient, format!("HTTP {status}"))?.await;
-            continue;
-        }
-        if status == 429 {
-            let ra = parse_retry_after(
-                resp.headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok()),
-            );
-            pacer.throttled(method, attempt, ra).await?;
-            attempt += 1;
-            continue;
-        }
-        if resp.status().is_redirection() {
-            return Err(KindError::Upstream {
-                method: method.to_string(),
-                message: format!("GET {bare}: HTTP {status} redirect not followed"),
-            });
-        }
-        let read = read_capped(resp, limits.max_response_bytes);
-        let bytes = tokio::select! {
-            r = tokio::time::timeout_at(by, read) => match r {
-                Err(_) => return Err(timed_out()),
-                Ok(Ok(b)) => b,
-                Ok(Err(ReadError::TooLarge { .. })) => {
-                    return Err(KindError::TooLarge {
-                        method: method.to_string(),
-                        message: format!(
-                            "GET {bare}: HTTP {status}: the answer is larger than the {} cap (--max-response-bytes); nothing of it was used",
-                            show_bytes(limits.max_response_bytes)
-                        ),
-                    });
-                }
-                Ok(Err(ReadError::Transport(e))) => {
-                    resend(&mut transient, e)?.await;
-                    continue;
-                }
-            },
-            () = turn.over() => return Err(out_of_time()),
-        };
-        let body: Value = match serde_json::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(_) => {
-                return Err(KindError::Upstream {
-                    method: method.to_string(),
-                    message: format!("GET {bare}: HTTP {status}, body is not JSON"),
-                });
-            }
-        };
-        drop(bytes);
-        if slack_style
-            && body.get("ok") == Some(&Value::Bool(false))
-            && body.get("error").and_then(Value::as_str) == Some("ratelimited")
-        {
-            pacer.throttled(method, attempt, None).await?;
-            attempt += 1;
-            continue;
-        }
-        return Ok((status, body));
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,10 @@
 //! Local stand-ins for Slack and a SCIM bridge, faithful to the documented behaviour kbind must
 //! survive (cursor pages that run short or empty while more remain, `ok:false` errors, the three
-//! throttle shapes, SCIM ListResponse quirks). Used by the tests and the demo; never in a job.
+//! throttle shapes, SCIM ListResponse quirks), a kcp front for a plain apiserver, and a
+//! fault-injecting proxy. Used by kbind's tests, benchmarks and demo; never in a job: kbind has
+//! this crate as a dev-dependency only, and this crate does not depend on kbind.
+
+#![forbid(unsafe_code)]
 
 pub mod faults;
 pub mod kcp;
@@ -194,6 +198,12 @@ impl Generated {
         }
         r
     }
+}
+
+/// Install ring as the process-wide rustls provider, as kbind does (reqwest is built without
+/// one). Idempotent.
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Lock a mutex, recovering from poisoning (a panicked handler must not wedge the fake).

@@ -1,16 +1,5 @@
-//! SpiceDB over its HTTP gateway (`/v1/relationships/read|write|delete`), behind
-//! [`RelationshipStore`] so a gRPC backend can be added without touching the pass.
-//!
-//! Hazards handled here: the gateway silently drops unknown JSON fields, so a misspelt filter
-//! field would *widen* a read (the field names are pinned by a test); a read is a
-//! newline-delimited stream whose failure can arrive in-band after HTTP 200; a write takes at
-//! most 1000 updates and refuses two updates of one relationship; a delete by filter without an
-//! object id or prefix would take every source's relationships of that type, so it is refused.
-//!
-//! Bounded (docs/relsync.md "Bounds"): an answer is read only up to `--max-response-bytes`, and
-//! a read stream line by line, each line within that cap (a stream is not one body); a request
-//! completes within `--request-timeout` (a stream: each stall); nothing — request, stream or
-//! wait before a retry — outlives the pass's end.
+//! [`HttpStore`]: the SpiceDB HTTP gateway client — requests, read streams, bounded answers,
+//! retries of transient failures — and the gateway's JSON shapes.
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,141 +7,19 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::auth::Token;
-use super::limits::{DEFAULT_MAX_RESPONSE_BYTES, Lines, ReadError, read_capped, show_bytes};
-
-/// SpiceDB's default (and advisory) cap on updates per WriteRelationships call.
-pub const MAX_UPDATES: usize = 1000;
-
-/// Relationships one DeleteRelationships call deletes at most: SpiceDB's default
-/// `--max-delete-relationships-limit`. A larger match is deleted in several calls, each its own
-/// transaction.
-pub const DELETE_LIMIT: u32 = 1000;
-
-/// An object reference `type:id`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Obj {
-    pub kind: String,
-    pub id: String,
-}
-
-impl Obj {
-    pub fn new(kind: &str, id: impl Into<String>) -> Self {
-        Self {
-            kind: kind.to_string(),
-            id: id.into(),
-        }
-    }
-}
-
-/// `resource#relation@subject` (subjects are whole objects; kbind writes no subject relations).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Rel {
-    pub resource: Obj,
-    pub relation: String,
-    pub subject: Obj,
-}
-
-impl std::fmt::Display for Rel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}#{}@{}:{}",
-            self.resource.kind, self.resource.id, self.relation, self.subject.kind, self.subject.id
-        )
-    }
-}
-
-/// TOUCH (upsert) or DELETE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Touch,
-    Delete,
-}
-
-/// A ReadRelationships filter: one resource type, optionally one object id or an id prefix,
-/// optionally one relation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Filter {
-    pub resource_type: String,
-    pub resource_id: Option<String>,
-    pub resource_id_prefix: Option<String>,
-    pub relation: Option<String>,
-}
-
-impl Filter {
-    /// The gateway's JSON. Field names are exactly the proto's: a typo would be dropped by the
-    /// gateway and widen the filter.
-    pub fn to_json(&self) -> Value {
-        let mut f = json!({ "resourceType": self.resource_type });
-        if let Some(id) = &self.resource_id {
-            f["optionalResourceId"] = json!(id);
-        }
-        if let Some(p) = &self.resource_id_prefix {
-            f["optionalResourceIdPrefix"] = json!(p);
-        }
-        if let Some(r) = &self.relation {
-            f["optionalRelation"] = json!(r);
-        }
-        f
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SpiceError {
-    #[error("SpiceDB {what}: HTTP {status}: {message}")]
-    Http {
-        what: &'static str,
-        status: u16,
-        message: String,
-    },
-    #[error("SpiceDB {what}: {message}")]
-    Transport { what: &'static str, message: String },
-    #[error("SpiceDB read stream: {0}")]
-    Stream(String),
-    /// The stream broke off mid-read (a dropped connection, a stall): worth reading again.
-    #[error("SpiceDB read stream cut off: {0}")]
-    Cut(String),
-    #[error("SpiceDB write of {0} updates exceeds the {MAX_UPDATES}-update cap")]
-    TooManyUpdates(usize),
-    /// A DeleteRelationships answer that cannot be trusted to mean progress.
-    #[error("SpiceDB delete: {0}")]
-    Delete(String),
-    /// An answer (or one line of a stream) past `--max-response-bytes`.
-    #[error("SpiceDB {what}: the answer is larger than the {} cap (--max-response-bytes)", show_bytes(*cap))]
-    TooLarge { what: &'static str, cap: u64 },
-    /// A request that did not complete within `--request-timeout`.
-    #[error("SpiceDB {what}: no complete answer within --request-timeout {}", crate::relsync::limits::show_duration(*timeout))]
-    TimedOut {
-        what: &'static str,
-        timeout: Duration,
-    },
-    /// The pass's end came first.
-    #[error("SpiceDB {0}: cut off at the pass deadline")]
-    Deadline(&'static str),
-}
-
-impl SpiceError {
-    /// A failure the same request may not meet again: the connection dropped or stalled, the
-    /// stream was cut, the answer did not come in time, or the server said it was unavailable,
-    /// overloaded or broken.
-    fn transient(&self) -> bool {
-        match self {
-            Self::Transport { .. } | Self::Cut(_) | Self::TimedOut { .. } => true,
-            Self::Http { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
-            Self::Stream(_)
-            | Self::TooManyUpdates(_)
-            | Self::Delete(_)
-            | Self::TooLarge { .. }
-            | Self::Deadline(_) => false,
-        }
-    }
-}
+use super::{DELETE_LIMIT, Filter, MAX_UPDATES, Obj, Op, Rel, RelationshipStore, SpiceError};
+use crate::pass::backoff::Backoff;
+use crate::relsync::auth::Token;
+use crate::relsync::limits::DEFAULT_MAX_RESPONSE_BYTES;
+use crate::upstream::{self, Lines, UpstreamError, read_capped};
 
 /// Retries of a transient failure. Every call retried here is safe to repeat: reads, writes
 /// made only of TOUCH and DELETE, and deletes by filter, which leave the same state however
 /// often they land.
 const RETRIES: u32 = 3;
+
+/// The waits between them: from 200 ms, doubling, jittered (see `pass::backoff`).
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_millis(800));
 
 /// `call`, again after a transient failure, unless the wait would pass `ends`.
 async fn with_retries<T, F, Fut>(ends: Option<Instant>, mut call: F) -> Result<T, SpiceError>
@@ -164,10 +31,9 @@ where
     loop {
         match call().await {
             Err(e) if e.transient() && attempt < RETRIES => {
-                let wait = Duration::from_millis(200 << attempt);
-                if ends.is_some_and(|end| Instant::now() + wait >= end) {
+                let Some(wait) = BACKOFF.within(attempt, None, ends.map(Instant::into_std)) else {
                     return Err(e);
-                }
+                };
                 tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), attempt, "SpiceDB: transient failure; retrying");
                 tokio::time::sleep(wait).await;
                 attempt += 1;
@@ -175,25 +41,6 @@ where
             other => return other,
         }
     }
-}
-
-/// Where relationships are read and written.
-pub trait RelationshipStore: Send + Sync {
-    /// Every relationship matching `filter`, fully consistent.
-    fn read(&self, filter: &Filter) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send;
-    /// Every relationship matching `filter`, for large reads (whole sources): SpiceDB's bulk
-    /// export where the backend has one.
-    fn read_bulk(
-        &self,
-        filter: &Filter,
-    ) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send {
-        self.read(filter)
-    }
-    /// One atomic write of at most [`MAX_UPDATES`] updates.
-    fn write(&self, updates: &[(Op, Rel)]) -> impl Future<Output = Result<(), SpiceError>> + Send;
-    /// Delete every relationship matching `filter` (DeleteRelationships), in transactions of at
-    /// most [`DELETE_LIMIT`]; returns how many SpiceDB reports deleted.
-    fn delete(&self, filter: &Filter) -> impl Future<Output = Result<u64, SpiceError>> + Send;
 }
 
 /// The HTTP gateway client.
@@ -293,15 +140,7 @@ impl HttpStore {
         request_timeout: Duration,
         max_bytes: u64,
     ) -> Result<Self, SpiceError> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(request_timeout.min(Duration::from_secs(10)))
-            .read_timeout(request_timeout)
-            .build()
-            .map_err(|e| SpiceError::Transport {
-                what: "client",
-                message: e.to_string(),
-            })?;
+        let http = upstream::client(request_timeout).map_err(SpiceError::Client)?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
@@ -347,16 +186,13 @@ impl HttpStore {
             .json(body)
             .send()
             .await
-            .map_err(|e| SpiceError::Transport {
-                what,
-                message: crate::scrub::scrub(&e.to_string()),
-            })?;
+            .map_err(|source| SpiceError::Send { what, source })?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let message = match read_capped(resp, self.max_bytes).await {
                 Ok(b) => body_message(&String::from_utf8_lossy(&b)),
-                Err(ReadError::TooLarge { .. }) => "(an error answer too large to read)".into(),
-                Err(ReadError::Transport(m)) => m,
+                Err(UpstreamError::TooLarge { .. }) => "(an error answer too large to read)".into(),
+                Err(e) => crate::scrub::scrub(&e.to_string()),
             };
             return Err(SpiceError::Http {
                 what,
@@ -379,8 +215,8 @@ impl HttpStore {
             read_capped(resp, self.max_bytes)
                 .await
                 .map_err(|e| match e {
-                    ReadError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
-                    ReadError::Transport(message) => SpiceError::Transport { what, message },
+                    UpstreamError::TooLarge { cap } => SpiceError::TooLarge { what, cap },
+                    source => SpiceError::Read { what, source },
                 })
         };
         let timeout = self.request_timeout;
@@ -458,10 +294,7 @@ impl HttpStore {
             Ok(())
         };
         loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| SpiceError::Cut(crate::scrub::scrub(&e.to_string())))?;
+            let chunk = resp.chunk().await.map_err(SpiceError::Cut)?;
             let Some(chunk) = chunk else { break };
             let done = lines.push(&chunk).map_err(|_| SpiceError::TooLarge {
                 what,
@@ -473,6 +306,21 @@ impl HttpStore {
         }
         handle_line(&lines.finish(), &mut out)?;
         Ok(out)
+    }
+
+    /// A fully consistent read of every relationship matching `filter` (sent as `filter_field`)
+    /// from one of the gateway's streaming endpoints, again after a transient failure.
+    async fn read_stream(
+        &self,
+        what: &'static str,
+        path: &str,
+        filter_field: &str,
+        pointer: &str,
+        filter: &Filter,
+    ) -> Result<Vec<Rel>, SpiceError> {
+        let mut body = json!({ "consistency": {"fullyConsistent": true} });
+        body[filter_field] = filter.to_json();
+        with_retries(self.ends, || self.stream(what, path, &body, pointer)).await
     }
 
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
@@ -493,36 +341,26 @@ impl HttpStore {
 
 impl RelationshipStore for HttpStore {
     async fn read(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
-        let body = json!({
-            "consistency": {"fullyConsistent": true},
-            "relationshipFilter": filter.to_json(),
-        });
-        with_retries(self.ends, || {
-            self.stream(
-                "read",
-                "/v1/relationships/read",
-                &body,
-                "/result/relationship",
-            )
-        })
+        self.read_stream(
+            "read",
+            "/v1/relationships/read",
+            "relationshipFilter",
+            "/result/relationship",
+            filter,
+        )
         .await
     }
 
     /// Bulk export streams pages of up to 10,000 relationships: several times faster than
     /// ReadRelationships for a whole source.
     async fn read_bulk(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
-        let body = json!({
-            "consistency": {"fullyConsistent": true},
-            "optionalRelationshipFilter": filter.to_json(),
-        });
-        with_retries(self.ends, || {
-            self.stream(
-                "export",
-                "/v1/relationships/exportbulk",
-                &body,
-                "/result/relationships",
-            )
-        })
+        self.read_stream(
+            "export",
+            "/v1/relationships/exportbulk",
+            "optionalRelationshipFilter",
+            "/result/relationships",
+            filter,
+        )
         .await
     }
 
@@ -575,9 +413,9 @@ impl RelationshipStore for HttpStore {
                 let bytes = self
                     .post("delete", "/v1/relationships/delete", &body)
                     .await?;
-                serde_json::from_slice::<Value>(&bytes).map_err(|e| SpiceError::Transport {
+                serde_json::from_slice::<Value>(&bytes).map_err(|source| SpiceError::Decode {
                     what: "delete",
-                    message: crate::scrub::scrub(&e.to_string()),
+                    source,
                 })
             })
             .await?;
@@ -593,29 +431,7 @@ impl RelationshipStore for HttpStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn filter_field_names_are_the_protos() {
-        let f = Filter {
-            resource_type: "slack_channel".into(),
-            resource_id: Some("a/b/C1".into()),
-            resource_id_prefix: None,
-            relation: Some("member".into()),
-        };
-        assert_eq!(
-            f.to_json(),
-            json!({"resourceType": "slack_channel", "optionalResourceId": "a/b/C1", "optionalRelation": "member"})
-        );
-        let p = Filter {
-            resource_type: "scim_group".into(),
-            resource_id_prefix: Some("a/b/".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            p.to_json(),
-            json!({"resourceType": "scim_group", "optionalResourceIdPrefix": "a/b/"})
-        );
-    }
+    use serde_json::json;
 
     #[test]
     fn delete_answers() {

@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 
-use kbind::fakes::{scim, slack};
+use kbind_testkit::{scim, slack};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();

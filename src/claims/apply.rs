@@ -1,0 +1,320 @@
+//! Apply: bring bindings' claims to what the policy plans (`policy`, `merge`) — the hub's own
+//! core bindings first, then each CatalogEntry's bindings from its cursor — one budgeted write
+//! per binding that differs, re-read and merged again on a conflict.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::ResourceExt;
+
+use super::args;
+use super::hub::{Hub, HubError, SlimBinding};
+use super::merge::{ClaimKey, merge, parse_placeholders, render_placeholders};
+use super::observe::{CoreIdentity, relist_opened};
+use super::policy::{self, Consent, Desired, OwnIdentities};
+use super::record::{self, Blocked, EntryOutcome};
+use super::{GrantKey, blocked_by, identity_gap, warn_entry};
+use crate::api::kcp::{APIExport, ClaimState, PermissionClaim};
+use crate::api::providers::CatalogEntry;
+use crate::pass::StatusCode;
+use crate::pass::budget::Exhausted;
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, Summary};
+use crate::scrub::scrub;
+
+/// What every CatalogEntry of one run reads (the run state of the apply step).
+pub(super) struct Observed<'a> {
+    pub ctx: &'a PassContext,
+    pub hub: &'a Hub,
+    pub grants: &'a Option<BTreeMap<GrantKey, Consent>>,
+    pub core_identity: &'a CoreIdentity,
+}
+
+impl Observed<'_> {
+    /// Reconcile one provider's bindings from where its last unfinished cycle stopped.
+    pub(super) async fn reconcile_entry(
+        &self,
+        entry: &CatalogEntry,
+        bindings: &[&SlimBinding],
+        writes: &mut Writes,
+        summary: &mut Summary,
+    ) -> (EntryOutcome, Option<Exhausted>) {
+        let name = entry.name_any();
+        let hash = policy::requirements_hash(&entry.spec.requires);
+        let mut outcome = EntryOutcome {
+            requirements_hash: hash.clone(),
+            ..Default::default()
+        };
+        let Some((export, own)) = self.entry_export(entry, &mut outcome).await else {
+            return (outcome, None);
+        };
+        let prev = entry.status.clone().unwrap_or_default();
+        let resume = record::resume_point(&prev, &hash);
+        outcome.resumed = resume.is_some();
+        // Desired claims depend only on the consent; most workspaces share "none".
+        let mut cache: BTreeMap<Option<Consent>, Desired> = BTreeMap::new();
+        let mut last: Option<String> = None;
+        let mut exhausted = None;
+        let mut sorted: Vec<&&SlimBinding> = bindings.iter().collect();
+        sorted.sort_by_key(|b| b.key());
+        for b in sorted {
+            let key = b.key();
+            if resume.as_ref().is_some_and(|r| key.as_str() <= r.as_str()) {
+                continue;
+            }
+            if let Err(why) = self.ctx.budget.check() {
+                exhausted = Some(why);
+                break;
+            }
+            let consent = self
+                .grants
+                .as_ref()
+                .and_then(|g| g.get(&(b.cluster.clone(), name.clone())).cloned());
+            let desired = cache.entry(consent.clone()).or_insert_with(|| {
+                policy::desired(&name, &entry.spec.requires, &export, &own, consent.as_ref())
+            });
+            match reconcile_binding(self.hub, b, desired, &export, false, writes, self.ctx).await {
+                Ok(Written::Updated(_)) => outcome.updated += 1,
+                Ok(Written::Unchanged) => {}
+                Ok(Written::OutOfBudget(why)) => {
+                    exhausted = Some(why);
+                    break;
+                }
+                Err(e) => {
+                    outcome.failed += 1;
+                    warn_entry(self.ctx, entry, b, &e).await;
+                }
+            }
+            outcome.checked += 1;
+            last = Some(key);
+        }
+        if exhausted.is_some() {
+            outcome.stopped_after = last.or(resume);
+        }
+        summary.count("bindingsChecked", outcome.checked);
+        summary.count("bindingsUpdated", outcome.updated);
+        summary.count("failed", outcome.failed);
+        summary.count("missingOnExport", outcome.missing_on_export.len() as i64);
+        (outcome, exhausted)
+    }
+
+    /// The entry's APIExport claims and the identities its requirements may carry, with the
+    /// outcome's identity gap and what the export lacks; `None` (the outcome blocked) when the
+    /// export cannot be read.
+    async fn entry_export(
+        &self,
+        entry: &CatalogEntry,
+        outcome: &mut EntryOutcome,
+    ) -> Option<(Vec<PermissionClaim>, OwnIdentities)> {
+        let export = match self
+            .hub
+            .get_export(&entry.spec.export.path, &entry.spec.export.name)
+            .await
+        {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                outcome.blocked = Some(Blocked {
+                    reason: "ExportNotFound",
+                    message: format!(
+                        "APIExport {} not found in {}",
+                        entry.spec.export.name,
+                        if entry.spec.export.path.is_empty() {
+                            "the hub"
+                        } else {
+                            &entry.spec.export.path
+                        }
+                    ),
+                });
+                return None;
+            }
+            Err(e) => {
+                outcome.blocked = Some(blocked_by(&e));
+                return None;
+            }
+        };
+        let own_identity = export
+            .status
+            .as_ref()
+            .map(|s| s.identity_hash.clone())
+            .filter(|h| !h.is_empty());
+        outcome.identity_gap = identity_gap(entry, own_identity.is_some(), self.core_identity);
+        let own = OwnIdentities::new(own_identity, self.core_identity.known());
+        let export = export.spec.permission_claims;
+        // What the export lacks does not depend on any workspace's consent.
+        outcome.missing_on_export =
+            policy::desired(&entry.name_any(), &entry.spec.requires, &export, &own, None)
+                .missing_on_export;
+        Some((export, own))
+    }
+
+    /// The hub's own core bindings, before any provider's: accepting the apibindings claim
+    /// there makes the virtual workspace show that workspace's provider bindings, so `bindings`
+    /// is listed once more when a workspace opened. Returns what stopped the pass, if anything.
+    pub(super) async fn reconcile_core(
+        &self,
+        core: &args::Core,
+        core_export: APIExport,
+        bindings: &mut Vec<SlimBinding>,
+        writes: &mut Writes,
+        summary: &mut Summary,
+    ) -> Result<Option<Exhausted>, PassError> {
+        let claims = core_export.spec.permission_claims;
+        let desired = policy::core_desired(&claims);
+        let mut opened: BTreeSet<String> = BTreeSet::new();
+        let mut stopped = None;
+        for b in bindings.iter().filter(|b| core.is_core_binding(b)) {
+            if let Err(why) = self.ctx.budget.check() {
+                stopped = Some(why);
+                break;
+            }
+            summary.count("coreBindingsChecked", 1);
+            match reconcile_binding(self.hub, b, &desired, &claims, true, writes, self.ctx).await {
+                Ok(Written::Updated(after)) => {
+                    summary.count("coreBindingsUpdated", 1);
+                    if accepts_apibindings(&after) && !accepts_apibindings(&b.claims_view()) {
+                        opened.insert(b.cluster.clone());
+                    }
+                }
+                Ok(Written::Unchanged) => {}
+                Ok(Written::OutOfBudget(why)) => {
+                    stopped = Some(why);
+                    break;
+                }
+                Err(e) => {
+                    summary.count("failed", 1);
+                    tracing::warn!(binding = %b.key(), error = %scrub(&e.to_string()), "core binding not reconciled");
+                }
+            }
+        }
+        if !opened.is_empty() && !writes.dry_run() {
+            *bindings = relist_opened(self.hub, core, &opened, self.ctx).await?;
+            summary.count("workspacesOpened", opened.len() as i64);
+        }
+        Ok(stopped)
+    }
+}
+
+/// What happened to one binding.
+pub(super) enum Written {
+    Unchanged,
+    /// The claims now held (or, in a dry run, that would be).
+    Updated(Vec<(ClaimKey, ClaimState)>),
+    /// A write was due but the budget is spent.
+    OutOfBudget(Exhausted),
+}
+
+/// Bring one binding's claims to `desired`, taking one unit of budget per write. A conflicting
+/// write re-reads the binding and merges again, so a tenant's concurrent edit is kept, never
+/// clobbered.
+pub(super) async fn reconcile_binding(
+    hub: &Hub,
+    binding: &SlimBinding,
+    desired: &Desired,
+    export: &[PermissionClaim],
+    force: bool,
+    writes: &mut Writes,
+    ctx: &PassContext,
+) -> Result<Written, HubError> {
+    let mut current = binding.clone();
+    let mut budgeted = false;
+    for attempt in 0..3 {
+        let marks = parse_placeholders(current.placeholders.as_deref());
+        let merged = merge(&current.claims, &marks, desired, export, force);
+        if !merged.changed {
+            return Ok(Written::Unchanged);
+        }
+        if !budgeted {
+            if let Err(why) = ctx.budget.take() {
+                return Ok(Written::OutOfBudget(why));
+            }
+            budgeted = true;
+        }
+        let target = format!("APIBinding {}/{}", current.cluster, current.name);
+        let detail = describe(&current, &merged.claims);
+        if !writes.will("patch", target, detail) {
+            return Ok(Written::Updated(view(&merged.claims)));
+        }
+        let annotation = render_placeholders(&merged.placeholders);
+        match hub
+            .write_claims(
+                &current,
+                &merged.claims,
+                annotation.as_deref(),
+                &ctx.field_manager(),
+            )
+            .await
+        {
+            Ok(()) => {
+                writes.data_done();
+                return Ok(Written::Updated(view(&merged.claims)));
+            }
+            Err(e) if is_conflict(&e) && attempt < 2 => {
+                tracing::debug!(binding = %current.key(), "binding changed while writing; re-reading");
+                match hub.get_binding(&current.cluster, &current.name).await? {
+                    Some(fresh) => current = fresh,
+                    None => return Ok(Written::Unchanged),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Written::Unchanged)
+}
+
+fn view(claims: &[crate::api::kcp::AcceptablePermissionClaim]) -> Vec<(ClaimKey, ClaimState)> {
+    claims
+        .iter()
+        .map(|c| {
+            (
+                ClaimKey {
+                    group: c.group.clone(),
+                    resource: c.resource.clone(),
+                    identity_hash: c.identity_hash.clone(),
+                },
+                c.state,
+            )
+        })
+        .collect()
+}
+
+pub(super) fn accepts_apibindings(claims: &[(ClaimKey, ClaimState)]) -> bool {
+    claims.iter().any(|(k, s)| {
+        k.group == "apis.kcp.io" && k.resource == "apibindings" && *s == ClaimState::Accepted
+    })
+}
+
+impl SlimBinding {
+    fn claims_view(&self) -> Vec<(ClaimKey, ClaimState)> {
+        view(&self.claims)
+    }
+}
+
+/// A short description of a claims change for dry runs and logs.
+fn describe(before: &SlimBinding, after: &[crate::api::kcp::AcceptablePermissionClaim]) -> String {
+    let old: BTreeMap<ClaimKey, ClaimState> = before.claims_view().into_iter().collect();
+    let new: BTreeMap<ClaimKey, ClaimState> = view(after).into_iter().collect();
+    let mut parts = Vec::new();
+    for (k, s) in &new {
+        let gr = if k.group.is_empty() {
+            k.resource.clone()
+        } else {
+            format!("{}.{}", k.resource, k.group)
+        };
+        match old.get(k) {
+            None => parts.push(format!("+{gr}={s:?}")),
+            Some(o) if o != s => parts.push(format!("{gr}: {o:?}->{s:?}")),
+            Some(_) => {}
+        }
+    }
+    for k in old.keys().filter(|k| !new.contains_key(*k)) {
+        parts.push(format!("-{}.{}", k.resource, k.group));
+    }
+    if parts.is_empty() {
+        "verbs or placeholder marks".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn is_conflict(e: &HubError) -> bool {
+    e.kube_source().is_some_and(|k| k.is_conflict())
+}
