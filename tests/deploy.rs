@@ -339,22 +339,30 @@ async fn manifests_render_and_pass_server_dry_run() {
 
     // Namespaced objects need their namespace to exist even in a dry run.
     apply_for_real(&env, "deploy/namespace.yaml");
+    // The namespaces now carry `pod-security.kubernetes.io/warn: restricted`: the apiserver
+    // warns about every pod template in them that would violate `restricted`.
     let dry_run = |input: &str, what: &str, count: usize| {
-        let out = kubectl_ok(
-            Some(&env.consumer),
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--dry-run=server",
-                "--field-manager=kbind-deploy-tests",
-                "-f",
-                "-",
-            ],
-            Some(input),
+        let args = [
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "--field-manager=kbind-deploy-tests",
+            "-f",
+            "-",
+        ];
+        let output = kubectl(Some(&env.consumer), &args, Some(input));
+        let (out, err) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
         );
+        assert!(output.status.success(), "{what}: {err}\n{out}");
         let applied = out.matches("(server dry run)").count();
         assert_eq!(applied, count, "{what}: every document applies:\n{out}");
+        assert!(
+            !err.contains("PodSecurity"),
+            "{what}: pods must meet Pod Security restricted:\n{err}"
+        );
     };
     dry_run(&rendered, "deploy/", docs.len());
     for file in [
@@ -1411,4 +1419,393 @@ async fn no_pass_can_read_another_pass_credentials() {
         eprintln!("{row}");
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The metric names kbind pushes (src/pass/metrics.rs), from a summary with every optional part.
+fn pushed_metric_names() -> std::collections::BTreeSet<String> {
+    let mut s = kbind::pass::Summary::new("schema", false);
+    s.outcome = kbind::pass::Outcome::Completed;
+    s.count("connections", 1);
+    s.peak_rss_bytes = Some(1);
+    kbind::pass::metrics::exposition(&s, 0, Some(1.0))
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The metric names deploy/monitoring/kube-state-metrics-config.yaml makes, by kind.
+fn ksm_metric_names(config: &Value) -> BTreeMap<String, Vec<(String, Value)>> {
+    let mut out: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+    for r in config["spec"]["resources"]
+        .as_array()
+        .expect("spec.resources")
+    {
+        let kind = r["groupVersionKind"]["kind"].as_str().expect("kind");
+        let prefix = r["metricNamePrefix"]
+            .as_str()
+            .unwrap_or("kube_customresource");
+        for m in r["metrics"].as_array().expect("metrics") {
+            let name = format!("{prefix}_{}", m["name"].as_str().expect("metric name"));
+            out.entry(kind.to_string())
+                .or_default()
+                .push((name, m["each"].clone()));
+        }
+    }
+    out
+}
+
+/// kube-state-metrics' custom resource state config covers every kbind kind with conditions
+/// (Ready=False alerts), by its served group/version, on paths the CRD schema has; its RBAC file
+/// lets kube-state-metrics list and watch exactly those kinds.
+#[test]
+fn kube_state_metrics_config_covers_every_kind_with_conditions() {
+    let file = "deploy/monitoring/kube-state-metrics-config.yaml";
+    let config = documents(&read(file), file).remove(0);
+    assert_eq!(config["kind"], "CustomResourceStateMetrics");
+    let metrics = ksm_metric_names(&config);
+    let resources = config["spec"]["resources"].as_array().unwrap();
+    let rbac = documents(
+        &read("deploy/monitoring/kube-state-metrics-rbac.yaml"),
+        "ksm rbac",
+    );
+    let rules = rbac
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+        .expect("a ClusterRole");
+    let may_list = |group: &str, plural: &str| {
+        rules.iter().any(|r| {
+            r["apiGroups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g == group)
+                && r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p == plural)
+                && ["list", "watch"]
+                    .iter()
+                    .all(|v| r["verbs"].as_array().unwrap().iter().any(|x| x == v))
+        })
+    };
+    assert!(may_list(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions"
+    ));
+    let mut covered = Vec::new();
+    for crd in kbind::crds::kbind_crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let (group, kind, plural) = (
+            crd["spec"]["group"].as_str().unwrap(),
+            crd["spec"]["names"]["kind"].as_str().unwrap(),
+            crd["spec"]["names"]["plural"].as_str().unwrap(),
+        );
+        let version = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["storage"] == true)
+            .unwrap();
+        let status = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+        if status["conditions"].is_null() {
+            continue;
+        }
+        let r = resources
+            .iter()
+            .find(|r| r["groupVersionKind"]["kind"] == kind)
+            .unwrap_or_else(|| panic!("{file}: no entry for {kind}, which has conditions"));
+        assert_eq!(r["groupVersionKind"]["group"], group, "{kind}");
+        assert_eq!(r["groupVersionKind"]["version"], version["name"], "{kind}");
+        let condition = metrics[kind]
+            .iter()
+            .find(|(n, _)| n == "kbind_status_condition")
+            .unwrap_or_else(|| panic!("{kind}: no kbind_status_condition"));
+        assert_eq!(condition.1["type"], "StateSet", "{kind}");
+        assert_eq!(
+            condition.1["stateSet"]["path"],
+            json!(["status", "conditions"])
+        );
+        assert_eq!(condition.1["stateSet"]["valueFrom"], json!(["status"]));
+        assert_eq!(
+            condition.1["stateSet"]["list"],
+            json!(["True", "False", "Unknown"])
+        );
+        assert!(
+            may_list(group, plural),
+            "kube-state-metrics may not list {plural}.{group}"
+        );
+        covered.push(kind.to_string());
+        if kind == "RelationshipSource" {
+            let sync = metrics[kind]
+                .iter()
+                .find(|(n, _)| n == "kbind_relationshipsource_last_sync_timestamp_seconds")
+                .expect("lastSyncTime metric");
+            assert_eq!(
+                sync.1["gauge"]["path"],
+                json!(["status", "sync", "lastSyncTime"])
+            );
+            assert_eq!(
+                status["sync"]["properties"]["lastSyncTime"]["format"], "date-time",
+                "lastSyncTime is an RFC 3339 time kube-state-metrics reads as Unix seconds"
+            );
+        }
+    }
+    assert_eq!(
+        covered.len(),
+        resources.len(),
+        "every entry is a kbind kind with conditions: {covered:?}"
+    );
+}
+
+/// deploy/monitoring/prometheusrule.yaml is a PrometheusRule with the alerts docs/monitoring.md
+/// lists, on metrics that exist (kube-state-metrics' own, kbind's custom resource state config,
+/// kbind's pushes), and passes a server-side dry-run apply against a PrometheusRule CRD with the
+/// operator's field names (so a misspelt field is refused).
+#[tokio::test]
+async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
+    let file = "deploy/monitoring/prometheusrule.yaml";
+    let text = read(file);
+    let docs = documents(&text, file);
+    assert_eq!(docs.len(), 1);
+    let rule = &docs[0];
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let config = documents(
+        &read("deploy/monitoring/kube-state-metrics-config.yaml"),
+        "ksm config",
+    )
+    .remove(0);
+    let mut known = pushed_metric_names();
+    known.extend(
+        ksm_metric_names(&config)
+            .into_values()
+            .flatten()
+            .map(|(n, _)| n),
+    );
+    let monitoring_doc = read("docs/monitoring.md");
+    let mut exprs = String::new();
+    let mut alerts = Vec::new();
+    for group in rule["spec"]["groups"].as_array().expect("spec.groups") {
+        assert!(group["name"].is_string());
+        for r in group["rules"].as_array().expect("rules") {
+            let alert = r["alert"].as_str().expect("alert name");
+            let expr = r["expr"].as_str().expect("expr");
+            assert!(
+                ["warning", "critical", "info"]
+                    .contains(&r["labels"]["severity"].as_str().unwrap_or("")),
+                "{alert}: severity"
+            );
+            assert!(r["annotations"]["summary"].is_string(), "{alert}: summary");
+            assert!(
+                monitoring_doc.contains(&format!("`{alert}`")),
+                "{alert} is not in docs/monitoring.md"
+            );
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("kbind_") {
+                    assert!(
+                        known.contains(word),
+                        "{alert}: no metric {word} is made: {known:?}"
+                    );
+                }
+            }
+            exprs.push_str(expr);
+            alerts.push(alert.to_string());
+        }
+    }
+    for needed in [
+        "kube_cronjob_status_last_successful_time",
+        "kube_job_failed",
+        "kbind_status_condition{type=\"Ready\", status=\"False\"}",
+        "kbind_relationshipsource_last_sync_timestamp_seconds",
+        "kbind_last_success_timestamp_seconds",
+    ] {
+        assert!(exprs.contains(needed), "no alert on {needed}");
+    }
+
+    let Some(env) = support::env() else { return };
+    // The Prometheus Operator's CRD, cut to the fields a PrometheusRule has.
+    let strings = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let rule_schema = json!({
+        "type": "object", "required": ["expr"],
+        "properties": {
+            "alert": {"type": "string"}, "record": {"type": "string"},
+            "expr": {"x-kubernetes-int-or-string": true},
+            "for": {"type": "string"}, "keep_firing_for": {"type": "string"},
+            "labels": strings, "annotations": strings,
+        }
+    });
+    let group_schema = json!({
+        "type": "object", "required": ["name"],
+        "properties": {
+            "name": {"type": "string"}, "interval": {"type": "string"},
+            "limit": {"type": "integer"}, "partial_response_strategy": {"type": "string"},
+            "query_offset": {"type": "string"}, "labels": strings,
+            "rules": {"type": "array", "items": rule_schema},
+        }
+    });
+    let schema = json!({
+        "type": "object",
+        "properties": {"spec": {"type": "object", "properties": {
+            "groups": {"type": "array", "items": group_schema}
+        }}}
+    });
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com", "scope": "Namespaced",
+            "names": {"kind": "PrometheusRule", "plural": "prometheusrules",
+                      "singular": "prometheusrule", "listKind": "PrometheusRuleList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": schema}}]
+        }
+    });
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    support::apply_crds(&env.consumer().await, &[crd]).await;
+    apply_for_real(&env, "deploy/namespace.yaml");
+    for (file, count) in [
+        ("deploy/monitoring/prometheusrule.yaml", 1),
+        ("deploy/monitoring/kube-state-metrics-rbac.yaml", 2),
+    ] {
+        let out = kubectl_ok(
+            Some(&env.consumer),
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "--field-manager=kbind-deploy-tests",
+                "-f",
+                &repo(file).to_string_lossy(),
+            ],
+            None,
+        );
+        assert_eq!(
+            out.matches("(server dry run)").count(),
+            count,
+            "{file}: {out}"
+        );
+    }
+}
+
+/// Every Namespace kbind ships (deploy/, jobs/) has Pod Security `restricted` enforced, warned
+/// and audited.
+#[test]
+fn namespaces_enforce_pod_security_restricted() {
+    fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                yaml_files(&p, out);
+            } else if p.extension().is_some_and(|e| e == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    yaml_files(&repo("deploy"), &mut files);
+    yaml_files(&repo("jobs"), &mut files);
+    let mut namespaces = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read manifest");
+        // Not Kubernetes objects (kube-state-metrics' own config format).
+        if text.contains("kind: CustomResourceStateMetrics") {
+            continue;
+        }
+        for doc in documents(&text, &file.display().to_string()) {
+            if doc["kind"] != "Namespace" {
+                continue;
+            }
+            let name = doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            for mode in ["enforce", "warn", "audit"] {
+                assert_eq!(
+                    doc["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")],
+                    "restricted",
+                    "Namespace {name} ({}): {mode}",
+                    file.display()
+                );
+            }
+            namespaces.push(name);
+        }
+    }
+    namespaces.sort();
+    assert_eq!(namespaces, ["kbind-relsync", "kbind-system"]);
+}
+
+/// Every Job and CronJob in jobs/ fails at once on exit code 2 (a configuration error: retrying
+/// will not help) and keeps its retries for other failures, and its pod meets Pod Security
+/// `restricted` field by field (the server-side check is in
+/// manifests_render_and_pass_server_dry_run).
+#[test]
+fn jobs_fail_at_once_on_exit_2_and_pods_meet_restricted() {
+    let containers = job_containers();
+    assert!(containers.len() >= 6, "{}", containers.len());
+    for (what, job, c) in containers {
+        let pod = &job["template"]["spec"];
+        assert_eq!(
+            pod["restartPolicy"], "Never",
+            "{what}: podFailurePolicy needs it"
+        );
+        assert!(
+            job["backoffLimit"].as_u64().is_some_and(|n| n > 0),
+            "{what}"
+        );
+        let rules = job["podFailurePolicy"]["rules"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no podFailurePolicy"));
+        assert!(
+            rules.iter().any(|r| r["action"] == "FailJob"
+                && r["onExitCodes"]["operator"] == "In"
+                && r["onExitCodes"]["values"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!(2)))
+                && (r["onExitCodes"]["containerName"].is_null()
+                    || r["onExitCodes"]["containerName"] == c["name"])),
+            "{what}: exit code 2 must fail the Job: {rules:?}"
+        );
+        assert!(
+            !rules.iter().any(|r| r["action"] == "FailJob"
+                && r["onExitCodes"]["values"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!(1)))),
+            "{what}: exit code 1 (unreachable) is retried"
+        );
+        let (psc, csc) = (&pod["securityContext"], &c["securityContext"]);
+        let either = |field: &str| {
+            if csc[field].is_null() {
+                psc[field].clone()
+            } else {
+                csc[field].clone()
+            }
+        };
+        assert_eq!(either("runAsNonRoot"), true, "{what}: runAsNonRoot");
+        assert_ne!(either("runAsUser"), 0, "{what}: runAsUser");
+        assert_eq!(
+            either("seccompProfile")["type"],
+            "RuntimeDefault",
+            "{what}: seccomp"
+        );
+        assert_eq!(csc["allowPrivilegeEscalation"], false, "{what}");
+        assert_eq!(csc["capabilities"]["drop"], json!(["ALL"]), "{what}");
+        assert!(
+            csc["capabilities"]["add"].is_null() && csc["privileged"] != true,
+            "{what}"
+        );
+        for v in pod["volumes"].as_array().cloned().unwrap_or_default() {
+            assert!(
+                v["secret"].is_object()
+                    || v["configMap"].is_object()
+                    || v["projected"].is_object()
+                    || v["emptyDir"].is_object(),
+                "{what}: volume type not allowed under restricted: {v}"
+            );
+        }
+        assert!(pod["hostNetwork"] != true && pod["hostPID"] != true && pod["hostIPC"] != true);
+    }
 }

@@ -59,6 +59,17 @@ pub struct CommonArgs {
     /// most this long (docs/operations.md, "The pass Lease").
     #[arg(long, env = "KBIND_LEASE_DURATION", default_value = "60s", value_parser = parse_lease_duration, global = true)]
     pub lease_duration: Duration,
+    /// Prometheus Pushgateway to push the summary's figures to when the pass ends, grouped by
+    /// job=kbind-<pass> and instance=<i-of-n, or all> (docs/monitoring.md). A failed push is
+    /// a warning, never a failed pass.
+    #[arg(
+        long,
+        env = "KBIND_PUSHGATEWAY_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        global = true
+    )]
+    pub pushgateway_url: Option<String>,
     /// Log format. Default: text on a terminal, JSON otherwise.
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,

@@ -13,6 +13,7 @@ pub mod events;
 pub mod finalizer;
 pub mod lease;
 pub mod list;
+pub mod metrics;
 pub mod retry;
 pub mod runner;
 pub mod shard;

@@ -43,8 +43,26 @@ pub fn lease_name(pass: &str, args: &CommonArgs) -> String {
 }
 
 /// Run `body` as pass `pass`; returns the process exit code. `body` fills the summary's counts,
-/// writes and outcome; requests and duration are filled in here.
+/// writes and outcome; requests and duration are filled in here. The summary is printed, then
+/// pushed when `--pushgateway-url` is set (src/pass/metrics.rs; never changes the exit code).
 pub async fn run<F, Fut>(pass: &'static str, args: CommonArgs, body: F) -> i32
+where
+    F: FnOnce(PassContext) -> Fut,
+    Fut: Future<Output = Result<Summary, PassError>>,
+{
+    let started = std::time::Instant::now();
+    let (output, push_args) = (args.output, args.clone());
+    let (summary, code) = run_pass(pass, args, body).await;
+    println!(
+        "{}",
+        summary.render(output, std::io::stdout().is_terminal())
+    );
+    let left = push_args.deadline.saturating_sub(started.elapsed());
+    super::metrics::push(&push_args, &summary, code, left).await;
+    code
+}
+
+async fn run_pass<F, Fut>(pass: &'static str, args: CommonArgs, body: F) -> (Summary, i32)
 where
     F: FnOnce(PassContext) -> Fut,
     Fut: Future<Output = Result<Summary, PassError>>,
@@ -58,17 +76,12 @@ where
         request_timeout: args.request_timeout,
     });
     stop_on_sigterm(budget.clone());
-    let output = args.output;
     let dry_run = args.dry_run;
     let finish = |mut summary: Summary, code: i32, counter: &RequestCounter, budget: &Budget| {
         summary.requests = counter.total();
         summary.duration_seconds = budget.elapsed().as_secs_f64();
         summary.peak_rss_bytes = super::summary::peak_rss_bytes();
-        println!(
-            "{}",
-            summary.render(output, std::io::stdout().is_terminal())
-        );
-        code
+        (summary, code)
     };
     // The Lease gets a client of its own, so its renewals never queue behind the pass's work.
     let (client, lease_client) = match own_config(&args).await.and_then(|config| {
@@ -199,10 +212,10 @@ fn fail(
     pass: &str,
     dry_run: bool,
     e: PassError,
-    finish: impl Fn(Summary, i32, &RequestCounter, &Budget) -> i32,
+    finish: impl Fn(Summary, i32, &RequestCounter, &Budget) -> (Summary, i32),
     counter: &RequestCounter,
     budget: &Budget,
-) -> i32 {
+) -> (Summary, i32) {
     tracing::error!(error = %e, "pass failed");
     let mut s = Summary::new(pass, dry_run);
     s.outcome = Outcome::Failed;

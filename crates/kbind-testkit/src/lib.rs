@@ -8,6 +8,7 @@
 
 pub mod faults;
 pub mod kcp;
+pub mod pushgateway;
 pub mod scim;
 pub mod slack;
 
