@@ -7,12 +7,14 @@ pub mod api;
 pub mod bindings;
 pub mod claims;
 pub mod cli;
+pub mod connection;
 pub mod crds;
 pub mod pass;
 pub mod relsync;
 pub mod resync;
 pub mod schema;
 pub mod scrub;
+pub mod secrets;
 pub mod status;
 pub mod upstream;
 
