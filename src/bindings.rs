@@ -1,14 +1,20 @@
 //! ClusterBindings and Bindings flattened into one shape, as every pass that reads them needs:
-//! one paginated LIST of each kind, sorted by key (ClusterBindings first).
+//! one paginated LIST of each kind, sorted by key (ClusterBindings first); and the two writes
+//! more than one pass makes to a binding of either kind, by [`BindingKey`]: its status (each pass
+//! applies only the fields it owns, under its own field manager) and kbind's cleanup finalizer.
 
 use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::Value;
 
+use crate::api::BindingKey;
 use crate::api::core::{
     ApiRef, Binding, BindingStatus, ClusterBinding, ConflictPolicy, OrphanPolicy,
 };
+use crate::api::keys;
+use crate::pass::finalizer;
 use crate::pass::list;
-use crate::schema::plan::BindingKey;
+use crate::pass::status::apply_status as apply_object_status;
 
 /// A binding of either kind as observed.
 #[derive(Clone, Debug)]
@@ -88,4 +94,53 @@ pub async fn observe(client: &Client) -> Result<Vec<ObservedBinding>, kube::Erro
     }));
     out.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
+}
+
+/// Server-side apply `status` to the Binding or ClusterBinding `key` as `manager`.
+pub async fn apply_status(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    status: Value,
+) -> Result<(), kube::Error> {
+    match &key.namespace {
+        Some(ns) => apply_object_status(
+            &Api::<Binding>::namespaced(client.clone(), ns),
+            &key.name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+        None => apply_object_status(
+            &Api::<ClusterBinding>::all(client.clone()),
+            &key.name,
+            manager,
+            status,
+            None,
+        )
+        .await
+        .map(|_| ()),
+    }
+}
+
+/// Add (or release) kbind's cleanup finalizer on the binding `key`.
+pub async fn set_finalizer(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    present: bool,
+) -> Result<(), kube::Error> {
+    let f = keys::CLEANUP_FINALIZER;
+    match &key.namespace {
+        Some(ns) => {
+            let api = Api::<Binding>::namespaced(client.clone(), ns);
+            finalizer::set(&api, &key.name, Some(ns), manager, f, present).await
+        }
+        None => {
+            let api = Api::<ClusterBinding>::all(client.clone());
+            finalizer::set(&api, &key.name, None, manager, f, present).await
+        }
+    }
 }

@@ -1424,7 +1424,7 @@ async fn no_pass_can_read_another_pass_credentials() {
 /// The metric names kbind pushes (src/pass/metrics.rs), from a summary with every optional part.
 fn pushed_metric_names() -> std::collections::BTreeSet<String> {
     let mut s = kbind::pass::Summary::new("schema", false);
-    s.outcome = "completed".into();
+    s.outcome = kbind::pass::Outcome::Completed;
     s.count("connections", 1);
     s.peak_rss_bytes = Some(1);
     kbind::pass::metrics::exposition(&s, 0, Some(1.0))

@@ -15,6 +15,7 @@ use super::record::{self, Blocked, EntryOutcome};
 use super::{GrantKey, blocked_by, identity_gap, warn_entry};
 use crate::api::kcp::{APIExport, ClaimState, PermissionClaim};
 use crate::api::providers::CatalogEntry;
+use crate::pass::StatusCode;
 use crate::pass::budget::Exhausted;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary};
@@ -315,5 +316,5 @@ fn describe(before: &SlimBinding, after: &[crate::api::kcp::AcceptablePermission
 }
 
 fn is_conflict(e: &HubError) -> bool {
-    matches!(e.kube_source(), Some(kube::Error::Api(s)) if s.is_conflict())
+    e.kube_source().is_some_and(|k| k.is_conflict())
 }

@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::api::kcp::{
     APIBinding, APIExport, APIExportEndpointSlice, AcceptablePermissionClaim, ExportReference,
 };
+use crate::pass::StatusCode;
 use crate::pass::list::PAGE;
 
 use super::merge::PLACEHOLDERS;
@@ -294,7 +295,7 @@ async fn get_opt<K: serde::de::DeserializeOwned>(
         })?;
     match client.request::<K>(req).await {
         Ok(o) => Ok(Some(o)),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
+        Err(e) if e.is_not_found() => Ok(None),
         Err(source) => Err(HubError::Kube {
             what: what.into(),
             source,

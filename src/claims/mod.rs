@@ -25,6 +25,7 @@ pub mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{Resource, ResourceExt};
@@ -112,17 +113,8 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
         record::write(&ctx, entry, &outcome, &manager, &mut writes).await;
     }
 
-    summary.data_writes = writes.data;
-    summary.bookkeeping_writes = writes.bookkeeping;
-    summary.planned = std::mem::take(&mut writes.planned);
-    summary.outcome = match (ctx.args.dry_run, stopped) {
-        (true, _) => "dry-run",
-        (false, Some(_)) => "partial",
-        (false, None) => "completed",
-    }
-    .into();
-    if let Some(why) = stopped {
-        summary.message = format!(
+    let stopped = stopped.map(|why| crate::pass::Stopped {
+        message: format!(
             "stopped early ({}); CatalogEntry cursors record where the next run resumes",
             match why {
                 Exhausted::MaxItems => "--max-items reached",
@@ -130,7 +122,13 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
                 Exhausted::Terminated => "SIGTERM received",
                 Exhausted::LeaseLost => "pass Lease lost",
             }
-        );
+        ),
+        resume_after: None,
+    });
+    summary.finish(writes, stopped);
+    if ctx.args.dry_run {
+        // claims alone has always said dry-run over partial for a dry run that stopped early.
+        summary.outcome = crate::pass::Outcome::DryRun;
     }
     Ok(summary)
 }
@@ -205,7 +203,7 @@ fn identity_gap(entry: &CatalogEntry, own_known: bool, core: &CoreIdentity) -> O
 }
 
 fn blocked_by(e: &HubError) -> Blocked {
-    let forbidden = matches!(e.kube_source(), Some(kube::Error::Api(s)) if s.code == 403);
+    let forbidden = e.kube_source().is_some_and(|k| k.is_forbidden());
     Blocked {
         reason: if forbidden {
             "PermissionDenied"
@@ -226,8 +224,8 @@ fn unreachable(e: HubError) -> PassError {
 /// A binding write failed (forbidden, rejected): an Event on the CatalogEntry names it.
 async fn warn_entry(ctx: &PassContext, entry: &CatalogEntry, b: &SlimBinding, e: &HubError) {
     let reason = match e.kube_source() {
-        Some(kube::Error::Api(s)) if s.code == 403 => "BindingWriteDenied",
-        Some(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => "BindingWriteRejected",
+        Some(k) if k.is_forbidden() => "BindingWriteDenied",
+        Some(k) if k.is_invalid() || k.is_bad_request() => "BindingWriteRejected",
         _ => "BindingWriteFailed",
     };
     let note = format!("APIBinding {} in workspace {}: {e}", b.name, b.cluster);

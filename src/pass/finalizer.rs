@@ -3,14 +3,51 @@
 //! only withdraws *kbind's* claim on the entry: when another manager also lists it (a GitOps tool
 //! applying a manifest copied from the cluster, finalizer included), the finalizer stays and the
 //! deleted object never goes away. [`release`] then removes that one entry by position, guarded
-//! by a JSON-patch `test`, so it can only ever remove kbind's own finalizer.
+//! by a JSON-patch `test`, so it can only ever remove kbind's own finalizer. [`set`] adds or
+//! releases one, [`has`] reads one.
 
 use std::fmt::Debug;
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
+
+use crate::pass::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+/// Whether `finalizer` is among `finalizers`.
+pub fn has(finalizers: Option<&Vec<String>>, finalizer: &str) -> bool {
+    finalizers.is_some_and(|f| f.iter().any(|x| x == finalizer))
+}
+
+/// Add (or release) `finalizer` with server-side apply as `{manager}-finalizer`: finalizers are a
+/// set, so other owners' finalizers are untouched.
+pub async fn set<K>(
+    api: &Api<K>,
+    name: &str,
+    namespace: Option<&str>,
+    manager: &str,
+    finalizer: &str,
+    present: bool,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let finalizers: Vec<&str> = if present { vec![finalizer] } else { vec![] };
+    let mut metadata = json!({"name": name, "finalizers": finalizers});
+    if let Some(ns) = namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    let body =
+        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
+    let manager = format!("{manager}-finalizer");
+    if !present {
+        return release(api, name, &body, &manager, finalizer).await;
+    }
+    api.patch(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+}
 
 /// Apply `body` (the object's identity with `metadata.finalizers` empty) as `manager`; if
 /// `finalizer` is still listed afterwards, remove it. An object already gone is released.
@@ -29,7 +66,7 @@ where
         .await
     {
         Ok(o) => o,
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(e),
     };
     let Some(i) = after.finalizers().iter().position(|f| f == finalizer) else {
@@ -51,7 +88,7 @@ where
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
         // 422: the list moved between the two patches (the test failed); the next run retries.
         Err(e) => Err(e),
     }

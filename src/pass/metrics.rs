@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::args::CommonArgs;
 use super::retry::DEADLINE_GRACE;
-use super::summary::Summary;
+use super::summary::{Outcome, Summary};
 use crate::scrub::scrub;
 use crate::upstream::{self, UpstreamError};
 
@@ -56,7 +56,7 @@ pub fn instance(args: &CommonArgs) -> String {
 
 /// Whether a run with this outcome and exit code counts as a success.
 pub fn succeeded(summary: &Summary, code: i32) -> bool {
-    code == 0 && matches!(summary.outcome.as_str(), "completed" | "partial")
+    code == 0 && matches!(summary.outcome, Outcome::Completed | Outcome::Partial)
 }
 
 /// Push `summary` if `--pushgateway-url` is set and this is not a dry run. `left` is the time
@@ -224,7 +224,7 @@ pub fn exposition(summary: &Summary, code: i32, last_success: Option<f64>) -> St
         .map(|o| {
             (
                 Some(("outcome", *o)),
-                f64::from(u8::from(summary.outcome == *o)),
+                f64::from(u8::from(summary.outcome.as_str() == *o)),
             )
         })
         .collect();
@@ -300,13 +300,13 @@ mod tests {
     fn success_only_for_completed_or_partial_with_exit_zero() {
         let mut s = Summary::new("schema", false);
         for (o, code, ok) in [
-            ("completed", 0, true),
-            ("partial", 0, true),
-            ("skipped", 0, false),
-            ("failed", 1, false),
-            ("completed", 1, false),
+            (Outcome::Completed, 0, true),
+            (Outcome::Partial, 0, true),
+            (Outcome::Skipped, 0, false),
+            (Outcome::Failed, 1, false),
+            (Outcome::Completed, 1, false),
         ] {
-            s.outcome = o.into();
+            s.outcome = o;
             assert_eq!(succeeded(&s, code), ok, "{o} {code}");
         }
     }
@@ -314,7 +314,7 @@ mod tests {
     #[test]
     fn exposition_escapes_labels_and_carries_last_success_only_when_given() {
         let mut s = Summary::new("schema", false);
-        s.outcome = "failed".into();
+        s.outcome = Outcome::Failed;
         s.count("we\"ird\\\n", 2);
         let text = exposition(&s, 1, None);
         assert!(

@@ -19,6 +19,7 @@ pub mod retry;
 pub mod runner;
 pub mod shard;
 pub mod status;
+pub mod status_code;
 pub mod summary;
 pub mod writes;
 
@@ -27,7 +28,8 @@ pub use budget::Budget;
 pub use error::PassError;
 pub use runner::{PassContext, run};
 pub use shard::Shard;
-pub use summary::{PlannedWrite, Summary};
+pub use status_code::StatusCode;
+pub use summary::{Outcome, PlannedWrite, Stopped, Summary};
 
 /// Lock `m`, recovering from poisoning: a task that panicked holding it must not wedge the pass.
 pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -13,7 +13,8 @@ use super::client::{RequestCounter, counted_client, own_config};
 use super::error::PassError;
 use super::events::Recorder;
 use super::lease::{self, Acquired};
-use super::summary::Summary;
+use super::summary::{Outcome, Summary};
+use crate::pass::StatusCode;
 
 /// What a pass gets to work with.
 pub struct PassContext {
@@ -113,12 +114,12 @@ where
             }
             Ok(Acquired::HeldBy(holder)) => {
                 let mut s = Summary::new(pass, dry_run);
-                s.outcome = "skipped".into();
+                s.outcome = Outcome::Skipped;
                 s.message = format!("Lease {ns}/{name} held by {holder}");
                 tracing::info!(lease = %name, %holder, "another run holds the pass Lease; skipping");
                 return finish(s, 0, &counter, &budget);
             }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {
+            Err(e) if e.is_not_found() => {
                 let e = PassError::Config(format!(
                     "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
                 ));
@@ -220,7 +221,7 @@ fn fail(
 ) -> (Summary, i32) {
     tracing::error!(error = %e, "pass failed");
     let mut s = Summary::new(pass, dry_run);
-    s.outcome = "failed".into();
+    s.outcome = Outcome::Failed;
     s.message = e.to_string();
     finish(s, e.exit_code(), counter, budget)
 }

@@ -4,6 +4,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 
+use crate::pass::StatusCode;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -49,7 +50,7 @@ where
     let mut tries = 0;
     loop {
         match attempt().await {
-            Err(kube::Error::Api(s)) if s.is_conflict() && tries + 1 < max => {
+            Err(e) if e.is_conflict() && tries + 1 < max => {
                 tries += 1;
                 tracing::debug!(tries, "conflict writing status; re-reading");
             }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::args::OutputFormat;
+use super::writes::Writes;
 
 /// A write the pass would make (dry run) or made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -19,11 +20,55 @@ pub struct PlannedWrite {
     pub detail: String,
 }
 
+/// How a run ended, serialised as the summary line has always spelled it (a user contract:
+/// docs/operations.md "Exit codes and the summary line").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The pass went over everything it owns.
+    #[default]
+    Completed,
+    /// It stopped early (budget, deadline, SIGTERM, lost Lease); the next run continues.
+    Partial,
+    /// Another run holds the pass Lease.
+    Skipped,
+    /// `--dry-run`: nothing was written.
+    DryRun,
+    /// No progress was possible (the exit code says why).
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Partial => "partial",
+            Self::Skipped => "skipped",
+            Self::DryRun => "dry-run",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a pass stopped before going over everything, for [`Summary::finish`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// The summary message (`stopped early (…); …`).
+    pub message: String,
+    /// Where the next run resumes, kept in the pass Lease.
+    pub resume_after: Option<String>,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
     pub pass: String,
-    /// completed | partial | skipped | dry-run | failed
-    pub outcome: String,
+    pub outcome: Outcome,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub message: String,
     pub dry_run: bool,
@@ -60,6 +105,25 @@ impl Summary {
 
     pub fn count(&mut self, key: &str, n: i64) {
         *self.counts.entry(key.to_string()).or_default() += n;
+    }
+
+    /// The ending every pass writes: the writes it made (or planned, under `--dry-run`), and the
+    /// outcome: `partial` with the message and resume cursor when it stopped early, else
+    /// `dry-run` or `completed`.
+    pub fn finish(&mut self, writes: Writes, stopped: Option<Stopped>) {
+        self.outcome = if writes.dry_run() {
+            Outcome::DryRun
+        } else {
+            Outcome::Completed
+        };
+        self.data_writes = writes.data;
+        self.bookkeeping_writes = writes.bookkeeping;
+        self.planned = writes.planned;
+        if let Some(s) = stopped {
+            self.outcome = Outcome::Partial;
+            self.message = s.message;
+            self.resume_after = s.resume_after;
+        }
     }
 
     /// Render for stdout: the asked format, else text on a terminal and one JSON line otherwise.
@@ -131,7 +195,7 @@ mod tests {
     #[test]
     fn json_when_not_a_terminal() {
         let mut s = Summary::new("schema", false);
-        s.outcome = "completed".into();
+        s.outcome = Outcome::Completed;
         s.count("connections", 2);
         let line = s.render(None, false);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -163,7 +227,7 @@ mod tests {
     #[test]
     fn dry_run_lists_planned_writes() {
         let mut s = Summary::new("resync", true);
-        s.outcome = "dry-run".into();
+        s.outcome = Outcome::DryRun;
         s.planned.push(PlannedWrite {
             verb: "create".into(),
             target: "Widget a/b".into(),
@@ -175,5 +239,44 @@ mod tests {
         );
         let y = s.render(Some(OutputFormat::Yaml), false);
         assert!(y.contains("verb: create"), "{y}");
+    }
+
+    #[test]
+    fn outcomes_keep_their_spelling() {
+        for (o, want) in [
+            (Outcome::Completed, "completed"),
+            (Outcome::Partial, "partial"),
+            (Outcome::Skipped, "skipped"),
+            (Outcome::DryRun, "dry-run"),
+            (Outcome::Failed, "failed"),
+        ] {
+            assert_eq!(serde_json::to_value(o).unwrap(), want);
+            assert_eq!(o.to_string(), want);
+            let mut s = Summary::new("schema", false);
+            s.outcome = o;
+            let v: serde_json::Value = serde_json::from_str(&s.render(None, false)).unwrap();
+            assert_eq!(v["outcome"], want);
+        }
+    }
+
+    #[test]
+    fn finish_says_partial_when_stopped_even_in_a_dry_run() {
+        let mut s = Summary::new("resync", true);
+        let mut w = Writes::new(true);
+        assert!(!w.will("create", "Widget a/b", ""));
+        s.finish(w, None);
+        assert_eq!(s.outcome, Outcome::DryRun);
+        assert_eq!(s.planned.len(), 1);
+        let mut w = Writes::new(false);
+        w.data_done();
+        let stop = Stopped {
+            message: "stopped early (MaxItems); the next run continues".into(),
+            resume_after: Some("x".into()),
+        };
+        s.finish(w, Some(stop));
+        assert_eq!(
+            (s.outcome, s.data_writes, s.resume_after.as_deref()),
+            (Outcome::Partial, 1, Some("x"))
+        );
     }
 }

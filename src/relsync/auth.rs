@@ -4,11 +4,11 @@
 //! (Slack's `--slack-api-url`) when the credential lists allowedHosts. Both are checked before
 //! the Secret is read; nothing is sent anywhere until this succeeds.
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
 use super::hosts::{self, Destination, HostError};
 use crate::api::relsync::{AgentIdentity, RelationshipSource};
+use crate::pass::StatusCode;
 
 /// A token read from a Secret. Its Debug form never shows the value.
 #[derive(Clone)]
@@ -115,8 +115,25 @@ impl AuthError {
 fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
     move |e| AuthError::Kube {
         what,
-        forbidden: matches!(&e, kube::Error::Api(s) if s.code == 403),
+        forbidden: e.is_forbidden(),
         message: crate::scrub::scrub(&e.to_string()),
+    }
+}
+
+/// A failed Secret read: 403 says which grant is missing, anything else as any failed read.
+fn secret_err(what: String, e: crate::secrets::SecretError) -> AuthError {
+    match e {
+        crate::secrets::SecretError::Forbidden {
+            namespace,
+            name,
+            source,
+        } => AuthError::SecretForbidden {
+            namespace,
+            secret: name,
+            message: crate::scrub::scrub(source.api_message().unwrap_or_default()),
+        },
+        crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
+        crate::secrets::SecretError::NotFound { name, .. } => AuthError::SecretNotFound(name),
     }
 }
 
@@ -161,23 +178,12 @@ pub async fn resolve(
         hosts::admit_endpoint(url, what, &cred.name, &cred.allowed_hosts)?;
     }
     let secret_name = &cred.secret_ref.name;
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get_opt(secret_name)
+    let secret = crate::secrets::read_opt(client, ns, secret_name)
         .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) if s.code == 403 => AuthError::SecretForbidden {
-                namespace: ns.to_string(),
-                secret: secret_name.clone(),
-                message: crate::scrub::scrub(&s.message),
-            },
-            e => kube_err(format!("Secret {ns}/{secret_name}"))(e),
-        })?
+        .map_err(|e| secret_err(format!("Secret {ns}/{secret_name}"), e))?
         .ok_or_else(|| AuthError::SecretNotFound(secret_name.clone()))?;
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&cred.secret_ref.key))
-        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+    let token = crate::secrets::key_bytes(&secret, &cred.secret_ref.key)
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| AuthError::SecretKeyMissing {
             secret: secret_name.clone(),

@@ -231,14 +231,6 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         record_source(&ctx, src, &rec, &writes).await?;
     }
     let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
-    summary.data_writes = w.data;
-    summary.bookkeeping_writes = w.bookkeeping;
-    summary.planned = w.planned;
-    summary.outcome = if ctx.args.dry_run {
-        "dry-run".into()
-    } else {
-        "completed".into()
-    };
     if stopped.is_none()
         && let Err(why) = ctx.budget.check()
     {
@@ -249,10 +241,11 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
             "{out_of_share} source(s) used up their share of the deadline"
         ));
     }
-    if let Some(why) = stopped {
-        summary.outcome = "partial".into();
-        summary.message = format!("stopped early ({why}); the next run continues");
-    }
+    let stopped = stopped.map(|why| crate::pass::Stopped {
+        message: format!("stopped early ({why}); the next run continues"),
+        resume_after: None,
+    });
+    summary.finish(w, stopped);
     Ok(summary)
 }
 

@@ -16,17 +16,16 @@ use super::plan::{
     Action, ConsumerObj, FOREIGN_OBJECT_EXISTS, OWNED_BY_ANOTHER, OrphanAction, Ownership,
     ProviderObj, ownership,
 };
-use super::{BoundApi, Provider};
+use super::sync::ApiSync;
+use super::{BoundApi, FINALIZER_MANAGER, MANAGER};
 use crate::api::core::ConflictPolicy;
 use crate::api::keys;
 use crate::pass::PassContext;
+use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use crate::pass::finalizer::release;
 use crate::pass::writes::Writes;
 use crate::scrub::scrub;
-
-const MANAGER: &str = "kbind-resync";
-pub(crate) const FINALIZER_MANAGER: &str = "kbind-resync-finalizer";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -75,155 +74,189 @@ fn provider_body(api: &BoundApi, o: &ConsumerObj, local_uid: &str) -> Value {
 
 fn classify(e: &kube::Error) -> Outcome {
     match e {
-        kube::Error::Api(s) if s.code == 403 => Outcome::Denied,
-        kube::Error::Api(s) if s.code == 400 || s.code == 422 => Outcome::Rejected,
+        _ if e.is_forbidden() => Outcome::Denied,
+        _ if e.is_bad_request() || e.is_invalid() => Outcome::Rejected,
         _ => Outcome::Failed,
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Apply one object's planned writes in order; stops at the first that fails (an Event says
+/// why) or that meets a conflict.
 pub async fn object(
-    ctx: &PassContext,
-    client: &Client,
-    provider: &Provider,
-    api: &BoundApi,
+    s: &ApiSync<'_>,
     obj: &ConsumerObj,
     p: Option<&ProviderObj>,
     actions: &[Action],
     policy: ConflictPolicy,
     writes: &mut Writes,
 ) -> Outcome {
-    let ns = obj.namespace.clone();
-    let consumer = ns_api(client, api, ns.as_deref());
-    let prov = ns_api(&provider.client, api, ns.as_deref());
-    let name = obj.name.clone();
     let target = format!(
-        "{} {}{name}",
-        api.resource.kind,
-        ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default()
+        "{} {}{}",
+        s.api.resource.kind,
+        obj.namespace
+            .as_deref()
+            .map(|n| format!("{n}/"))
+            .unwrap_or_default(),
+        obj.name
     );
-    let mut outcome = Outcome::Done;
     for a in actions {
-        let (verb, on) = match a {
-            Action::AddFinalizer => ("add finalizer", "consumer"),
-            Action::Create => ("create", "provider"),
-            Action::UpdateSpec => ("apply spec", "provider"),
-            Action::StatusDown(_) => ("apply status", "consumer"),
-            Action::MarkConflict(_) => ("annotate conflict", "consumer"),
-            Action::ClearConflict => ("clear conflict", "consumer"),
-            Action::DeleteProvider => ("delete", "provider"),
-            Action::OrphanProvider => ("strip markers", "provider"),
-            Action::ClearOrphaned => ("clear orphaned mark", "provider"),
-            Action::ReleaseFinalizer => ("release finalizer", "consumer"),
-        };
+        let (verb, on) = describe(a);
         if !writes.will(verb, format!("{target} ({on})"), "") {
             continue;
         }
-        let r: Result<(), kube::Error> = match a {
-            Action::AddFinalizer => {
-                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                    "metadata": {"name": name, "namespace": ns, "finalizers": [keys::SYNCER_FINALIZER]}});
-                consumer.patch(&name, &PatchParams::apply(FINALIZER_MANAGER), &Patch::Apply(&body)).await.map(|_| ())
+        match write(s, obj, p, a, policy).await {
+            Ok(Outcome::Conflict) => {
+                // The create met an object we did not list: nothing after it applies (clearing a
+                // conflict mark just written would make the mark flap run to run).
+                writes.data_done();
+                return Outcome::Conflict;
             }
-            Action::ReleaseFinalizer => {
-                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                    "metadata": {"name": name, "namespace": ns, "finalizers": []}});
-                release(&consumer, &name, &body, FINALIZER_MANAGER, keys::SYNCER_FINALIZER).await
-            }
-            Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
-                Ok(()) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    // A name we did not list as ours: classify it with one GET.
-                    let existing = prov.get_opt(&name).await.ok().flatten();
-                    let own = existing.as_ref().map(|e| ownership(&super::provider_obj(e), &provider.local_uid, &obj.uid, &Default::default()));
-                    match own {
-                        Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
-                        Some(Ownership::Unmarked) => {
-                            mark_conflict(ctx, &consumer, api, obj, FOREIGN_OBJECT_EXISTS).await;
-                            outcome = Outcome::Conflict;
-                            Ok(())
-                        }
-                        Some(_) => {
-                            mark_conflict(ctx, &consumer, api, obj, OWNED_BY_ANOTHER).await;
-                            outcome = Outcome::Conflict;
-                            Ok(())
-                        }
-                        None => Err(kube::Error::Api(s)),
-                    }
-                }
-                Err(e) => Err(e),
-            },
-            Action::UpdateSpec => apply_spec(&prov, api, obj, &provider.local_uid).await,
-            Action::StatusDown(status) => {
-                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                    "metadata": {"name": name, "namespace": ns}, "status": status});
-                consumer.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map(|_| ())
-            }
-            Action::MarkConflict(reason) => {
-                mark_conflict(ctx, &consumer, api, obj, reason).await;
-                Ok(())
-            }
-            Action::ClearConflict => consumer
-                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::CONFLICT: null}}})))
-                .await
-                .map(|_| ()),
-            Action::DeleteProvider => {
-                let uid = p.map(|p| p.uid.clone());
-                let dp = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
-                match prov.delete(&name, &dp).await {
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                    r => r.map(|_| ()),
-                }
-            }
-            Action::OrphanProvider => prov
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {keys::CONSUMER_CLUSTER: null}, "annotations": {keys::CONSUMER_OBJECT_UID: null, keys::ORPHANED: null}}})),
-                )
-                .await
-                .map(|_| ()),
-            Action::ClearOrphaned => prov
-                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::ORPHANED: null}}})))
-                .await
-                .map(|_| ()),
-        };
-        if outcome == Outcome::Conflict {
-            // The create met an object we did not list: nothing after it applies (clearing a
-            // conflict mark just written would make the mark flap run to run).
-            writes.data_done();
-            return outcome;
-        }
-        match r {
-            Ok(()) => writes.data_done(),
-            Err(e) => {
-                let o = classify(&e);
-                let msg = scrub(&match &e {
-                    kube::Error::Api(s) => s.message.clone(),
-                    e => e.to_string(),
-                });
-                let (reason, note) = match o {
-                    Outcome::Denied => (
-                        "PermissionDenied",
-                        format!("{verb} on the {on} was forbidden: {msg}"),
-                    ),
-                    Outcome::Rejected => {
-                        ("Rejected", format!("the {on} rejected the object: {msg}"))
-                    }
-                    _ => (
-                        "SyncFailed",
-                        format!("{verb} on the {on} failed (retried next run): {msg}"),
-                    ),
-                };
-                ctx.recorder
-                    .publish(&reference(api, obj), EventType::Warning, reason, &note)
-                    .await;
-                tracing::warn!(object = %target, reason, error = %msg, "instance write failed");
-                return o;
-            }
+            Ok(_) => writes.data_done(),
+            Err(e) => return failed(s, obj, &target, (verb, on), &e).await,
         }
     }
-    outcome
+    Outcome::Done
+}
+
+/// What a planned write does, and on which side, for dry runs, Events and logs.
+fn describe(a: &Action) -> (&'static str, &'static str) {
+    match a {
+        Action::AddFinalizer => ("add finalizer", "consumer"),
+        Action::Create => ("create", "provider"),
+        Action::UpdateSpec => ("apply spec", "provider"),
+        Action::StatusDown(_) => ("apply status", "consumer"),
+        Action::MarkConflict(_) => ("annotate conflict", "consumer"),
+        Action::ClearConflict => ("clear conflict", "consumer"),
+        Action::DeleteProvider => ("delete", "provider"),
+        Action::OrphanProvider => ("strip markers", "provider"),
+        Action::ClearOrphaned => ("clear orphaned mark", "provider"),
+        Action::ReleaseFinalizer => ("release finalizer", "consumer"),
+    }
+}
+
+/// One write. `Ok(Outcome::Conflict)`: a create met a name held by an object that is not ours
+/// (the consumer object is marked).
+async fn write(
+    s: &ApiSync<'_>,
+    obj: &ConsumerObj,
+    p: Option<&ProviderObj>,
+    a: &Action,
+    policy: ConflictPolicy,
+) -> Result<Outcome, kube::Error> {
+    let (ctx, provider, api) = (s.ctx, s.provider, s.api);
+    let ns = obj.namespace.clone();
+    let consumer = ns_api(s.client, api, ns.as_deref());
+    let prov = ns_api(&provider.client, api, ns.as_deref());
+    let name = obj.name.clone();
+    let mut conflict = false;
+    let r: Result<(), kube::Error> = match a {
+        Action::AddFinalizer => {
+            let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                "metadata": {"name": name, "namespace": ns, "finalizers": [keys::SYNCER_FINALIZER]}});
+            consumer.patch(&name, &PatchParams::apply(FINALIZER_MANAGER), &Patch::Apply(&body)).await.map(|_| ())
+        }
+        Action::ReleaseFinalizer => {
+            let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                "metadata": {"name": name, "namespace": ns, "finalizers": []}});
+            release(&consumer, &name, &body, FINALIZER_MANAGER, keys::SYNCER_FINALIZER).await
+        }
+        Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_conflict() => {
+                // A name we did not list as ours: classify it with one GET.
+                let existing = prov.get_opt(&name).await.ok().flatten();
+                let own = existing.as_ref().map(|e| ownership(&super::observe::provider_obj(e), &provider.local_uid, &obj.uid, &Default::default()));
+                match own {
+                    Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
+                    Some(Ownership::Unmarked) => {
+                        mark_conflict(ctx, &consumer, api, obj, FOREIGN_OBJECT_EXISTS).await;
+                        conflict = true;
+                        Ok(())
+                    }
+                    Some(_) => {
+                        mark_conflict(ctx, &consumer, api, obj, OWNED_BY_ANOTHER).await;
+                        conflict = true;
+                        Ok(())
+                    }
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        },
+        Action::UpdateSpec => apply_spec(&prov, api, obj, &provider.local_uid).await,
+        Action::StatusDown(status) => {
+            let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                "metadata": {"name": name, "namespace": ns}, "status": status});
+            consumer.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await.map(|_| ())
+        }
+        Action::MarkConflict(reason) => {
+            mark_conflict(ctx, &consumer, api, obj, reason).await;
+            Ok(())
+        }
+        Action::ClearConflict => consumer
+            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::CONFLICT: null}}})))
+            .await
+            .map(|_| ()),
+        Action::DeleteProvider => {
+            let uid = p.map(|p| p.uid.clone());
+            let dp = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
+            match prov.delete(&name, &dp).await {
+                Err(e) if e.is_not_found() => Ok(()),
+                r => r.map(|_| ()),
+            }
+        }
+        Action::OrphanProvider => prov
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {keys::CONSUMER_CLUSTER: null}, "annotations": {keys::CONSUMER_OBJECT_UID: null, keys::ORPHANED: null}}})),
+            )
+            .await
+            .map(|_| ()),
+        Action::ClearOrphaned => prov
+            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {keys::ORPHANED: null}}})))
+            .await
+            .map(|_| ()),
+    };
+    r.map(|()| {
+        if conflict {
+            Outcome::Conflict
+        } else {
+            Outcome::Done
+        }
+    })
+}
+
+/// Report a failed write (an Event on the consumer object, a log line) and classify it.
+async fn failed(
+    s: &ApiSync<'_>,
+    obj: &ConsumerObj,
+    target: &str,
+    (verb, on): (&str, &str),
+    e: &kube::Error,
+) -> Outcome {
+    let o = classify(e);
+    let msg = scrub(&match e {
+        kube::Error::Api(s) => s.message.clone(),
+        e => e.to_string(),
+    });
+    let (reason, note) = match o {
+        Outcome::Denied => (
+            "PermissionDenied",
+            format!("{verb} on the {on} was forbidden: {msg}"),
+        ),
+        Outcome::Rejected => ("Rejected", format!("the {on} rejected the object: {msg}")),
+        _ => (
+            "SyncFailed",
+            format!("{verb} on the {on} failed (retried next run): {msg}"),
+        ),
+    };
+    s.ctx
+        .recorder
+        .publish(&reference(s.api, obj), EventType::Warning, reason, &note)
+        .await;
+    tracing::warn!(object = %target, reason, error = %msg, "instance write failed");
+    o
 }
 
 async fn create(
@@ -240,7 +273,7 @@ async fn create(
         ..Default::default()
     };
     match prov.create(&pp, &body).await {
-        Err(kube::Error::Api(s)) if s.code == 404 && obj.namespace.is_some() => {
+        Err(e) if e.is_not_found() && obj.namespace.is_some() => {
             // The provider namespace does not exist yet: create it, then the object.
             let ns = Namespace {
                 metadata: ObjectMeta {
@@ -257,7 +290,7 @@ async fn create(
                 .await
             {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) if e.is_conflict() => {}
                 Err(e) => return Err(e),
             }
             prov.create(&pp, &body).await.map(|_| ())
@@ -351,7 +384,7 @@ pub async fn orphan(
                 ..Default::default()
             };
             match prov.delete(&o.name, &dp).await {
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return true,
+                Err(e) if e.is_not_found() || e.is_conflict() => return true,
                 r => r.map(|_| ()),
             }
         }
@@ -419,7 +452,7 @@ async fn restore(
     // A missing consumer namespace is not created (the pass would need namespace create on the
     // consumer for it): the create fails, is logged, and the next run tries again.
     match target.create(&pp, &obj).await {
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) if e.is_conflict() => Ok(()),
         r => r.map(|_| ()),
     }
 }

@@ -7,5 +7,5 @@ pub struct ResyncArgs {
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
     #[command(flatten)]
-    pub credentials: crate::schema::credentials::CredentialArgs,
+    pub credentials: crate::connection::CredentialArgs,
 }

@@ -1,340 +1,85 @@
-//! Recording: per-API counts and the `Conflicts` condition on each binding (only the fields
-//! resync owns, contract "Who writes what"), and the release of deleting bindings' instances.
-
-use std::collections::BTreeMap;
+//! What resync records on each binding, pure: the per-API counts and the `Conflicts` condition
+//! of a synced binding, `InstancesReleased` on a released one. Only the fields resync owns
+//! (docs/resync.md; the contract's "Who writes what"). The writes themselves are in `mod.rs`
+//! (synced bindings) and `release.rs` (deleting ones).
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, ListParams};
-use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use std::collections::HashMap;
-
-use super::{BindingRef, BoundApi, Counts, Provider, covering};
+use super::{BindingRef, Counts};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
-use crate::api::keys;
-use crate::pass::events::EventType;
-use crate::pass::writes::Writes;
-use crate::pass::{PassContext, list};
-use crate::schema::plan::BindingKey;
 
-const MANAGER: &str = "kbind-resync";
-
-async fn write(client: &Client, key: &BindingKey, status: Value) -> Result<(), kube::Error> {
-    crate::schema::apply_binding_status(client, MANAGER, key, status).await
-}
-
-/// Write each synced binding's counts and Conflicts condition when they changed.
-pub async fn binding_statuses(
-    client: &Client,
-    bindings: &[BindingRef],
-    counts: &BTreeMap<(BindingKey, String), Counts>,
-    complete: bool,
-    writes: &mut Writes,
-) -> Result<(), kube::Error> {
-    let now = Timestamp::now();
-    for b in bindings.iter().filter(|b| !b.deleting) {
-        let mine: Vec<(&String, &Counts)> = counts
-            .iter()
-            .filter(|((k, _), _)| k == &b.key)
-            .map(|((_, api), c)| (api, c))
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let total_conflicts: i64 = mine.iter().map(|(_, c)| c.conflicts).sum();
-        let mut conds = b.status.conditions.clone();
-        let changed_cond = if total_conflicts > 0 {
-            let detail: Vec<String> = mine
-                .iter()
-                .filter(|(_, c)| c.conflicts > 0)
-                .map(|(a, c)| format!("{a}: {}", c.conflicts))
-                .collect();
-            conds.set_condition(CONFLICTS, S::True, "ConflictsFound", &format!("objects not synced because of a conflict (see their core.kbind.io/conflict annotation): {}", detail.join(", ")), b.generation, now)
-        } else {
-            conds.set_condition(CONFLICTS, S::False, "NoConflicts", "", b.generation, now)
-        };
-        let changed_counts = mine.iter().any(|(api, c)| {
-            let prev = b.status.bound_apis.iter().find(|x| &&x.name == api);
-            let got = prev.map(|p| {
-                (
-                    p.in_sync,
-                    p.pending,
-                    p.conflict_count,
-                    p.denied,
-                    p.rejected,
-                    p.orphaned,
-                )
-            });
-            got != Some((
-                Some(c.in_sync),
-                Some(c.pending),
-                Some(c.conflicts),
-                Some(c.denied),
-                Some(c.rejected),
-                Some(c.orphaned),
-            ))
-        });
-        if !changed_cond && !changed_counts {
-            continue;
-        }
-        if !writes.will(
-            "apply-status",
-            b.key.to_string(),
-            "per-API counts, Conflicts",
-        ) {
-            continue;
-        }
-        let apis: Vec<Value> = mine
-            .iter()
-            .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected, "orphaned": c.orphaned}))
-            .collect();
-        let conflicts: Vec<_> = conds.into_iter().filter(|c| c.type_ == CONFLICTS).collect();
-        let mut resync = json!({"lastPassTime": now.to_string()});
-        if complete {
-            resync["lastCompleteTime"] = json!(now.to_string());
-        }
-        write(
-            client,
-            &b.key,
-            json!({"boundAPIs": apis, "conditions": conflicts, "resync": resync}),
-        )
-        .await?;
-        writes.bookkeeping_done();
-    }
-    Ok(())
-}
-
-/// A deleting binding: stop syncing, release the syncer finalizers of the objects it alone
-/// covered (provider copies stay, markers kept), then set `InstancesReleased=True` so
-/// `kbind schema` finishes the teardown. Returns how many bindings were released.
-pub async fn release_deleting_bindings(
-    ctx: &PassContext,
-    client: &Client,
-    bindings: &[BindingRef],
-    selected: &std::collections::BTreeSet<BindingKey>,
-    apis: &[BoundApi],
-    providers: &HashMap<String, Option<Provider>>,
-    writes: &mut Writes,
-) -> i64 {
-    let mut released = 0;
-    for b in bindings
-        .iter()
-        .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
-    {
-        let provider = providers.get(&b.connection).and_then(Option::as_ref);
-        match release_one(ctx, client, b, bindings, apis, provider, writes).await {
-            Ok(true) => released += 1,
-            Ok(false) => {}
-            // Not fatal: the binding keeps its finalizer and the next run tries again.
-            Err(e) => {
-                tracing::warn!(binding = %b.key, error = %crate::scrub::scrub(&e.to_string()), "instances not released yet")
-            }
-        }
-    }
-    released
-}
-
-/// Release one deleting binding's instances; true once `InstancesReleased` is recorded.
-async fn release_one(
-    ctx: &PassContext,
-    client: &Client,
+/// The status to apply on `b` for its per-API counts `mine` (this run's), or `None` when neither
+/// the counts nor the Conflicts condition changed. `complete`: the run went over everything.
+pub fn binding_status(
     b: &BindingRef,
-    bindings: &[BindingRef],
-    apis: &[BoundApi],
-    provider: Option<&Provider>,
-    writes: &mut Writes,
-) -> Result<bool, kube::Error> {
-    {
-        if b.status.conditions.is_true(INSTANCES_RELEASED) {
-            return Ok(false);
-        }
-        let mut done = true;
-        // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
-        // no other live binding listing the API): their consumer objects go with the CRD.
-        let unbound: Vec<&BoundApi> = apis
+    mine: &[(&String, &Counts)],
+    complete: bool,
+    now: Timestamp,
+) -> Option<Value> {
+    let total_conflicts: i64 = mine.iter().map(|(_, c)| c.conflicts).sum();
+    let mut conds = b.status.conditions.clone();
+    let changed_cond = if total_conflicts > 0 {
+        let detail: Vec<String> = mine
             .iter()
-            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
-            .filter(|a| {
-                b.key.namespace.is_none()
-                    && !bindings
-                        .iter()
-                        .any(|o| !o.deleting && o.apis.contains(&a.name))
-            })
+            .filter(|(_, c)| c.conflicts > 0)
+            .map(|(a, c)| format!("{a}: {}", c.conflicts))
             .collect();
-        let mut kept = 0;
-        for api in &unbound {
-            match provider {
-                Some(p) => match mark_unbound(ctx, p, api, writes).await {
-                    Ok((n, complete)) => {
-                        kept += n;
-                        done &= complete;
-                    }
-                    // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
-                    // at the re-bind instead; it is never deleted either way.
-                    Err(e) => {
-                        tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
-                    }
-                },
-                None => {
-                    tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
-                }
-            }
-        }
-        if !done {
-            return Ok(false);
-        }
-        for api in apis
-            .iter()
-            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
-        {
-            let consumer: Api<DynamicObject> = match (&b.key.namespace, api.namespaced) {
-                (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &api.resource),
-                (Some(_), false) => continue,
-                (None, _) => Api::all_with(client.clone(), &api.resource),
-            };
-            for o in list::all(&consumer, &ListParams::default()).await? {
-                let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
-                // Still covered by another live binding: that one keeps syncing it.
-                if !ours
-                    || covering(
-                        bindings,
-                        &api.name,
-                        &api.connection,
-                        o.namespace().as_deref(),
-                    )
-                    .is_some()
-                {
-                    continue;
-                }
-                if ctx.budget.take().is_err() {
-                    done = false;
-                    break;
-                }
-                if writes.will(
-                    "release finalizer",
-                    format!(
-                        "{} {} (binding {} deleting)",
-                        api.resource.kind,
-                        o.name_any(),
-                        b.key
-                    ),
-                    "",
-                ) {
-                    let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
-                        "metadata": {"name": o.name_any(), "namespace": o.namespace(), "finalizers": []}});
-                    let scoped: Api<DynamicObject> = match o.namespace() {
-                        Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
-                        None => Api::all_with(client.clone(), &api.resource),
-                    };
-                    crate::pass::finalizer::release(
-                        &scoped,
-                        &o.name_any(),
-                        &body,
-                        super::apply::FINALIZER_MANAGER,
-                        keys::SYNCER_FINALIZER,
-                    )
-                    .await?;
-                    writes.data_done();
-                }
-            }
-        }
-        if !done {
-            return Ok(false);
-        }
-        if !unbound.is_empty() {
-            let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
-            let note = format!(
-                "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
-                 the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
-                names.join(", "),
-                keys::ORPHANED,
-                keys::ORPHANED_UNBOUND
-            );
-            let reference = k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("core.kbind.io/v1alpha1".into()),
-                kind: Some("ClusterBinding".into()),
-                name: Some(b.key.name.clone()),
-                uid: Some(b.uid.clone()),
-                ..Default::default()
-            };
-            ctx.recorder
-                .publish(&reference, EventType::Normal, "ProviderCopiesKept", &note)
-                .await;
-        }
-        let mut conds = b.status.conditions.clone();
-        conds.set_condition(
-            INSTANCES_RELEASED,
-            S::True,
-            "Released",
-            "instance finalizers released; provider copies left in place",
-            b.generation,
-            Timestamp::now(),
-        );
-        if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
-            let owned: Vec<_> = conds
-                .into_iter()
-                .filter(|c| c.type_ == INSTANCES_RELEASED)
-                .collect();
-            write(client, &b.key, json!({"conditions": owned})).await?;
-            writes.bookkeeping_done();
-        }
-        Ok(true)
+        conds.set_condition(CONFLICTS, S::True, "ConflictsFound", &format!("objects not synced because of a conflict (see their core.kbind.io/conflict annotation): {}", detail.join(", ")), b.generation, now)
+    } else {
+        conds.set_condition(CONFLICTS, S::False, "NoConflicts", "", b.generation, now)
+    };
+    let changed_counts = mine.iter().any(|(api, c)| {
+        let prev = b.status.bound_apis.iter().find(|x| &&x.name == api);
+        let got = prev.map(|p| {
+            (
+                p.in_sync,
+                p.pending,
+                p.conflict_count,
+                p.denied,
+                p.rejected,
+                p.orphaned,
+            )
+        });
+        got != Some((
+            Some(c.in_sync),
+            Some(c.pending),
+            Some(c.conflicts),
+            Some(c.denied),
+            Some(c.rejected),
+            Some(c.orphaned),
+        ))
+    });
+    if !changed_cond && !changed_counts {
+        return None;
     }
+    let apis: Vec<Value> = mine
+        .iter()
+        .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected, "orphaned": c.orphaned}))
+        .collect();
+    let conflicts: Vec<_> = conds.into_iter().filter(|c| c.type_ == CONFLICTS).collect();
+    let mut resync = json!({"lastPassTime": now.to_string()});
+    if complete {
+        resync["lastCompleteTime"] = json!(now.to_string());
+    }
+    Some(json!({"boundAPIs": apis, "conditions": conflicts, "resync": resync}))
 }
 
-/// Annotate every copy of ours of an unbound API `core.kbind.io/orphaned: Unbound` (those not
-/// already marked). Returns how many copies there are and whether all were handled within the
-/// budget.
-async fn mark_unbound(
-    ctx: &PassContext,
-    provider: &Provider,
-    api: &BoundApi,
-    writes: &mut Writes,
-) -> Result<(i64, bool), kube::Error> {
-    let prov: Api<DynamicObject> = Api::all_with(provider.client.clone(), &api.resource);
-    let ours = ListParams::default().labels(&format!(
-        "{}={}",
-        keys::CONSUMER_CLUSTER,
-        provider.local_uid
-    ));
-    let copies = list::metadata(&prov, &ours).await?;
-    let total = copies.len() as i64;
-    for m in copies {
-        let marked = m
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(keys::ORPHANED));
-        if marked || m.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        if ctx.budget.take().is_err() {
-            return Ok((total, false));
-        }
-        let name = m.metadata.name.clone().unwrap_or_default();
-        let ns = m.metadata.namespace.clone();
-        if !writes.will(
-            "annotate orphaned",
-            format!(
-                "{} {}{name} (provider)",
-                api.resource.kind,
-                ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default()
-            ),
-            keys::ORPHANED_UNBOUND,
-        ) {
-            continue;
-        }
-        let scoped: Api<DynamicObject> = match &ns {
-            Some(ns) => Api::namespaced_with(provider.client.clone(), ns, &api.resource),
-            None => Api::all_with(provider.client.clone(), &api.resource),
-        };
-        match super::apply::mark_orphaned(&scoped, &name, keys::ORPHANED_UNBOUND).await {
-            Ok(()) => writes.data_done(),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((total, true))
+/// `InstancesReleased=True` for a deleting binding whose instances are released.
+pub fn released_status(b: &BindingRef, now: Timestamp) -> Value {
+    let mut conds = b.status.conditions.clone();
+    conds.set_condition(
+        INSTANCES_RELEASED,
+        S::True,
+        "Released",
+        "instance finalizers released; provider copies left in place",
+        b.generation,
+        now,
+    );
+    let owned: Vec<_> = conds
+        .into_iter()
+        .filter(|c| c.type_ == INSTANCES_RELEASED)
+        .collect();
+    json!({"conditions": owned})
 }

@@ -7,5 +7,5 @@ pub struct SchemaArgs {
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
     #[command(flatten)]
-    pub credentials: super::credentials::CredentialArgs,
+    pub credentials: crate::connection::CredentialArgs,
 }

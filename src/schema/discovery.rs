@@ -13,10 +13,11 @@ use super::openapi::{DiscoveredVersion, is_builtin_group, synthesize};
 use super::plan::{Discovered, DiscoveryError};
 use crate::api::core::SchemaSource;
 use crate::api::keys;
+use crate::pass::StatusCode;
 use crate::scrub::scrub;
 
 fn error(what: &str, e: &kube::Error) -> DiscoveryError {
-    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
+    let forbidden = e.is_forbidden();
     DiscoveryError {
         forbidden,
         message: format!("{what}: {}", scrub(&e.to_string())),
@@ -128,7 +129,7 @@ async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError>
             let list = match provider.list_api_group_resources(&v.group_version).await {
                 Ok(l) => l,
                 // The group went away between the two reads: nothing to export from it.
-                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) if e.is_not_found() => continue,
                 Err(e) => {
                     return Err(error(
                         &format!("listing resources of {}", v.group_version),
@@ -196,7 +197,7 @@ async fn openapi_docs(
             Ok(doc) => Ok(Some(doc)),
             // Published in discovery but not (or no longer) in OpenAPI: its APIs are skipped
             // as having no schema; the rest of discovery stands.
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(error("reading /openapi/v3", &e)),
         }
     };

@@ -2,32 +2,33 @@
 //! identity, exported-API discovery, consumer CRD install per pull/update policy, the setup side
 //! of bindings, autoBind, and teardown. Each Connection is observed, planned (pure, `plan`),
 //! applied and recorded in turn.
+//!
+//! The files, in the order of a run: `observe` (the reads), `plan` (pure: the CRD writes, then
+//! the statuses, in `plan/status.rs`), `apply` (every write, statuses included), `teardown`
+//! (deleting bindings and Connections); `crdpull`, `openapi` and `discovery` build the consumer
+//! CRDs from the provider's.
 
+mod apply;
 pub mod args;
 pub mod crdpull;
-pub mod credentials;
 pub mod discovery;
-pub mod identity;
+mod observe;
 pub mod openapi;
 pub mod plan;
 mod teardown;
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::{Value, json};
 
-use crate::api::core::{Binding, ClusterBinding, Connection, ConnectionStatus, SchemaSource};
+use crate::api::core::{Connection, SchemaSource};
 use crate::api::keys;
-use crate::pass::status::{apply_status, retry_on_conflict};
+use crate::connection::{CredentialPolicy, IdentityError};
+use crate::pass::finalizer;
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Summary, list, shard};
-use crate::scrub::scrub;
-use plan::{AutoBind, BindingKey, BindingView, CrdAction, CrdMeta, CrdOutcome, Observed};
+use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
+use plan::{BindingView, CrdMeta, CrdOutcome, Observed};
 
 pub const PASS: &str = "schema";
 
@@ -51,23 +52,22 @@ struct World {
     /// Per provider credential (kubeconfig fingerprint), within this pass only.
     providers: HashMap<String, ProviderMemo>,
     /// Where Connection Secrets may live, which kubeconfig fields are re-allowed.
-    policy: credentials::CredentialPolicy,
+    policy: CredentialPolicy,
 }
 
 /// What one pass learned about a provider, shared by the Connections using the same credential.
 #[derive(Default)]
 struct ProviderMemo {
     client: Option<Client>,
-    identity: Option<Result<String, identity::IdentityError>>,
+    identity: Option<Result<String, IdentityError>>,
     discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
 pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, PassError> {
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
-    let mut world = observe(&ctx, args.selector.as_deref()).await?;
-    world.policy =
-        credentials::CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    let mut world = observe::observe(&ctx, args.selector.as_deref()).await?;
+    world.policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
     let names: Vec<String> = world
         .connections
         .iter()
@@ -127,22 +127,14 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         }
     }
     summary.count("connections", done);
-    summary.outcome = if writes.dry_run() {
-        "dry-run".into()
-    } else {
-        "completed".into()
-    };
-    if let Some(why) = stopped {
-        summary.outcome = "partial".into();
-        summary.message = format!(
+    let stopped = stopped.map(|why| Stopped {
+        message: format!(
             "stopped early ({why:?}); {} Connections left for the next run",
             order.len() as i64 - done
-        );
-        summary.resume_after = last;
-    }
-    summary.data_writes = writes.data;
-    summary.bookkeeping_writes = writes.bookkeeping;
-    summary.planned = std::mem::take(&mut writes.planned);
+        ),
+        resume_after: last,
+    });
+    summary.finish(writes, stopped);
     Ok(summary)
 }
 
@@ -166,81 +158,6 @@ fn resume_order(
     mine
 }
 
-async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, PassError> {
-    let client = ctx.client.clone();
-    let lp = ListParams::default();
-    let conn_lp = match selector {
-        Some(s) => ListParams::default().labels(s),
-        None => ListParams::default(),
-    };
-    let connections = list::all(&Api::<Connection>::all(client.clone()), &conn_lp)
-        .await
-        .map_err(|e| match &e {
-            kube::Error::Api(s) if s.code == 400 => {
-                PassError::Config(format!("--selector: {}", s.message))
-            }
-            _ => PassError::kube("listing Connections", &e),
-        })?;
-    let observed = crate::bindings::observe(&client)
-        .await
-        .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
-    let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
-        .await
-        .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
-    let local_uid = identity::cluster_uid(&client)
-        .await
-        .map_err(|e| PassError::Unreachable {
-            what: "reading the consumer cluster identity".into(),
-            message: e.to_string(),
-        })?;
-    let bindings: Vec<BindingObj> = observed.into_iter().map(BindingObj::from).collect();
-    let crds = crd_meta
-        .into_iter()
-        .map(|m| {
-            let labels = m.metadata.labels.clone().unwrap_or_default();
-            let ann = m.metadata.annotations.clone().unwrap_or_default();
-            let meta = CrdMeta {
-                uid: m.metadata.uid.clone().unwrap_or_default(),
-                managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
-                connection: ann.get(keys::CONNECTION).cloned(),
-                schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
-                deleting: m.metadata.deletion_timestamp.is_some(),
-            };
-            (m.metadata.name.unwrap_or_default(), meta)
-        })
-        .collect();
-    let views = bindings.iter().map(|b| b.view.clone()).collect();
-    Ok(World {
-        client,
-        manager: ctx.field_manager(),
-        local_uid,
-        connections,
-        bindings,
-        views,
-        crds,
-        providers: HashMap::new(),
-        policy: credentials::CredentialPolicy::default(),
-    })
-}
-
-impl From<crate::bindings::ObservedBinding> for BindingObj {
-    fn from(b: crate::bindings::ObservedBinding) -> Self {
-        BindingObj {
-            view: BindingView {
-                key: b.key,
-                connection: b.connection,
-                apis: b.apis,
-                generation: b.generation,
-                status: b.status,
-                deleting: b.deleting,
-            },
-            uid: b.uid,
-            finalizers: b.finalizers,
-            owner_uids: b.owner_uids,
-        }
-    }
-}
-
 /// Reconcile one Connection; returns whether it ended Ready.
 async fn reconcile(
     ctx: &PassContext,
@@ -249,96 +166,26 @@ async fn reconcile(
     writes: &mut Writes,
 ) -> Result<bool, kube::Error> {
     let name = conn.name_any();
-    let client = world.client.clone();
-    let conns: Api<Connection> = Api::all(client.clone());
     if conn.meta().deletion_timestamp.is_some() {
         // Its deleting bindings finish first; the Connection waits for them.
-        finish_deleting_bindings(world, &name, writes).await?;
-        teardown::connection(world_view(world), conn, writes).await?;
+        apply::finish_deleting_bindings(world, &name, writes).await?;
+        teardown::connection(apply::world_view(world), conn, writes).await?;
         return Ok(false);
     }
-    if !has_finalizer(conn.meta().finalizers.as_ref())
-        && writes.will(
-            "add finalizer",
-            format!("Connection {name}"),
-            keys::CLEANUP_FINALIZER,
-        )
-    {
-        set_finalizer(&conns, &name, None, &world.manager, true).await?;
-        writes.bookkeeping_done();
+    if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
+        let api = Api::<Connection>::all(world.client.clone());
+        let what = format!("Connection {name}");
+        apply::add_finalizer(world, &api, (&name, None), what, writes).await?;
     }
 
-    // Credentials: read the Secret now, every run (rotation needs no restart), and only in a
-    // credential namespace (docs/schema.md "Credentials").
-    let r = &conn.spec.kubeconfig_secret_ref;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
-    let secret = match world.policy.check_namespace(&r.namespace, &r.name) {
-        Err(e) => Err(e),
-        Ok(()) => match secrets.get_opt(&r.name).await {
-            Ok(s) => Ok(s),
-            Err(e) => Err(credentials::CredentialError::SecretUnreadable {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                message: scrub(&e.to_string()),
-            }),
-        },
-    };
-    // Whether the Secret still needs kbind's cleanup finalizer, added only once it validated.
-    let needs_finalizer = matches!(&secret, Ok(Some(s))
-        if s.meta().deletion_timestamp.is_none() && !has_finalizer(s.meta().finalizers.as_ref()));
-    let pk = secret.and_then(|s| {
-        credentials::kubeconfig_from_secret(
-            s.as_ref(),
-            &r.namespace,
-            &r.name,
-            &r.key,
-            &world.policy,
-        )
-    });
-    let pk = match pk {
-        Ok(pk) => credentials::check_server_address(&pk).await.map(|()| pk),
-        Err(e) => Err(e),
-    };
-    let fingerprint = pk
-        .as_ref()
-        .map(|p| p.fingerprint.clone())
-        .unwrap_or_default();
-    let memo = world.providers.entry(fingerprint).or_default();
-    let provider = match (&pk, &memo.client) {
-        (Ok(_), Some(c)) => Ok(c.clone()),
-        (Ok(pk), None) => {
-            credentials::provider_client(pk, ctx.counter.clone(), ctx.args.request_timeout)
-                .await
-                .map_err(|message| credentials::CredentialError::InvalidKubeconfig {
-                    namespace: r.namespace.clone(),
-                    name: r.name.clone(),
-                    key: r.key.clone(),
-                    message,
-                })
-        }
-        (Err(e), _) => Err(e.clone()),
-    };
-    // The finalizer goes on only after the Secret validated as a usable kubeconfig for this
-    // Connection: naming a Secret must not let anyone block its deletion.
-    if provider.is_ok()
-        && needs_finalizer
-        && writes.will(
-            "add finalizer",
-            format!("Secret {}/{}", r.namespace, r.name),
-            keys::CLEANUP_FINALIZER,
-        )
-    {
-        set_finalizer(&secrets, &r.name, Some(&r.namespace), &world.manager, true).await?;
-        writes.bookkeeping_done();
+    // Observe the provider: credentials, then (once they work) identity and discovery.
+    let reached = world.reach(ctx, conn).await;
+    if reached.provider.is_ok() && reached.secret_needs_finalizer {
+        apply::secret_finalizer(world, conn, writes).await?;
     }
-    let remote_uid = match &provider {
-        Ok(p) => {
-            memo.client = Some(p.clone());
-            if memo.identity.is_none() {
-                memo.identity = Some(identity::cluster_uid(p).await);
-            }
-            memo.identity.clone()
-        }
+    let memo = world.providers.entry(reached.fingerprint).or_default();
+    let remote_uid = match &reached.provider {
+        Ok(p) => memo.identity(p).await,
         Err(_) => None,
     };
     let status = conn.status.clone().unwrap_or_default();
@@ -347,44 +194,48 @@ async fn reconcile(
         generation: conn.meta().generation,
         policy: &conn.spec.schema,
         status: &status,
-        credentials: provider.as_ref().map(|_| ()).map_err(Clone::clone),
+        credentials: reached.provider.as_ref().map(|_| ()).map_err(Clone::clone),
         remote_uid,
         local_uid: &world.local_uid,
         discovery: None,
-        bindings: &[],
+        bindings: &world.views,
         consumer_crds: &world.crds,
     };
-    if let (Ok(p), Some(Ok(_))) = (&provider, &observed.remote_uid)
+    if let (Ok(p), Some(Ok(_))) = (&reached.provider, &observed.remote_uid)
         && !observed.identity_changed()
     {
-        let source = conn.spec.schema.source;
-        let found = match memo.discovery.get(&source) {
-            Some(d) => d.clone(),
-            None => {
-                let d = discovery::discover(p, source).await;
-                memo.discovery.insert(source, d.clone());
-                d
-            }
-        };
-        observed.discovery = Some(found);
+        observed.discovery = Some(memo.discover(p, conn.spec.schema.source).await);
     }
-    observed.bindings = &world.views;
 
-    // Plan and apply the consumer CRD writes.
+    // Plan and apply the consumer CRD writes, then plan the statuses and record them.
     let actions = plan::plan_crds(&observed);
-    let outcomes = apply_crds(&client, &world.manager, &actions, writes).await;
+    let outcomes = apply::apply_crds(&world.client, &world.manager, &actions, writes).await;
     for (a, o) in actions.iter().zip(&outcomes) {
         if let CrdOutcome::Failed(m) | CrdOutcome::Forbidden(m) = o {
             tracing::warn!(connection = %name, crd = %a.name(), error = %m, "consumer CRD write failed");
         }
     }
+    let (autobind, autobind_uid) = autobind_view(world, conn);
+    let plan = plan::plan_status(&observed, &actions, &outcomes, autobind, Timestamp::now());
+    let after = plan::crds_after(&observed, &actions, &outcomes);
+    drop(observed);
+    world.crds = after;
+    apply::record(world, conn, &status, &plan, autobind_uid, writes).await
+}
+
+/// What autoBind has to work with, and the UID of the ClusterBinding it maintains (if any).
+fn autobind_view<'w>(
+    world: &'w World,
+    conn: &Connection,
+) -> (plan::AutoBindView<'w>, Option<String>) {
+    let name = conn.name_any();
     let autobind_cb = world
         .bindings
         .iter()
         .find(|b| b.view.key.namespace.is_none() && b.view.key.name == name);
     let autobind_ours =
         autobind_cb.is_some_and(|b| b.owner_uids.contains(&conn.uid().unwrap_or_default()));
-    let autobind = match (conn.spec.auto_bind, autobind_cb) {
+    let view = match (conn.spec.auto_bind, autobind_cb) {
         (false, _) => plan::AutoBindView::Off,
         (true, Some(_)) if !autobind_ours => {
             tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not owned by it; autoBind leaves it alone");
@@ -392,378 +243,8 @@ async fn reconcile(
         }
         (true, cb) => plan::AutoBindView::Maintained(cb.map(|b| &b.view)),
     };
-    let plan = plan::plan_status(&observed, &actions, &outcomes, autobind, Timestamp::now());
-    let after = plan::crds_after(&observed, &actions, &outcomes);
-    drop(observed);
-    world.crds = after;
-
-    // Record: bindings (finalizers, setup status), autoBind, then the Connection.
-    for b in world
-        .bindings
-        .iter()
-        .filter(|b| b.view.connection == name && !b.view.deleting)
-    {
-        if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
-            && writes.will(
-                "add finalizer",
-                b.view.key.to_string(),
-                keys::CLEANUP_FINALIZER,
-            )
-        {
-            binding_finalizer(&client, &world.manager, &b.view.key, true).await?;
-            writes.bookkeeping_done();
-        }
-    }
-    for (key, st) in &plan.bindings {
-        if writes.will(
-            "apply-status",
-            key.to_string(),
-            "boundAPIs, Ready, Synced, PermissionDenied",
-        ) {
-            write_binding_status(&client, &world.manager, key, st).await?;
-            writes.bookkeeping_done();
-        }
-    }
-    let autobind_uid = autobind_cb.filter(|_| autobind_ours).map(|b| b.uid.clone());
-    apply_autobind(
-        &client,
-        &world.manager,
-        conn,
-        &plan.autobind,
-        autobind_uid,
-        writes,
-    )
-    .await?;
-    finish_deleting_bindings(world, &name, writes).await?;
-    let ready = plan
-        .connection
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    if plan.connection != status
-        && writes.will(
-            "apply-status",
-            format!("Connection {name}"),
-            "identities, exports, conditions",
-        )
-    {
-        write_connection_status(
-            &conns,
-            &name,
-            &world.manager,
-            &plan.connection,
-            conn.resource_version(),
-        )
-        .await?;
-        writes.bookkeeping_done();
-    }
-    Ok(ready)
-}
-
-async fn finish_deleting_bindings(
-    world: &World,
-    connection: &str,
-    writes: &mut Writes,
-) -> Result<(), kube::Error> {
-    for b in world
-        .bindings
-        .iter()
-        .filter(|b| b.view.deleting && b.view.connection == connection)
-    {
-        teardown::binding(
-            &world.client,
-            &world.manager,
-            b,
-            &world.bindings,
-            &world.crds,
-            writes,
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-fn world_view(w: &World) -> teardown::View<'_> {
-    teardown::View {
-        client: &w.client,
-        manager: &w.manager,
-        connections: &w.connections,
-        bindings: &w.bindings,
-    }
-}
-
-pub(crate) fn has_finalizer(f: Option<&Vec<String>>) -> bool {
-    f.is_some_and(|f| f.iter().any(|x| x == keys::CLEANUP_FINALIZER))
-}
-
-/// Add (or release) kbind's cleanup finalizer with server-side apply: finalizers are a set, so
-/// other owners' finalizers are untouched.
-pub(crate) async fn set_finalizer<K>(
-    api: &Api<K>,
-    name: &str,
-    namespace: Option<&str>,
-    manager: &str,
-    present: bool,
-) -> Result<(), kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let finalizers: Vec<&str> = if present {
-        vec![keys::CLEANUP_FINALIZER]
-    } else {
-        vec![]
-    };
-    let mut metadata = json!({"name": name, "finalizers": finalizers});
-    if let Some(ns) = namespace {
-        metadata["namespace"] = json!(ns);
-    }
-    let body =
-        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
-    if !present {
-        let manager = format!("{manager}-finalizer");
-        return crate::pass::finalizer::release(
-            api,
-            name,
-            &body,
-            &manager,
-            keys::CLEANUP_FINALIZER,
-        )
-        .await;
-    }
-    match api
-        .patch(
-            name,
-            &PatchParams::apply(&format!("{manager}-finalizer")),
-            &Patch::Apply(&body),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-pub(crate) async fn binding_finalizer(
-    client: &Client,
-    manager: &str,
-    key: &BindingKey,
-    present: bool,
-) -> Result<(), kube::Error> {
-    match &key.namespace {
-        Some(ns) => {
-            set_finalizer(
-                &Api::<Binding>::namespaced(client.clone(), ns),
-                &key.name,
-                Some(ns),
-                manager,
-                present,
-            )
-            .await
-        }
-        None => {
-            set_finalizer(
-                &Api::<ClusterBinding>::all(client.clone()),
-                &key.name,
-                None,
-                manager,
-                present,
-            )
-            .await
-        }
-    }
-}
-
-async fn write_binding_status(
-    client: &Client,
-    manager: &str,
-    key: &BindingKey,
-    st: &crate::api::core::BindingStatus,
-) -> Result<(), kube::Error> {
-    // Only the fields this pass owns: resync's counts and conditions stay resync's.
-    let owned = plan::schema_owned(st);
-    let (apis, conds, generation) = (owned.apis, owned.conditions, owned.observed_generation);
-    let status = json!({"boundAPIs": apis, "conditions": conds, "observedGeneration": generation});
-    apply_binding_status(client, manager, key, status).await
-}
-
-/// Server-side apply `status` to the Binding or ClusterBinding `key` as `manager`.
-pub(crate) async fn apply_binding_status(
-    client: &Client,
-    manager: &str,
-    key: &BindingKey,
-    status: Value,
-) -> Result<(), kube::Error> {
-    match &key.namespace {
-        Some(ns) => apply_status(
-            &Api::<Binding>::namespaced(client.clone(), ns),
-            &key.name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-        None => apply_status(
-            &Api::<ClusterBinding>::all(client.clone()),
-            &key.name,
-            manager,
-            status,
-            None,
-        )
-        .await
-        .map(|_| ()),
-    }
-}
-
-/// The Connection's status moves only from the version that was read; on a conflict it is
-/// re-read and re-applied when the pinned identities still agree.
-async fn write_connection_status(
-    api: &Api<Connection>,
-    name: &str,
-    manager: &str,
-    desired: &ConnectionStatus,
-    rv: Option<String>,
-) -> Result<(), kube::Error> {
-    let value = serde_json::to_value(desired).unwrap_or(Value::Null);
-    let mut first = true;
-    retry_on_conflict(3, || {
-        let (api, value, rv0, first_try) = (api.clone(), value.clone(), rv.clone(), first);
-        first = false;
-        let pinned = (
-            desired.remote_cluster_uid.clone(),
-            desired.local_cluster_uid.clone(),
-        );
-        async move {
-            let rv = if first_try {
-                rv0
-            } else {
-                let now = api.get(name).await?;
-                let st = now.status.unwrap_or_default();
-                let conflicting = |a: &Option<String>, b: &Option<String>| a.is_some() && a != b;
-                if conflicting(&st.remote_cluster_uid, &pinned.0)
-                    || conflicting(&st.local_cluster_uid, &pinned.1)
-                {
-                    return Ok(());
-                }
-                now.metadata.resource_version
-            };
-            apply_status(&api, name, manager, value, rv.as_deref())
-                .await
-                .map(|_| ())
-        }
-    })
-    .await
-}
-
-async fn apply_crds(
-    client: &Client,
-    manager: &str,
-    actions: &[CrdAction],
-    writes: &mut Writes,
-) -> Vec<CrdOutcome> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut out = Vec::with_capacity(actions.len());
-    for a in actions {
-        let (verb, detail) = match a {
-            CrdAction::Create(_) => ("create", "consumer CRD"),
-            CrdAction::Update(_) => ("update", "consumer CRD schema (provider changed)"),
-            CrdAction::Stamp { .. } => ("patch", "add kbind markers (pullPolicy None)"),
-        };
-        if !writes.will(
-            verb,
-            format!("CustomResourceDefinition {}", a.name()),
-            detail,
-        ) {
-            out.push(CrdOutcome::Done);
-            continue;
-        }
-        let r = match a {
-            CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
-            CrdAction::Update(crd) => api
-                .patch(
-                    &a.name(),
-                    &PatchParams::apply(manager).force(),
-                    &Patch::Apply(crd.as_ref()),
-                )
-                .await
-                .map(|_| ()),
-            CrdAction::Stamp { name, connection } => {
-                // Markers only: the schema stays the external manager's.
-                let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                    "metadata": {"name": name, "labels": {keys::MANAGED: "true"}, "annotations": {keys::CONNECTION: connection}}});
-                api.patch(
-                    name,
-                    &PatchParams::apply(&format!("{manager}-stamp")),
-                    &Patch::Apply(&body),
-                )
-                .await
-                .map(|_| ())
-            }
-        };
-        out.push(match r {
-            Ok(()) => {
-                writes.data_done();
-                CrdOutcome::Done
-            }
-            Err(kube::Error::Api(s)) if s.code == 403 => CrdOutcome::Forbidden(scrub(&s.message)),
-            Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
-        });
-    }
-    out
-}
-
-async fn apply_autobind(
-    client: &Client,
-    manager: &str,
-    conn: &Connection,
-    plan: &AutoBind,
-    existing_uid: Option<String>,
-    writes: &mut Writes,
-) -> Result<(), kube::Error> {
-    let name = conn.name_any();
-    let api: Api<ClusterBinding> = Api::all(client.clone());
-    match plan {
-        AutoBind::Leave => Ok(()),
-        AutoBind::Apply(apis) => {
-            if !writes.will(
-                "apply",
-                format!("ClusterBinding {name}"),
-                format!("autoBind: {} APIs", apis.len()),
-            ) {
-                return Ok(());
-            }
-            let body = json!({
-                "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
-                "metadata": {"name": name, "ownerReferences": [{
-                    "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "name": name,
-                    "uid": conn.uid(), "controller": true, "blockOwnerDeletion": true}]},
-                "spec": {"connectionRef": {"name": name}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()},
-            });
-            api.patch(
-                &name,
-                &PatchParams::apply(manager).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
-            writes.data_done();
-            Ok(())
-        }
-        AutoBind::Delete => {
-            if !writes.will(
-                "delete",
-                format!("ClusterBinding {name}"),
-                "autoBind: two consecutive runs found no exports",
-            ) {
-                return Ok(());
-            }
-            if let Some(uid) = existing_uid
-                && teardown::delete_observed(&api, &name, &uid).await?
-            {
-                writes.data_done();
-            }
-            Ok(())
-        }
-    }
+    let uid = autobind_cb.filter(|_| autobind_ours).map(|b| b.uid.clone());
+    (view, uid)
 }
 
 #[cfg(test)]

@@ -14,12 +14,14 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::BindingObj;
 use super::plan::CrdMeta;
-use super::{BindingObj, binding_finalizer, has_finalizer, set_finalizer};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::{INSTANCES_RELEASED, PERMISSION_DENIED, READY, SYNCED};
 use crate::api::core::{ClusterBinding, Connection};
 use crate::api::keys;
+use crate::pass::StatusCode;
+use crate::pass::finalizer;
 use crate::pass::status::apply_status;
 use crate::pass::writes::Writes;
 
@@ -37,7 +39,7 @@ pub async fn connection(
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
     let name = conn.name_any();
-    if !has_finalizer(conn.meta().finalizers.as_ref()) {
+    if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
         return Ok(());
     }
     let uid = conn.uid().unwrap_or_default();
@@ -112,11 +114,12 @@ pub async fn connection(
             keys::CLEANUP_FINALIZER,
         )
     {
-        set_finalizer(
+        finalizer::set(
             &Api::<Secret>::namespaced(v.client.clone(), &r.namespace),
             &r.name,
             Some(&r.namespace),
             v.manager,
+            keys::CLEANUP_FINALIZER,
             false,
         )
         .await?;
@@ -127,7 +130,15 @@ pub async fn connection(
         format!("Connection {name}"),
         keys::CLEANUP_FINALIZER,
     ) {
-        set_finalizer(&conns, &name, None, v.manager, false).await?;
+        finalizer::set(
+            &conns,
+            &name,
+            None,
+            v.manager,
+            keys::CLEANUP_FINALIZER,
+            false,
+        )
+        .await?;
         writes.bookkeeping_done();
     }
     Ok(())
@@ -182,7 +193,7 @@ pub async fn binding(
         b.view.key.to_string(),
         keys::CLEANUP_FINALIZER,
     ) {
-        binding_finalizer(client, manager, &b.view.key, false).await?;
+        crate::bindings::set_finalizer(client, manager, &b.view.key, false).await?;
         writes.bookkeeping_done();
     }
     Ok(())
@@ -211,7 +222,7 @@ where
     };
     match api.delete(name, &dp).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) if e.is_not_found() || e.is_conflict() => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -264,7 +275,7 @@ pub async fn orphan_binding(
         .filter(|c| [READY, SYNCED, PERMISSION_DENIED].contains(&c.type_.as_str()))
         .collect();
     let status = json!({"conditions": owned, "observedGeneration": b.view.generation});
-    super::apply_binding_status(client, manager, &b.view.key, status).await?;
+    crate::bindings::apply_status(client, manager, &b.view.key, status).await?;
     writes.bookkeeping_done();
     Ok(())
 }

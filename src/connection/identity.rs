@@ -6,25 +6,35 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ApiResource;
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
+use std::sync::Arc;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+use crate::pass::StatusCode;
+
+/// Why the identity could not be read. The API error stays typed (shared, as one provider's
+/// identity is read once per pass and reused); its text is scrubbed when shown.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum IdentityError {
-    #[error("reading the cluster identity was forbidden: {0}")]
-    Forbidden(String),
+    #[error("reading the cluster identity was forbidden: {}", shown(.0))]
+    Forbidden(#[source] Arc<kube::Error>),
     #[error("the cluster identity object has no UID")]
     NoUid,
-    #[error("cluster unreachable or refused the request: {0}")]
-    Unreachable(String),
-    #[error("credentials were rejected (401): {0}")]
-    Unauthorized(String),
+    #[error("cluster unreachable or refused the request: {}", shown(.0))]
+    Unreachable(#[source] Arc<kube::Error>),
+    #[error("credentials were rejected (401): {}", shown(.0))]
+    Unauthorized(#[source] Arc<kube::Error>),
 }
 
-pub fn classify(e: &kube::Error) -> IdentityError {
-    let msg = crate::scrub::scrub(&e.to_string());
-    match e {
-        kube::Error::Api(s) if s.code == 403 => IdentityError::Forbidden(msg),
-        kube::Error::Api(s) if s.code == 401 => IdentityError::Unauthorized(msg),
-        _ => IdentityError::Unreachable(msg),
+fn shown(e: &kube::Error) -> String {
+    crate::scrub::scrub(&e.to_string())
+}
+
+pub fn classify(e: kube::Error) -> IdentityError {
+    if e.is_forbidden() {
+        IdentityError::Forbidden(Arc::new(e))
+    } else if e.is_unauthorized() {
+        IdentityError::Unauthorized(Arc::new(e))
+    } else {
+        IdentityError::Unreachable(Arc::new(e))
     }
 }
 
@@ -39,14 +49,14 @@ pub async fn cluster_uid(client: &Client) -> Result<String, IdentityError> {
         match lc.get("cluster").await {
             Ok(o) => return o.metadata.uid.ok_or(IdentityError::NoUid),
             // The API is installed (e.g. kcp's CRDs on a plain cluster) but holds no `cluster`.
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(classify(&e)),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(classify(e)),
         }
     }
     let ns: Api<Namespace> = Api::all(client.clone());
     match ns.get("kube-system").await {
         Ok(n) => n.metadata.uid.ok_or(IdentityError::NoUid),
-        Err(e) => Err(classify(&e)),
+        Err(e) => Err(classify(e)),
     }
 }
 
@@ -56,7 +66,7 @@ async fn serves_logical_clusters(client: &Client) -> Result<bool, IdentityError>
         .await
     {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == "logicalclusters")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(classify(&e)),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(classify(e)),
     }
 }

@@ -1,0 +1,266 @@
+use super::*;
+use k8s_openapi::ByteString;
+use std::collections::BTreeMap;
+
+fn secret(key: &str, value: &str) -> Secret {
+    Secret {
+        data: Some(BTreeMap::from([(
+            key.to_string(),
+            ByteString(value.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+fn kubeconfig(cluster_extra: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: p\n  cluster:\n    server: https://127.0.0.1:6443\n{cluster_extra}contexts:\n- name: c\n  context:\n    cluster: p\n    user: u\n    namespace: tenant\nusers:\n- name: u\n  user:\n{user}"
+    )
+}
+
+#[test]
+fn table() {
+    let ok_user = "    token: abc\n";
+    let cases: Vec<(&str, Option<Secret>, Result<&str, &str>)> = vec![
+        ("missing secret", None, Err("SecretNotFound")),
+        ("wrong key", Some(secret("config", "x")), Err("KeyNotFound")),
+        (
+            "not yaml",
+            Some(secret("kubeconfig", "::: [")),
+            Err("InvalidKubeconfig"),
+        ),
+        (
+            "binary",
+            Some(Secret {
+                data: Some(BTreeMap::from([(
+                    "kubeconfig".into(),
+                    ByteString(vec![0xff, 0xfe, 0]),
+                )])),
+                ..Default::default()
+            }),
+            Err("InvalidKubeconfig"),
+        ),
+        (
+            "huge",
+            Some(secret("kubeconfig", &"a".repeat(300_000))),
+            Err("InvalidKubeconfig"),
+        ),
+        (
+            "exec",
+            Some(secret(
+                "kubeconfig",
+                &kubeconfig(
+                    "",
+                    "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: gcloud\n",
+                ),
+            )),
+            Err("user.exec"),
+        ),
+        (
+            "ca path",
+            Some(secret(
+                "kubeconfig",
+                &kubeconfig("    certificate-authority: /etc/ca.crt\n", ok_user),
+            )),
+            Err("certificate-authority is a file path"),
+        ),
+        (
+            "cert path",
+            Some(secret(
+                "kubeconfig",
+                &kubeconfig("", "    client-certificate: /home/me/.kube/c.crt\n"),
+            )),
+            Err("client-certificate is a file path"),
+        ),
+        (
+            "token file",
+            Some(secret(
+                "kubeconfig",
+                &kubeconfig("", "    tokenFile: /var/run/token\n"),
+            )),
+            Err("tokenFile"),
+        ),
+        (
+            "ok",
+            Some(secret("kubeconfig", &kubeconfig("", ok_user))),
+            Ok("tenant"),
+        ),
+    ];
+    for (what, s, want) in cases {
+        let got = kubeconfig_from_secret(
+            s.as_ref(),
+            "ns",
+            "name",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        );
+        match (got, want) {
+            (Ok(pk), Ok(ns)) => assert_eq!(pk.default_namespace, ns, "{what}"),
+            (Err(e), Err(needle)) => assert!(
+                e.reason() == needle || e.to_string().contains(needle),
+                "{what}: {e} lacks {needle}"
+            ),
+            (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn errors_never_quote_the_secret() {
+    let s = secret("kubeconfig", "token: xoxb-secret-value\n  bad: [indent");
+    let e = kubeconfig_from_secret(
+        Some(&s),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap_err();
+    assert!(!e.to_string().contains("secret-value"), "{e}");
+}
+
+#[test]
+fn widening_fields_are_refused_unless_re_allowed() {
+    let ok_user = "    token: abc\n";
+    let https = kubeconfig("", ok_user);
+    let cases: Vec<(&str, String, KubeconfigField)> = vec![
+        (
+            "proxy-url",
+            kubeconfig("    proxy-url: http://proxy.example:3128\n", ok_user),
+            KubeconfigField::ProxyUrl,
+        ),
+        (
+            "insecure-skip-tls-verify",
+            kubeconfig("    insecure-skip-tls-verify: true\n", ok_user),
+            KubeconfigField::InsecureSkipTlsVerify,
+        ),
+        (
+            "http",
+            https.replace("https://127.0.0.1:6443", "http://127.0.0.1:6443"),
+            KubeconfigField::Http,
+        ),
+        (
+            "impersonation",
+            kubeconfig("", "    token: abc\n    as: system:admin\n"),
+            KubeconfigField::Impersonation,
+        ),
+        (
+            "impersonated groups",
+            kubeconfig("", "    token: abc\n    as-groups: [system:masters]\n"),
+            KubeconfigField::Impersonation,
+        ),
+    ];
+    for (what, kc, field) in cases {
+        let s = secret("kubeconfig", &kc);
+        let refused = kubeconfig_from_secret(
+            Some(&s),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(refused.reason(), "KubeconfigFieldNotAllowed", "{what}");
+        assert!(
+            refused
+                .to_string()
+                .contains(what.split(' ').next_back().unwrap_or(what))
+                || refused.to_string().contains("impersonation"),
+            "{what}: {refused}"
+        );
+        let args = CredentialArgs {
+            allow_kubeconfig_fields: vec![field],
+            ..Default::default()
+        };
+        let policy = CredentialPolicy::new(&args, "ns".into());
+        assert!(
+            kubeconfig_from_secret(Some(&s), "ns", "n", "kubeconfig", &policy).is_ok(),
+            "{what} re-allowed"
+        );
+    }
+    let plain = secret("kubeconfig", &https);
+    assert!(
+        kubeconfig_from_secret(
+            Some(&plain),
+            "ns",
+            "n",
+            "kubeconfig",
+            &CredentialPolicy::default()
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn forbidden_addresses() {
+    for (ip, forbidden) in [
+        ("169.254.169.254", true),
+        ("169.254.1.1", true),
+        ("100.100.100.200", true),
+        ("fe80::1", true),
+        ("fd00:ec2::254", true),
+        ("::ffff:169.254.169.254", true),
+        ("127.0.0.1", false),
+        ("10.0.0.1", false),
+        ("::1", false),
+        ("2001:db8::1", false),
+    ] {
+        let ip: IpAddr = ip.parse().unwrap();
+        assert_eq!(is_forbidden_address(ip), forbidden, "{ip}");
+    }
+}
+
+#[tokio::test]
+async fn a_metadata_server_is_refused_before_any_request() {
+    let kc = kubeconfig("", "    token: abc\n")
+        .replace("https://127.0.0.1:6443", "https://169.254.169.254");
+    let pk = kubeconfig_from_secret(
+        Some(&secret("kubeconfig", &kc)),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap();
+    let e = check_server_address(&pk).await.unwrap_err();
+    assert_eq!(e.reason(), "KubeconfigFieldNotAllowed");
+    assert!(e.to_string().contains("169.254.169.254"), "{e}");
+    let kc = kubeconfig("", "    token: abc\n")
+        .replace("https://127.0.0.1:6443", "https://[fe80::1]:6443");
+    let pk = kubeconfig_from_secret(
+        Some(&secret("kubeconfig", &kc)),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap();
+    assert!(check_server_address(&pk).await.is_err());
+    let ok = kubeconfig_from_secret(
+        Some(&secret("kubeconfig", &kubeconfig("", "    token: abc\n"))),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap();
+    assert!(check_server_address(&ok).await.is_ok());
+}
+
+#[test]
+fn credential_namespaces() {
+    let p = CredentialPolicy::new(&CredentialArgs::default(), "kbind-system".into());
+    assert!(p.check_namespace("kbind-system", "s").is_ok());
+    let e = p.check_namespace("kube-system", "admin").unwrap_err();
+    assert_eq!(e.reason(), "SecretNamespaceNotAllowed");
+    let args = CredentialArgs {
+        credential_namespaces: vec!["a".into(), "b".into()],
+        ..Default::default()
+    };
+    let p = CredentialPolicy::new(&args, "kbind-system".into());
+    assert!(p.check_namespace("b", "s").is_ok());
+    assert!(
+        p.check_namespace("kbind-system", "s").is_err(),
+        "the flag replaces the default"
+    );
+}

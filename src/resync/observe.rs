@@ -1,0 +1,330 @@
+//! What resync reads: the consumer's Connections, bindings and managed CRDs at the start of a
+//! run; per Connection, the provider behind it (credentials and identity checked, heartbeat
+//! renewed); per bound API, both sides' objects reduced to what the plan reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client, ResourceExt};
+
+use super::plan::{self, ConsumerObj, ProviderObj};
+use super::{BindingRef, BoundApi, Provider};
+use crate::api::BindingKey;
+use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::keys;
+use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, PassError, StatusCode, list, shard};
+use crate::secrets::SecretError;
+
+/// The consumer side of a run, read once at its start.
+pub(super) struct Consumer {
+    pub connections: Vec<Connection>,
+    pub bindings: Vec<BindingRef>,
+    /// Root objects of this run: this shard's bindings, narrowed by --selector.
+    pub selected: BTreeSet<BindingKey>,
+    /// Managed consumer CRDs, sorted by name.
+    pub apis: Vec<BoundApi>,
+}
+
+/// List Connections, bindings and managed CRDs, and select this run's bindings.
+pub(super) async fn consumer(
+    ctx: &PassContext,
+    selector: Option<&str>,
+) -> Result<Consumer, PassError> {
+    let client = &ctx.client;
+    let lp = ListParams::default();
+    let err = |what: &'static str| move |e: kube::Error| PassError::kube(what, &e);
+    let connections = list::all(&Api::<Connection>::all(client.clone()), &lp)
+        .await
+        .map_err(err("listing Connections"))?;
+    let observed = crate::bindings::observe(client)
+        .await
+        .map_err(err("listing ClusterBindings and Bindings"))?;
+    let crds = list::all(
+        &Api::<CustomResourceDefinition>::all(client.clone()),
+        &ListParams::default().labels(&format!("{}=true", keys::MANAGED)),
+    )
+    .await
+    .map_err(err("listing managed CustomResourceDefinitions"))?;
+    let bindings: Vec<BindingRef> = observed.into_iter().map(BindingRef::from).collect();
+    let mut selected: BTreeSet<BindingKey> = bindings
+        .iter()
+        .filter(|b| shard::owns(ctx.args.shard, &b.key.to_string()))
+        .map(|b| b.key.clone())
+        .collect();
+    if let Some(sel) = selector {
+        let keep = selected_by(client, sel).await?;
+        selected.retain(|k| keep.contains(k));
+    }
+    Ok(Consumer {
+        connections,
+        bindings,
+        selected,
+        apis: bound_apis(&crds),
+    })
+}
+
+/// The keys of the bindings `--selector` matches.
+async fn selected_by(client: &Client, sel: &str) -> Result<BTreeSet<BindingKey>, PassError> {
+    let lp = ListParams::default().labels(sel);
+    let bad_selector = |e: kube::Error| match &e {
+        kube::Error::Api(s) if e.is_bad_request() => {
+            PassError::Config(format!("--selector: {}", s.message))
+        }
+        _ => PassError::kube("listing bindings by --selector", &e),
+    };
+    let mut keep: BTreeSet<BindingKey> =
+        list::metadata(&Api::<ClusterBinding>::all(client.clone()), &lp)
+            .await
+            .map_err(bad_selector)?
+            .into_iter()
+            .map(|m| BindingKey {
+                namespace: None,
+                name: m.metadata.name.unwrap_or_default(),
+            })
+            .collect();
+    keep.extend(
+        list::metadata(&Api::<Binding>::all(client.clone()), &lp)
+            .await
+            .map_err(bad_selector)?
+            .into_iter()
+            .map(|m| BindingKey {
+                namespace: m.metadata.namespace,
+                name: m.metadata.name.unwrap_or_default(),
+            }),
+    );
+    Ok(keep)
+}
+
+impl From<crate::bindings::ObservedBinding> for BindingRef {
+    fn from(b: crate::bindings::ObservedBinding) -> Self {
+        BindingRef {
+            has_cleanup: b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER),
+            key: b.key,
+            connection: b.connection,
+            apis: b.apis,
+            policy: b.conflict_policy,
+            orphans: b.orphans,
+            deleting: b.deleting,
+            uid: b.uid,
+            generation: b.generation,
+            status: b.status,
+        }
+    }
+}
+
+/// Managed consumer CRDs with their pinned Connection and served version, sorted by name.
+fn bound_apis(crds: &[CustomResourceDefinition]) -> Vec<BoundApi> {
+    let mut out: Vec<BoundApi> = crds
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| {
+            let connection = c.annotations().get(keys::CONNECTION)?.clone();
+            let v = c.spec.versions.iter().find(|v| v.storage && v.served).or(c
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.served))?;
+            let gvk = GroupVersionKind::gvk(&c.spec.group, &v.name, &c.spec.names.kind);
+            Some(BoundApi {
+                name: format!("{}.{}", c.spec.names.plural, c.spec.group),
+                connection,
+                resource: ApiResource::from_gvk_with_plural(&gvk, &c.spec.names.plural),
+                namespaced: c.spec.scope == "Namespaced",
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Build the provider client for a Connection that `kbind schema` made Ready, check the
+/// provider's identity against the pinned UID (never trusting an earlier Ready), and renew the
+/// heartbeat Lease. `None`: not usable this run.
+pub(super) async fn connect(
+    ctx: &PassContext,
+    client: &Client,
+    conn: &Connection,
+    policy: &CredentialPolicy,
+    live_local: &Result<String, IdentityError>,
+    writes: &mut Writes,
+) -> Option<Provider> {
+    let name = conn.name_any();
+    let st = conn.status.clone().unwrap_or_default();
+    // Connected, not Ready: one API's failed discovery or forbidden CRD write makes the
+    // Connection not Ready, yet its other APIs' consumer CRDs are in place and keep syncing
+    // (docs/resync.md "Per bound API"). The identity is checked again below either way.
+    if !crate::api::conditions::Conditions::is_true(
+        &st.conditions,
+        crate::api::core::condition::CONNECTED,
+    ) {
+        tracing::info!(connection = %name, "Connection is not Connected (see its conditions); not syncing");
+        return None;
+    }
+    let (Some(remote), Some(local)) = (st.remote_cluster_uid.clone(), st.local_cluster_uid.clone())
+    else {
+        tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
+        return None;
+    };
+    match live_local {
+        Ok(uid) if uid == &local => {}
+        Ok(uid) => {
+            tracing::warn!(connection = %name, found = %uid, recorded = %local, "the consumer cluster's identity differs from the Connection's localClusterUID; nothing is synced");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "the consumer cluster's identity is unreadable; not syncing");
+            return None;
+        }
+    }
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let secret = match connection::read_secret(client, policy, r).await {
+        Ok(s) => s,
+        Err(CredentialError::SecretUnreadable(e)) => {
+            secret_unreadable(ctx, conn, &e).await;
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "not syncing");
+            return None;
+        }
+    };
+    let pk = match connection::kubeconfig(secret.as_ref(), r, policy).await {
+        Ok(pk) => pk,
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "credentials unusable; not syncing");
+            return None;
+        }
+    };
+    let provider = connection::client(&pk, r, ctx.counter.clone(), ctx.args.request_timeout)
+        .await
+        .ok()?;
+    match connection::cluster_uid(&provider).await {
+        Ok(uid) if uid == remote => {}
+        Ok(uid) => {
+            tracing::warn!(connection = %name, found = %uid, pinned = %remote, "ClusterIdentityChanged: the provider is another cluster; nothing is synced");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "provider identity unreadable; not syncing");
+            return None;
+        }
+    }
+    if let Err(e) = super::apply::heartbeat(&provider, &pk.default_namespace, &local, writes).await
+    {
+        tracing::warn!(connection = %name, error = %crate::scrub::scrub(&e.to_string()), "heartbeat Lease not renewed");
+    }
+    Some(Provider {
+        client: provider,
+        local_uid: local,
+    })
+}
+
+/// Not "Secret not found": an RBAC gap must say so, on the Connection (an Event).
+async fn secret_unreadable(ctx: &PassContext, conn: &Connection, e: &SecretError) {
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let reason = if e.is_forbidden() {
+        "PermissionDenied"
+    } else {
+        "SecretUnreadable"
+    };
+    let cause = e.kube_source().map(ToString::to_string).unwrap_or_default();
+    let note = format!(
+        "kbind resync could not read Secret {}/{}: {}",
+        r.namespace,
+        r.name,
+        crate::scrub::scrub(&cause)
+    );
+    tracing::warn!(connection = %conn.name_any(), reason, note = %note, "not syncing");
+    ctx.recorder
+        .publish(
+            &kube::Resource::object_ref(conn, &()),
+            crate::pass::events::EventType::Warning,
+            reason,
+            &note,
+        )
+        .await;
+}
+
+pub(super) fn obj_key(ns: Option<&str>, name: &str) -> String {
+    format!("{}/{name}", ns.unwrap_or(""))
+}
+
+fn field(o: &DynamicObject, name: &str) -> serde_json::Value {
+    o.data.get(name).cloned().unwrap_or(serde_json::Value::Null)
+}
+
+pub(super) fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
+    let ann = o.annotations();
+    ConsumerObj {
+        namespace: o.namespace(),
+        name: o.name_any(),
+        uid: o.uid().unwrap_or_default(),
+        spec: field(o, "spec"),
+        status: field(o, "status"),
+        deleting: o.metadata.deletion_timestamp.is_some(),
+        has_finalizer: o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER),
+        conflict: ann.get(keys::CONFLICT).cloned(),
+        orphan_on_delete: ann
+            .get(keys::DELETION_POLICY)
+            .is_some_and(|v| v == keys::DELETION_POLICY_ORPHAN),
+    }
+}
+
+pub(super) fn provider_obj(o: &DynamicObject) -> ProviderObj {
+    ProviderObj {
+        spec: field(o, "spec"),
+        status: field(o, "status"),
+        ..provider_meta(&o.metadata)
+    }
+}
+
+/// What the plan reads of a provider object's metadata (spec and status left null).
+fn provider_meta(m: &kube::api::ObjectMeta) -> ProviderObj {
+    let (cluster_marker, object_marker) = plan::markers(m.labels.as_ref(), m.annotations.as_ref());
+    ProviderObj {
+        namespace: m.namespace.clone(),
+        name: m.name.clone().unwrap_or_default(),
+        uid: m.uid.clone().unwrap_or_default(),
+        cluster_marker,
+        object_marker,
+        deleting: m.deletion_timestamp.is_some(),
+        orphaned: m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::ORPHANED))
+            .cloned(),
+        ..Default::default()
+    }
+}
+
+/// The provider LIST is narrowed to our cluster's copies, so the object behind a reported
+/// conflict (not ours) is never in it. Without seeing it, every run would plan a create, meet
+/// 409 and re-mark, or clear the mark: a flapping annotation and a new Event per run. Where
+/// conflicted consumer objects exist, one more paginated LIST of names and markers finds them.
+pub(super) async fn observe_conflicts(
+    provider_api: &Api<DynamicObject>,
+    consumer: &[ConsumerObj],
+    provider_by_key: &mut BTreeMap<String, ProviderObj>,
+) -> Result<(), kube::Error> {
+    let wanted: BTreeSet<String> = consumer
+        .iter()
+        .filter(|c| c.conflict.is_some() && !c.deleting)
+        .map(|c| obj_key(c.namespace.as_deref(), &c.name))
+        .filter(|k| !provider_by_key.contains_key(k))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for m in list::metadata(provider_api, &ListParams::default()).await? {
+        let p = provider_meta(&m.metadata);
+        let key = obj_key(p.namespace.as_deref(), &p.name);
+        if wanted.contains(&key) {
+            provider_by_key.insert(key, p);
+        }
+    }
+    Ok(())
+}

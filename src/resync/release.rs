@@ -1,0 +1,263 @@
+//! Deleting bindings (I/O): stop syncing, mark an unbound API's provider copies orphaned,
+//! release the syncer finalizers of the objects a deleting binding alone covered, then record
+//! `InstancesReleased=True` so `kbind schema` finishes the teardown.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use std::collections::HashMap;
+
+use super::{BindingRef, BoundApi, Provider, covering};
+use crate::api::BindingKey;
+use crate::api::conditions::Conditions;
+use crate::api::core::condition::INSTANCES_RELEASED;
+use crate::api::keys;
+use crate::pass::StatusCode;
+use crate::pass::events::EventType;
+use crate::pass::writes::Writes;
+use crate::pass::{PassContext, list};
+
+pub(super) async fn write(
+    client: &Client,
+    key: &BindingKey,
+    status: Value,
+) -> Result<(), kube::Error> {
+    crate::bindings::apply_status(client, super::MANAGER, key, status).await
+}
+
+/// A deleting binding: stop syncing, release the syncer finalizers of the objects it alone
+/// covered (provider copies stay, markers kept), then set `InstancesReleased=True` so
+/// `kbind schema` finishes the teardown. Returns how many bindings were released.
+pub async fn release_deleting_bindings(
+    ctx: &PassContext,
+    client: &Client,
+    bindings: &[BindingRef],
+    selected: &std::collections::BTreeSet<BindingKey>,
+    apis: &[BoundApi],
+    providers: &HashMap<String, Option<Provider>>,
+    writes: &mut Writes,
+) -> i64 {
+    let mut released = 0;
+    for b in bindings
+        .iter()
+        .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
+    {
+        let provider = providers.get(&b.connection).and_then(Option::as_ref);
+        match release_one(ctx, client, b, bindings, apis, provider, writes).await {
+            Ok(true) => released += 1,
+            Ok(false) => {}
+            // Not fatal: the binding keeps its finalizer and the next run tries again.
+            Err(e) => {
+                tracing::warn!(binding = %b.key, error = %crate::scrub::scrub(&e.to_string()), "instances not released yet")
+            }
+        }
+    }
+    released
+}
+
+/// Release one deleting binding's instances; true once `InstancesReleased` is recorded.
+async fn release_one(
+    ctx: &PassContext,
+    client: &Client,
+    b: &BindingRef,
+    bindings: &[BindingRef],
+    apis: &[BoundApi],
+    provider: Option<&Provider>,
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    {
+        if b.status.conditions.is_true(INSTANCES_RELEASED) {
+            return Ok(false);
+        }
+        let mut done = true;
+        // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
+        // no other live binding listing the API): their consumer objects go with the CRD.
+        let unbound: Vec<&BoundApi> = apis
+            .iter()
+            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+            .filter(|a| {
+                b.key.namespace.is_none()
+                    && !bindings
+                        .iter()
+                        .any(|o| !o.deleting && o.apis.contains(&a.name))
+            })
+            .collect();
+        let mut kept = 0;
+        for api in &unbound {
+            match provider {
+                Some(p) => match mark_unbound(ctx, p, api, writes).await {
+                    Ok((n, complete)) => {
+                        kept += n;
+                        done &= complete;
+                    }
+                    // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
+                    // at the re-bind instead; it is never deleted either way.
+                    Err(e) => {
+                        tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
+                    }
+                },
+                None => {
+                    tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
+                }
+            }
+        }
+        if !done {
+            return Ok(false);
+        }
+        if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
+            return Ok(false);
+        }
+        if !unbound.is_empty() {
+            let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
+            let note = format!(
+                "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
+                 the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
+                names.join(", "),
+                keys::ORPHANED,
+                keys::ORPHANED_UNBOUND
+            );
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("core.kbind.io/v1alpha1".into()),
+                kind: Some("ClusterBinding".into()),
+                name: Some(b.key.name.clone()),
+                uid: Some(b.uid.clone()),
+                ..Default::default()
+            };
+            ctx.recorder
+                .publish(&reference, EventType::Normal, "ProviderCopiesKept", &note)
+                .await;
+        }
+        let status = super::record::released_status(b, Timestamp::now());
+        if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
+            write(client, &b.key, status).await?;
+            writes.bookkeeping_done();
+        }
+        Ok(true)
+    }
+}
+
+/// Annotate every copy of ours of an unbound API `core.kbind.io/orphaned: Unbound` (those not
+/// already marked). Returns how many copies there are and whether all were handled within the
+/// budget.
+async fn mark_unbound(
+    ctx: &PassContext,
+    provider: &Provider,
+    api: &BoundApi,
+    writes: &mut Writes,
+) -> Result<(i64, bool), kube::Error> {
+    let prov: Api<DynamicObject> = Api::all_with(provider.client.clone(), &api.resource);
+    let ours = ListParams::default().labels(&format!(
+        "{}={}",
+        keys::CONSUMER_CLUSTER,
+        provider.local_uid
+    ));
+    let copies = list::metadata(&prov, &ours).await?;
+    let total = copies.len() as i64;
+    for m in copies {
+        let marked = m
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(keys::ORPHANED));
+        if marked || m.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if ctx.budget.take().is_err() {
+            return Ok((total, false));
+        }
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let ns = m.metadata.namespace.clone();
+        if !writes.will(
+            "annotate orphaned",
+            format!(
+                "{} {}{name} (provider)",
+                api.resource.kind,
+                ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default()
+            ),
+            keys::ORPHANED_UNBOUND,
+        ) {
+            continue;
+        }
+        let scoped: Api<DynamicObject> = match &ns {
+            Some(ns) => Api::namespaced_with(provider.client.clone(), ns, &api.resource),
+            None => Api::all_with(provider.client.clone(), &api.resource),
+        };
+        match super::apply::mark_orphaned(&scoped, &name, keys::ORPHANED_UNBOUND).await {
+            Ok(()) => writes.data_done(),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((total, true))
+}
+
+/// Release the syncer finalizers of the objects `b` alone covered. Returns whether all were
+/// handled within the budget.
+async fn release_finalizers(
+    ctx: &PassContext,
+    client: &Client,
+    b: &BindingRef,
+    bindings: &[BindingRef],
+    apis: &[BoundApi],
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    let mut done = true;
+    for api in apis
+        .iter()
+        .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+    {
+        let consumer: Api<DynamicObject> = match (&b.key.namespace, api.namespaced) {
+            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &api.resource),
+            (Some(_), false) => continue,
+            (None, _) => Api::all_with(client.clone(), &api.resource),
+        };
+        for o in list::all(&consumer, &ListParams::default()).await? {
+            let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
+            // Still covered by another live binding: that one keeps syncing it.
+            if !ours
+                || covering(
+                    bindings,
+                    &api.name,
+                    &api.connection,
+                    o.namespace().as_deref(),
+                )
+                .is_some()
+            {
+                continue;
+            }
+            if ctx.budget.take().is_err() {
+                done = false;
+                break;
+            }
+            if writes.will(
+                "release finalizer",
+                format!(
+                    "{} {} (binding {} deleting)",
+                    api.resource.kind,
+                    o.name_any(),
+                    b.key
+                ),
+                "",
+            ) {
+                let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
+                    "metadata": {"name": o.name_any(), "namespace": o.namespace(), "finalizers": []}});
+                let scoped: Api<DynamicObject> = match o.namespace() {
+                    Some(ns) => Api::namespaced_with(client.clone(), &ns, &api.resource),
+                    None => Api::all_with(client.clone(), &api.resource),
+                };
+                crate::pass::finalizer::release(
+                    &scoped,
+                    &o.name_any(),
+                    &body,
+                    super::FINALIZER_MANAGER,
+                    keys::SYNCER_FINALIZER,
+                )
+                .await?;
+                writes.data_done();
+            }
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,275 @@
+//! One bound API, end to end: observe both sides (each page reduced to what the plan reads as it
+//! arrives), plan each consumer object (pure, `plan`), apply its writes within the budget, count
+//! how it stands; then the copies of ours whose consumer object is gone (orphans).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
+
+use super::observe::{consumer_obj, obj_key, observe_conflicts, provider_obj};
+use super::plan::{self, ConsumerObj, ProviderObj, Standing};
+use super::{BindingRef, BoundApi, Provider, Run, apply, covering};
+use crate::api::BindingKey;
+use crate::api::core::{BindingStatus, ConflictPolicy, OrphanPolicy};
+use crate::api::keys;
+use crate::pass::PassContext;
+use crate::pass::budget::Exhausted;
+use crate::pass::list;
+
+/// One bound API being synced through its Connection's provider.
+pub(super) struct ApiSync<'a> {
+    pub ctx: &'a PassContext,
+    pub client: &'a Client,
+    pub provider: &'a Provider,
+    pub api: &'a BoundApi,
+}
+
+/// Both sides of one bound API as observed, the consumer side in resume order.
+struct Sides {
+    consumer: Vec<ConsumerObj>,
+    provider_by_key: BTreeMap<String, ProviderObj>,
+    live_uids: BTreeSet<String>,
+}
+
+impl Run<'_> {
+    /// Sync one bound API, starting after `start_after` (a resumed run). `Err` when the budget
+    /// ran out.
+    pub(super) async fn sync_api(
+        &mut self,
+        s: &ApiSync<'_>,
+        start_after: Option<&str>,
+    ) -> Result<(), Exhausted> {
+        let Some(mut sides) = self.observe_api(s).await else {
+            return Ok(());
+        };
+        if let Some(after) = start_after {
+            let split = sides
+                .consumer
+                .partition_point(|c| obj_key(c.namespace.as_deref(), &c.name).as_str() <= after);
+            sides.consumer.rotate_left(split);
+        }
+        let result = self.sync_objects(s, &sides).await;
+        self.sync_orphans(s, &sides).await;
+        result
+    }
+
+    /// List both sides. `None` when a list failed (counted; a failed provider read counts every
+    /// covered object as denied).
+    async fn observe_api(&mut self, s: &ApiSync<'_>) -> Option<Sides> {
+        let api = s.api;
+        let consumer_api: Api<DynamicObject> = Api::all_with(s.client.clone(), &api.resource);
+        let provider_api: Api<DynamicObject> =
+            Api::all_with(s.provider.client.clone(), &api.resource);
+        // Each page is reduced to what the plan reads as it arrives: full objects (managedFields
+        // and all) are never held for a whole API.
+        let mut consumer = match list::map_all(&consumer_api, &ListParams::default(), |o| {
+            consumer_obj(&o)
+        })
+        .await
+        {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing consumer objects failed");
+                self.summary.count("errors", 1);
+                return None;
+            }
+        };
+        let marker = ListParams::default().labels(&format!(
+            "{}={}",
+            keys::CONSUMER_CLUSTER,
+            s.provider.local_uid
+        ));
+        let mut provider_by_key: BTreeMap<String, ProviderObj> = match list::map_all(
+            &provider_api,
+            &marker,
+            |o| provider_obj(&o),
+        )
+        .await
+        {
+            Ok(objs) => objs
+                .into_iter()
+                .map(|p| (obj_key(p.namespace.as_deref(), &p.name), p))
+                .collect(),
+            Err(e) => {
+                // A forbidden or failed provider read: every covered object counts as denied.
+                tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects failed");
+                self.summary.count("errors", 1);
+                for c in &consumer {
+                    if let Some(b) = covering(
+                        &self.bindings,
+                        &api.name,
+                        &api.connection,
+                        c.namespace.as_deref(),
+                    ) {
+                        self.counts
+                            .entry((b.key.clone(), api.name.clone()))
+                            .or_default()
+                            .denied += 1;
+                    }
+                }
+                return None;
+            }
+        };
+        if let Err(e) = observe_conflicts(&provider_api, &consumer, &mut provider_by_key).await {
+            // Not fatal: the conflicted objects meet their 409 again and stay marked.
+            tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
+        }
+        let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
+        consumer.sort_by_key(|c| obj_key(c.namespace.as_deref(), &c.name));
+        Some(Sides {
+            consumer,
+            provider_by_key,
+            live_uids,
+        })
+    }
+
+    /// Plan and apply each consumer object of the API, counting how each stands.
+    async fn sync_objects(&mut self, s: &ApiSync<'_>, sides: &Sides) -> Result<(), Exhausted> {
+        let (ctx, api) = (s.ctx, s.api);
+        let mut result = Ok(());
+        let mut last_handled: Option<String> = None;
+        for c in &sides.consumer {
+            let key = obj_key(c.namespace.as_deref(), &c.name);
+            // Uncovered objects are not touched, except deleting ones still holding our finalizer.
+            let fallback = (c.deleting && c.has_finalizer).then_some(&*FALLBACK);
+            let Some(binding) = covering(
+                &self.bindings,
+                &api.name,
+                &api.connection,
+                c.namespace.as_deref(),
+            )
+            .or(fallback) else {
+                continue;
+            };
+            if !binding.key.name.is_empty() && !self.selected.contains(&binding.key) {
+                continue;
+            }
+            let p = sides.provider_by_key.get(&key);
+            let (actions, standing) = plan::plan_object(
+                c,
+                p,
+                &s.provider.local_uid,
+                &sides.live_uids,
+                binding.policy,
+            );
+            let entry = self
+                .counts
+                .entry((binding.key.clone(), api.name.clone()))
+                .or_default();
+            if actions.iter().any(apply::is_data)
+                && let Err(why) = ctx.budget.check()
+            {
+                if result.is_ok() {
+                    // The first object this run could not handle: the next run starts after the
+                    // last one it did handle.
+                    self.resume_after = last_handled
+                        .take()
+                        .or_else(|| Some(format!("{}|", api.name)));
+                }
+                entry.pending += 1;
+                result = Err(why);
+                continue;
+            }
+            let outcome = apply::object(s, c, p, &actions, binding.policy, &mut self.writes).await;
+            if !actions.is_empty() {
+                last_handled = Some(format!("{}|{key}", api.name));
+            }
+            match (outcome, standing) {
+                (apply::Outcome::Denied, _) => entry.denied += 1,
+                (apply::Outcome::Rejected, _) => entry.rejected += 1,
+                (apply::Outcome::Conflict, _) | (apply::Outcome::Done, Standing::Conflict) => {
+                    entry.conflicts += 1
+                }
+                (apply::Outcome::Failed, _) => entry.pending += 1,
+                (apply::Outcome::Done, Standing::InSync | Standing::Pending) => entry.in_sync += 1,
+                (apply::Outcome::Done, Standing::Deleting) => {}
+            }
+            for a in &actions {
+                if apply::is_data(a) {
+                    let _ = ctx.budget.take();
+                }
+            }
+        }
+        result
+    }
+
+    /// Copies of ours whose consumer object is gone, in namespaces a live binding covers:
+    /// orphans, handled by that binding's `spec.orphans` (docs/resync.md "Orphans").
+    async fn sync_orphans(&mut self, s: &ApiSync<'_>, sides: &Sides) {
+        let (ctx, api) = (s.ctx, s.api);
+        let consumer_keys: BTreeSet<String> = sides
+            .consumer
+            .iter()
+            .map(|c| obj_key(c.namespace.as_deref(), &c.name))
+            .collect();
+        for o in plan::orphans(
+            &sides.provider_by_key,
+            &consumer_keys,
+            &s.provider.local_uid,
+            &sides.live_uids,
+        ) {
+            let Some(b) = covering(
+                &self.bindings,
+                &api.name,
+                &api.connection,
+                o.namespace.as_deref(),
+            ) else {
+                continue;
+            };
+            if !self.selected.contains(&b.key) {
+                continue;
+            }
+            let entry = self
+                .counts
+                .entry((b.key.clone(), api.name.clone()))
+                .or_default();
+            let Some(action) = plan::plan_orphan(o, b.orphans) else {
+                entry.orphaned += 1;
+                continue;
+            };
+            if ctx.budget.check().is_err() {
+                entry.orphaned += 1;
+                continue;
+            }
+            let _ = ctx.budget.take();
+            if !apply::orphan(
+                s.client,
+                &s.provider.client,
+                api,
+                o,
+                action,
+                &mut self.writes,
+            )
+            .await
+            {
+                entry.orphaned += 1;
+            }
+            self.summary.count(
+                match action {
+                    plan::OrphanAction::Mark(_) => "orphansMarked",
+                    plan::OrphanAction::Delete => "orphansDeleted",
+                    plan::OrphanAction::Restore => "orphansRestored",
+                },
+                1,
+            );
+        }
+    }
+}
+
+/// Stand-in binding for deleting objects no binding covers any more: Fail policy, no counts owner.
+static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| BindingRef {
+    key: BindingKey {
+        namespace: None,
+        name: String::new(),
+    },
+    connection: String::new(),
+    apis: vec![],
+    policy: ConflictPolicy::Fail,
+    orphans: OrphanPolicy::Keep,
+    deleting: false,
+    has_cleanup: false,
+    uid: String::new(),
+    generation: None,
+    status: BindingStatus::default(),
+});

@@ -1,0 +1,330 @@
+//! What `kbind schema` writes for one Connection, in order (I/O): the consumer CRDs, kbind's
+//! cleanup finalizers, the bindings' setup status, the autoBind ClusterBinding, the teardown of
+//! its deleting bindings, and its own status. What to write is decided in `plan` (pure).
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::plan::{self, AutoBind, CrdAction, CrdOutcome, StatusPlan};
+use super::{World, teardown};
+use crate::api::BindingKey;
+use crate::api::core::{ClusterBinding, Connection, ConnectionStatus};
+use crate::api::keys;
+use crate::pass::StatusCode;
+use crate::pass::finalizer;
+use crate::pass::status::{apply_status, retry_on_conflict};
+use crate::pass::writes::Writes;
+use crate::scrub::scrub;
+
+/// Add kbind's cleanup finalizer to `api`'s object `name` (once per object).
+pub(super) async fn add_finalizer<K>(
+    world: &World,
+    api: &Api<K>,
+    (name, namespace): (&str, Option<&str>),
+    what: String,
+    writes: &mut Writes,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if writes.will("add finalizer", what, keys::CLEANUP_FINALIZER) {
+        finalizer::set(
+            api,
+            name,
+            namespace,
+            &world.manager,
+            keys::CLEANUP_FINALIZER,
+            true,
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+/// The Secret's finalizer goes on only after it validated as a usable kubeconfig for this
+/// Connection: naming a Secret must not let anyone block its deletion.
+pub(super) async fn secret_finalizer(
+    world: &World,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let r = &conn.spec.kubeconfig_secret_ref;
+    let api = Api::<Secret>::namespaced(world.client.clone(), &r.namespace);
+    let what = format!("Secret {}/{}", r.namespace, r.name);
+    add_finalizer(world, &api, (&r.name, Some(&r.namespace)), what, writes).await
+}
+
+/// Record: bindings (finalizers, setup status), autoBind, the deleting bindings, then the
+/// Connection. Returns whether the Connection ended Ready.
+pub(super) async fn record(
+    world: &World,
+    conn: &Connection,
+    status: &ConnectionStatus,
+    plan: &StatusPlan,
+    autobind_uid: Option<String>,
+    writes: &mut Writes,
+) -> Result<bool, kube::Error> {
+    let name = conn.name_any();
+    let client = &world.client;
+    for b in world
+        .bindings
+        .iter()
+        .filter(|b| b.view.connection == name && !b.view.deleting)
+    {
+        if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
+            && writes.will(
+                "add finalizer",
+                b.view.key.to_string(),
+                keys::CLEANUP_FINALIZER,
+            )
+        {
+            crate::bindings::set_finalizer(client, &world.manager, &b.view.key, true).await?;
+            writes.bookkeeping_done();
+        }
+    }
+    for (key, st) in &plan.bindings {
+        if writes.will(
+            "apply-status",
+            key.to_string(),
+            "boundAPIs, Ready, Synced, PermissionDenied",
+        ) {
+            write_binding_status(client, &world.manager, key, st).await?;
+            writes.bookkeeping_done();
+        }
+    }
+    apply_autobind(
+        client,
+        &world.manager,
+        conn,
+        &plan.autobind,
+        autobind_uid,
+        writes,
+    )
+    .await?;
+    finish_deleting_bindings(world, &name, writes).await?;
+    let ready = plan
+        .connection
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if &plan.connection != status
+        && writes.will(
+            "apply-status",
+            format!("Connection {name}"),
+            "identities, exports, conditions",
+        )
+    {
+        write_connection_status(
+            &Api::all(client.clone()),
+            &name,
+            &world.manager,
+            &plan.connection,
+            conn.resource_version(),
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    Ok(ready)
+}
+
+pub(super) async fn finish_deleting_bindings(
+    world: &World,
+    connection: &str,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    for b in world
+        .bindings
+        .iter()
+        .filter(|b| b.view.deleting && b.view.connection == connection)
+    {
+        teardown::binding(
+            &world.client,
+            &world.manager,
+            b,
+            &world.bindings,
+            &world.crds,
+            writes,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+pub(super) fn world_view(w: &World) -> teardown::View<'_> {
+    teardown::View {
+        client: &w.client,
+        manager: &w.manager,
+        connections: &w.connections,
+        bindings: &w.bindings,
+    }
+}
+
+async fn write_binding_status(
+    client: &Client,
+    manager: &str,
+    key: &BindingKey,
+    st: &crate::api::core::BindingStatus,
+) -> Result<(), kube::Error> {
+    // Only the fields this pass owns: resync's counts and conditions stay resync's.
+    let owned = plan::schema_owned(st);
+    let (apis, conds, generation) = (owned.apis, owned.conditions, owned.observed_generation);
+    let status = json!({"boundAPIs": apis, "conditions": conds, "observedGeneration": generation});
+    crate::bindings::apply_status(client, manager, key, status).await
+}
+
+/// The Connection's status moves only from the version that was read; on a conflict it is
+/// re-read and re-applied when the pinned identities still agree.
+async fn write_connection_status(
+    api: &Api<Connection>,
+    name: &str,
+    manager: &str,
+    desired: &ConnectionStatus,
+    rv: Option<String>,
+) -> Result<(), kube::Error> {
+    let value = serde_json::to_value(desired).unwrap_or(Value::Null);
+    let mut first = true;
+    retry_on_conflict(3, || {
+        let (api, value, rv0, first_try) = (api.clone(), value.clone(), rv.clone(), first);
+        first = false;
+        let pinned = (
+            desired.remote_cluster_uid.clone(),
+            desired.local_cluster_uid.clone(),
+        );
+        async move {
+            let rv = if first_try {
+                rv0
+            } else {
+                let now = api.get(name).await?;
+                let st = now.status.unwrap_or_default();
+                let conflicting = |a: &Option<String>, b: &Option<String>| a.is_some() && a != b;
+                if conflicting(&st.remote_cluster_uid, &pinned.0)
+                    || conflicting(&st.local_cluster_uid, &pinned.1)
+                {
+                    return Ok(());
+                }
+                now.metadata.resource_version
+            };
+            apply_status(&api, name, manager, value, rv.as_deref())
+                .await
+                .map(|_| ())
+        }
+    })
+    .await
+}
+
+pub(super) async fn apply_crds(
+    client: &Client,
+    manager: &str,
+    actions: &[CrdAction],
+    writes: &mut Writes,
+) -> Vec<CrdOutcome> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut out = Vec::with_capacity(actions.len());
+    for a in actions {
+        let (verb, detail) = match a {
+            CrdAction::Create(_) => ("create", "consumer CRD"),
+            CrdAction::Update(_) => ("update", "consumer CRD schema (provider changed)"),
+            CrdAction::Stamp { .. } => ("patch", "add kbind markers (pullPolicy None)"),
+        };
+        if !writes.will(
+            verb,
+            format!("CustomResourceDefinition {}", a.name()),
+            detail,
+        ) {
+            out.push(CrdOutcome::Done);
+            continue;
+        }
+        let r = match a {
+            CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
+            CrdAction::Update(crd) => api
+                .patch(
+                    &a.name(),
+                    &PatchParams::apply(manager).force(),
+                    &Patch::Apply(crd.as_ref()),
+                )
+                .await
+                .map(|_| ()),
+            CrdAction::Stamp { name, connection } => {
+                // Markers only: the schema stays the external manager's.
+                let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                    "metadata": {"name": name, "labels": {keys::MANAGED: "true"}, "annotations": {keys::CONNECTION: connection}}});
+                api.patch(
+                    name,
+                    &PatchParams::apply(&format!("{manager}-stamp")),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .map(|_| ())
+            }
+        };
+        out.push(match r {
+            Ok(()) => {
+                writes.data_done();
+                CrdOutcome::Done
+            }
+            Err(e) if e.is_forbidden() => {
+                CrdOutcome::Forbidden(scrub(e.api_message().unwrap_or_default()))
+            }
+            Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
+        });
+    }
+    out
+}
+
+async fn apply_autobind(
+    client: &Client,
+    manager: &str,
+    conn: &Connection,
+    plan: &AutoBind,
+    existing_uid: Option<String>,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = conn.name_any();
+    let api: Api<ClusterBinding> = Api::all(client.clone());
+    match plan {
+        AutoBind::Leave => Ok(()),
+        AutoBind::Apply(apis) => {
+            if !writes.will(
+                "apply",
+                format!("ClusterBinding {name}"),
+                format!("autoBind: {} APIs", apis.len()),
+            ) {
+                return Ok(());
+            }
+            let body = json!({
+                "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+                "metadata": {"name": name, "ownerReferences": [{
+                    "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "name": name,
+                    "uid": conn.uid(), "controller": true, "blockOwnerDeletion": true}]},
+                "spec": {"connectionRef": {"name": name}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()},
+            });
+            api.patch(
+                &name,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+            writes.data_done();
+            Ok(())
+        }
+        AutoBind::Delete => {
+            if !writes.will(
+                "delete",
+                format!("ClusterBinding {name}"),
+                "autoBind: two consecutive runs found no exports",
+            ) {
+                return Ok(());
+            }
+            if let Some(uid) = existing_uid
+                && teardown::delete_observed(&api, &name, &uid).await?
+            {
+                writes.data_done();
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! What `kbind schema` reads: the consumer's Connections, bindings and CRDs at the start of a
+//! run, and per Connection its provider (credentials, identity, discovery), each provider
+//! credential read once per pass and shared by the Connections using it.
+
+use std::collections::HashMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
+use kube::{Api, Client, Resource};
+
+use super::plan::{BindingView, CrdMeta, Discovered, DiscoveryError};
+use super::{BindingObj, ProviderMemo, World, discovery};
+use crate::api::core::{Connection, SchemaSource};
+use crate::api::keys;
+use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
+use crate::pass::{PassContext, PassError, StatusCode, finalizer, list};
+
+pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, PassError> {
+    let client = ctx.client.clone();
+    let lp = ListParams::default();
+    let conn_lp = match selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    };
+    let connections = list::all(&Api::<Connection>::all(client.clone()), &conn_lp)
+        .await
+        .map_err(|e| match &e {
+            kube::Error::Api(s) if e.is_bad_request() => {
+                PassError::Config(format!("--selector: {}", s.message))
+            }
+            _ => PassError::kube("listing Connections", &e),
+        })?;
+    let observed = crate::bindings::observe(&client)
+        .await
+        .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
+    let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
+        .await
+        .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
+    let local_uid = connection::cluster_uid(&client)
+        .await
+        .map_err(|e| PassError::Unreachable {
+            what: "reading the consumer cluster identity".into(),
+            message: e.to_string(),
+        })?;
+    let bindings: Vec<BindingObj> = observed.into_iter().map(BindingObj::from).collect();
+    let crds = crd_meta
+        .into_iter()
+        .map(|m| {
+            let labels = m.metadata.labels.clone().unwrap_or_default();
+            let ann = m.metadata.annotations.clone().unwrap_or_default();
+            let meta = CrdMeta {
+                uid: m.metadata.uid.clone().unwrap_or_default(),
+                managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
+                connection: ann.get(keys::CONNECTION).cloned(),
+                schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
+                deleting: m.metadata.deletion_timestamp.is_some(),
+            };
+            (m.metadata.name.unwrap_or_default(), meta)
+        })
+        .collect();
+    let views = bindings.iter().map(|b| b.view.clone()).collect();
+    Ok(World {
+        client,
+        manager: ctx.field_manager(),
+        local_uid,
+        connections,
+        bindings,
+        views,
+        crds,
+        providers: HashMap::new(),
+        policy: CredentialPolicy::default(),
+    })
+}
+
+impl From<crate::bindings::ObservedBinding> for BindingObj {
+    fn from(b: crate::bindings::ObservedBinding) -> Self {
+        BindingObj {
+            view: BindingView {
+                key: b.key,
+                connection: b.connection,
+                apis: b.apis,
+                generation: b.generation,
+                status: b.status,
+                deleting: b.deleting,
+            },
+            uid: b.uid,
+            finalizers: b.finalizers,
+            owner_uids: b.owner_uids,
+        }
+    }
+}
+
+/// How far a Connection's Secret got: a provider client, or why not.
+pub(super) struct Reached {
+    /// The kubeconfig's fingerprint (empty when it did not validate): the key of its memo.
+    pub fingerprint: String,
+    pub provider: Result<Client, CredentialError>,
+    /// The Secret exists, is not deleting, and lacks kbind's cleanup finalizer.
+    pub secret_needs_finalizer: bool,
+}
+
+impl World {
+    /// Read the Connection's Secret now, every run (rotation needs no restart), and only in a
+    /// credential namespace (docs/schema.md "Credentials"); build the provider client, once per
+    /// credential and pass.
+    pub(super) async fn reach(&mut self, ctx: &PassContext, conn: &Connection) -> Reached {
+        let r = &conn.spec.kubeconfig_secret_ref;
+        let secret = connection::read_secret(&self.client, &self.policy, r).await;
+        let secret_needs_finalizer = matches!(&secret, Ok(Some(s))
+            if s.meta().deletion_timestamp.is_none()
+                && !finalizer::has(s.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER));
+        let pk = match secret {
+            Ok(s) => connection::kubeconfig(s.as_ref(), r, &self.policy).await,
+            Err(e) => Err(e),
+        };
+        let fingerprint = pk
+            .as_ref()
+            .map(|p| p.fingerprint.clone())
+            .unwrap_or_default();
+        let memo = self.providers.entry(fingerprint.clone()).or_default();
+        let provider = match (&pk, &memo.client) {
+            (Ok(_), Some(c)) => Ok(c.clone()),
+            (Ok(pk), None) => {
+                connection::client(pk, r, ctx.counter.clone(), ctx.args.request_timeout).await
+            }
+            (Err(e), _) => Err(e.clone()),
+        };
+        Reached {
+            fingerprint,
+            provider,
+            secret_needs_finalizer,
+        }
+    }
+}
+
+impl ProviderMemo {
+    /// The provider's cluster identity, read once per credential and pass.
+    pub(super) async fn identity(&mut self, p: &Client) -> Option<Result<String, IdentityError>> {
+        self.client = Some(p.clone());
+        if self.identity.is_none() {
+            self.identity = Some(connection::cluster_uid(p).await);
+        }
+        self.identity.clone()
+    }
+
+    /// What the provider exports from `source`, discovered once per credential and pass.
+    pub(super) async fn discover(
+        &mut self,
+        p: &Client,
+        source: SchemaSource,
+    ) -> Result<Discovered, DiscoveryError> {
+        match self.discovery.get(&source) {
+            Some(d) => d.clone(),
+            None => {
+                let d = discovery::discover(p, source).await;
+                self.discovery.insert(source, d.clone());
+                d
+            }
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! The statuses `kbind schema` records after one Connection's CRD writes, pure: the
+//! Connection's conditions and exports, each of its bindings' setup side, and the autoBind
+//! ClusterBinding to apply or delete.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+
+/// Per-API setup result of a binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ApiState {
+    Bound {
+        scope: String,
+        version: String,
+        hash: String,
+        in_sync: bool,
+        /// Something the user should know although the API is bound.
+        warning: Option<String>,
+    },
+    Problem {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// Statuses to record after the CRD writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusPlan {
+    pub connection: ConnectionStatus,
+    /// Only bindings whose schema-owned status changed.
+    pub bindings: Vec<(BindingKey, BindingStatus)>,
+    pub autobind: AutoBind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AutoBind {
+    Leave,
+    /// Apply the ClusterBinding named after the Connection with these APIs.
+    Apply(Vec<String>),
+    Delete,
+}
+
+/// What autoBind has to work with: off, its ClusterBinding (absent or owned by the Connection),
+/// or that name held by a binding the Connection does not own.
+#[derive(Clone, Copy, Debug)]
+pub enum AutoBindView<'a> {
+    Off,
+    Maintained(Option<&'a BindingView>),
+    NameTaken,
+}
+
+pub fn plan_status(
+    o: &Observed,
+    actions: &[CrdAction],
+    outcomes: &[CrdOutcome],
+    autobind: AutoBindView<'_>,
+    now: Timestamp,
+) -> StatusPlan {
+    let crds = crds_after(o, actions, outcomes);
+    let denied = names_where(actions, outcomes, |o| matches!(o, CrdOutcome::Forbidden(_)));
+    let failed = names_where(actions, outcomes, |o| matches!(o, CrdOutcome::Failed(_)));
+
+    let mut st = o.status.clone();
+    let g = o.generation;
+    let ready = connection_conditions(o, &mut st, &denied, now);
+    let d = o.exports();
+
+    // Bindings (setup side), then SchemaInSync over what they bind.
+    let mut drift = Drift::default();
+    let mut bindings = Vec::new();
+    for b in o.own_bindings() {
+        let states: Vec<(String, ApiState)> = b
+            .apis
+            .iter()
+            .map(|api| {
+                (
+                    api.clone(),
+                    api_state(o, d, &crds, b, api, &denied, &failed),
+                )
+            })
+            .collect();
+        for (api, s) in &states {
+            if let ApiState::Bound { in_sync: false, .. } = s {
+                drift.note(o.policy.update_policy, api);
+            }
+        }
+        let desired = binding_status(
+            b,
+            &states,
+            ready.is_ok(),
+            ready.as_ref().err(),
+            o.policy.update_policy,
+            now,
+        );
+        if schema_owned(&desired) != schema_owned(&b.status) {
+            bindings.push((b.key.clone(), desired));
+        }
+    }
+    if o.policy.pull_policy == PullPolicy::All
+        && let Some(d) = d
+    {
+        for e in &d.exports {
+            match crds.get(&e.api.name) {
+                Some(m)
+                    if ours(m, o.name) && m.schema_hash.as_deref() != Some(&e.api.schema_hash) =>
+                {
+                    drift.note(o.policy.update_policy, &e.api.name);
+                }
+                _ => {}
+            }
+        }
+    }
+    if d.is_some() {
+        drift.record(&mut st.conditions, g, now);
+    }
+    match &ready {
+        Ok(()) => st
+            .conditions
+            .set_condition(READY, S::True, "Ready", "", g, now),
+        Err((reason, msg)) => st
+            .conditions
+            .set_condition(READY, S::False, reason, msg, g, now),
+    };
+    autobind_condition(o, &mut st, autobind, now);
+    st.observed_generation = g;
+
+    let (existing, auto_bind) = match autobind {
+        AutoBindView::Maintained(b) => (b, true),
+        _ => (None, false),
+    };
+    let autobind = plan_autobind(o, d, &st, existing, auto_bind);
+    StatusPlan {
+        connection: st,
+        bindings,
+        autobind,
+    }
+}
+
+/// Why the Connection is not Ready (reason, message), if it is not.
+type NotReady = Result<(), (&'static str, String)>;
+
+/// SecretValid, Connected and PermissionDenied, and the exported APIs discovery found; returns
+/// whether the Connection can be Ready as far as these go.
+fn connection_conditions(
+    o: &Observed,
+    st: &mut ConnectionStatus,
+    denied: &[String],
+    now: Timestamp,
+) -> NotReady {
+    let g = o.generation;
+    let conds = &mut st.conditions;
+    let mut ready: NotReady = Ok(());
+    match &o.credentials {
+        Err(e) => {
+            conds.set_condition(SECRET_VALID, S::False, e.reason(), &e.to_string(), g, now);
+            conds.set_condition(
+                CONNECTED,
+                S::Unknown,
+                "SecretInvalid",
+                "no usable credentials",
+                g,
+                now,
+            );
+            ready = Err((e.reason(), e.to_string()));
+        }
+        Ok(()) => {
+            conds.set_condition(SECRET_VALID, S::True, "Valid", "", g, now);
+        }
+    }
+    let (connected, mut permission_denied) = connected_condition(o, st, now);
+    ready = ready.and(connected);
+    let conds = &mut st.conditions;
+    match (&o.discovery, o.exports()) {
+        (Some(Err(e)), _) if o.connected_uid().is_some() => {
+            if e.forbidden {
+                permission_denied = Some(("DiscoveryForbidden", e.message.clone()));
+            } else {
+                ready = ready.and(Err(("DiscoveryFailed", e.message.clone())));
+            }
+        }
+        (_, Some(d)) => {
+            st.active_schema_source = Some(d.source.as_str().to_string());
+            st.exported_apis = d.exports.iter().map(|e| e.api.clone()).collect();
+            st.empty_discoveries = if d.exports.is_empty() {
+                Some(
+                    o.status
+                        .empty_discoveries
+                        .unwrap_or(0)
+                        .saturating_add(1)
+                        .min(2),
+                )
+            } else {
+                None
+            };
+        }
+        _ => {}
+    }
+    if permission_denied.is_none() && !denied.is_empty() {
+        permission_denied = Some((
+            "CRDWriteForbidden",
+            format!("writing consumer CRDs was forbidden: {}", denied.join(", ")),
+        ));
+    }
+    match &permission_denied {
+        Some((reason, msg)) => {
+            conds.set_condition(PERMISSION_DENIED, S::True, reason, msg, g, now);
+            ready = ready.and(Err((reason, msg.clone())));
+        }
+        None if o.connected_uid().is_some() => {
+            conds.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
+        }
+        None => {}
+    }
+    ready
+}
+
+/// Connected, from the provider's identity as read (once the credentials work); pins the
+/// identities on first contact. Returns why not Ready, and a PermissionDenied cause.
+fn connected_condition(
+    o: &Observed,
+    st: &mut ConnectionStatus,
+    now: Timestamp,
+) -> (NotReady, Option<(&'static str, String)>) {
+    let g = o.generation;
+    let mut ready: NotReady = Ok(());
+    let mut permission_denied = None;
+    match (&o.credentials, &o.remote_uid) {
+        (Ok(()), Some(Err(e))) => {
+            let reason = match e {
+                IdentityError::Forbidden(_) => {
+                    permission_denied = Some(("IdentityForbidden", e.to_string()));
+                    "IdentityForbidden"
+                }
+                IdentityError::Unauthorized(_) => "Unauthorized",
+                _ => "Unreachable",
+            };
+            st.conditions
+                .set_condition(CONNECTED, S::False, reason, &e.to_string(), g, now);
+            ready = Err((reason, e.to_string()));
+        }
+        (Ok(()), Some(Ok(uid))) if o.identity_changed() => {
+            let msg = format!(
+                "provider identity {uid} (consumer {}) differs from the pinned remoteClusterUID {} (localClusterUID {}); nothing is synced. Use a new Connection for a new provider",
+                o.local_uid,
+                o.status.remote_cluster_uid.as_deref().unwrap_or("-"),
+                o.status.local_cluster_uid.as_deref().unwrap_or("-"),
+            );
+            st.conditions.set_condition(
+                CONNECTED,
+                S::False,
+                REASON_CLUSTER_IDENTITY_CHANGED,
+                &msg,
+                g,
+                now,
+            );
+            ready = Err((REASON_CLUSTER_IDENTITY_CHANGED, msg));
+        }
+        (Ok(()), Some(Ok(uid))) => {
+            st.conditions
+                .set_condition(CONNECTED, S::True, "Connected", "", g, now);
+            st.remote_cluster_uid.get_or_insert_with(|| uid.clone());
+            st.local_cluster_uid
+                .get_or_insert_with(|| o.local_uid.to_string());
+        }
+        _ => {}
+    }
+
+    (ready, permission_denied)
+}
+
+/// The APIs whose consumer CRD differs from the provider's: drifted, or pinned by
+/// `updatePolicy: Once`.
+#[derive(Default)]
+struct Drift {
+    drifted: BTreeSet<String>,
+    pinned: BTreeSet<String>,
+}
+
+impl Drift {
+    fn note(&mut self, update: UpdatePolicy, api: &str) {
+        if update == UpdatePolicy::Once {
+            self.pinned.insert(api.to_string())
+        } else {
+            self.drifted.insert(api.to_string())
+        };
+    }
+
+    /// The SchemaInSync condition.
+    fn record(&self, conds: &mut Vec<Condition>, g: Option<i64>, now: Timestamp) {
+        let (s, reason, msg) = match (self.drifted.is_empty(), self.pinned.is_empty()) {
+            (false, _) => (
+                S::False,
+                "Drifted",
+                format!(
+                    "consumer CRDs differ from the provider: {}",
+                    join(&self.drifted)
+                ),
+            ),
+            (true, false) => (
+                S::True,
+                "Pinned",
+                format!("updatePolicy Once pins: {}", join(&self.pinned)),
+            ),
+            (true, true) => (S::True, "InSync", String::new()),
+        };
+        conds.set_condition(SCHEMA_IN_SYNC, s, reason, &msg, g, now);
+    }
+}
+
+/// autoBind's reserved name held by someone else is the user's to resolve: say so where they
+/// look (a log line in a CronJob's pod is seen by nobody).
+fn autobind_condition(
+    o: &Observed,
+    st: &mut ConnectionStatus,
+    autobind: AutoBindView<'_>,
+    now: Timestamp,
+) {
+    let g = o.generation;
+    match autobind {
+        AutoBindView::NameTaken => st.conditions.set_condition(
+            AUTO_BIND,
+            S::False,
+            "NameTaken",
+            &format!(
+                "ClusterBinding {} exists and is not owned by this Connection; autoBind leaves it alone. Delete or rename it to let autoBind maintain it",
+                o.name
+            ),
+            g,
+            now,
+        ),
+        AutoBindView::Maintained(_) => {
+            st.conditions
+                .set_condition(AUTO_BIND, S::True, "Maintained", "", g, now)
+        }
+        AutoBindView::Off => st.conditions.remove_condition(AUTO_BIND),
+    };
+}
+
+fn names_where(
+    actions: &[CrdAction],
+    outcomes: &[CrdOutcome],
+    pred: impl Fn(&CrdOutcome) -> bool,
+) -> Vec<String> {
+    actions
+        .iter()
+        .zip(outcomes)
+        .filter(|(_, o)| pred(o))
+        .map(|(a, _)| a.name())
+        .collect()
+}
+
+fn join(s: &BTreeSet<String>) -> String {
+    s.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+fn plan_autobind(
+    o: &Observed,
+    d: Option<&Discovered>,
+    st: &ConnectionStatus,
+    existing: Option<&BindingView>,
+    auto_bind: bool,
+) -> AutoBind {
+    let Some(d) = d else { return AutoBind::Leave };
+    if !auto_bind {
+        return AutoBind::Leave;
+    }
+    if d.exports.is_empty() {
+        // Two consecutive successful, empty discoveries before deleting (contract).
+        return if existing.is_some() && st.empty_discoveries.unwrap_or(0) >= 2 {
+            AutoBind::Delete
+        } else {
+            AutoBind::Leave
+        };
+    }
+    let apis: Vec<String> = d.exports.iter().map(|e| e.api.name.clone()).collect();
+    match existing {
+        Some(b) if b.apis == apis && b.connection == o.name => AutoBind::Leave,
+        _ => AutoBind::Apply(apis),
+    }
+}
+
+fn api_state(
+    o: &Observed,
+    d: Option<&Discovered>,
+    crds: &BTreeMap<String, CrdMeta>,
+    b: &BindingView,
+    api: &str,
+    denied: &[String],
+    failed: &[String],
+) -> ApiState {
+    let problem = |reason: &'static str, message: String| ApiState::Problem { reason, message };
+    let Some(d) = d else {
+        return problem(
+            "ConnectionNotReady",
+            format!("Connection {} is not ready", o.name),
+        );
+    };
+    let Some(e) = d.exports.iter().find(|e| e.api.name == api) else {
+        if let Some((_, why)) = d.skipped.iter().find(|(n, _)| n == api) {
+            return problem(
+                "ExportUnusable",
+                format!("{api} is exported but cannot be pulled: {why}"),
+            );
+        }
+        return problem(
+            "APINotExported",
+            format!("{api} is not exported by Connection {}", o.name),
+        );
+    };
+    if b.key.namespace.is_some() && e.api.scope == "Cluster" {
+        return problem(
+            "ClusterScopedAPI",
+            format!("{api} is cluster-scoped: only a ClusterBinding can activate it"),
+        );
+    }
+    if denied.iter().any(|n| n == api) {
+        return problem(
+            "PermissionDenied",
+            format!("writing the consumer CRD {api} was forbidden"),
+        );
+    }
+    if failed.iter().any(|n| n == api) {
+        return problem(
+            "CRDWriteFailed",
+            format!("writing the consumer CRD {api} failed; retried next run"),
+        );
+    }
+    match crds.get(api) {
+        None if o.policy.pull_policy == PullPolicy::None => problem(
+            "CRDMissing",
+            format!("pullPolicy None: {api} must be installed by its external manager"),
+        ),
+        None => problem(
+            "CRDPending",
+            format!("consumer CRD {api} not installed yet"),
+        ),
+        Some(m) if ours(m, o.name) => {
+            // Under pullPolicy None the schema is the external manager's: no drift to report.
+            let in_sync = o.policy.pull_policy == PullPolicy::None
+                || m.schema_hash.as_deref() == Some(e.api.schema_hash.as_str());
+            let mut warnings = Vec::new();
+            if e.webhook_conversion {
+                warnings.push(format!(
+                    "{api}: the provider converts versions with a webhook; the consumer CRD serves only {} and provider-side conversion is not reproduced",
+                    e.api.version
+                ));
+            }
+            // The resolver checks ClusterBindings first, even when not Ready.
+            if b.key.namespace.is_some()
+                && let Some(cb) = o.bindings.iter().find(|x| {
+                    x.key.namespace.is_none() && !x.deleting && x.apis.iter().any(|a| a == api)
+                })
+            {
+                warnings.push(format!("{api} is also listed by ClusterBinding {}, which takes precedence: this Binding does not sync it", cb.key.name));
+            }
+            ApiState::Bound {
+                scope: e.api.scope.clone(),
+                version: e.api.version.clone(),
+                hash: m.schema_hash.clone().unwrap_or_default(),
+                in_sync,
+                warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+            }
+        }
+        Some(m) => {
+            let owner = match &m.connection {
+                Some(c) => format!("is managed by Connection {c}"),
+                None => "exists and is not managed by kbind".to_string(),
+            };
+            problem(
+                REASON_FOREIGN_CRD,
+                format!("consumer CRD {api} {owner}; it is never overwritten"),
+            )
+        }
+    }
+}
+
+fn binding_status(
+    b: &BindingView,
+    states: &[(String, ApiState)],
+    connection_ready: bool,
+    conn_err: Option<&(&str, String)>,
+    update: UpdatePolicy,
+    now: Timestamp,
+) -> BindingStatus {
+    let mut st = b.status.clone();
+    let g = b.generation;
+    let mut bound: Vec<BoundApi> = Vec::new();
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    let mut pending: Vec<&str> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
+    for (api, s) in states {
+        match s {
+            ApiState::Bound {
+                scope,
+                version,
+                hash,
+                in_sync,
+                warning,
+            } => {
+                warnings.extend(warning.iter().cloned());
+                let prev = b
+                    .status
+                    .bound_apis
+                    .iter()
+                    .find(|x| &x.name == api)
+                    .cloned()
+                    .unwrap_or_default();
+                bound.push(BoundApi {
+                    name: api.clone(),
+                    scope: Some(scope.clone()),
+                    version: Some(version.clone()),
+                    schema_hash: Some(hash.clone()),
+                    ..prev
+                });
+                if !in_sync && update == UpdatePolicy::Always {
+                    pending.push(api);
+                }
+            }
+            ApiState::Problem { reason, message } => problems.push((reason, message.clone())),
+        }
+    }
+    keep_resync_entries(&b.status.bound_apis, &mut bound);
+    st.bound_apis = bound;
+    let denied: Vec<&String> = problems
+        .iter()
+        .filter(|(r, _)| *r == "PermissionDenied")
+        .map(|(_, m)| m)
+        .collect();
+    let c = &mut st.conditions;
+    match (connection_ready, problems.first()) {
+        (false, _) => {
+            let (reason, msg) = conn_err
+                .map(|(r, m)| (*r, m.as_str()))
+                .unwrap_or(("ConnectionNotReady", ""));
+            c.set_condition(
+                READY,
+                S::False,
+                "ConnectionNotReady",
+                &format!("{reason}: {msg}"),
+                g,
+                now,
+            )
+        }
+        (true, Some((reason, _))) => {
+            let msg = problems
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            c.set_condition(READY, S::False, reason, &msg, g, now)
+        }
+        (true, None) => c.set_condition(READY, S::True, "Bound", &warnings.join("; "), g, now),
+    };
+    if pending.is_empty() && problems.is_empty() && connection_ready {
+        c.set_condition(SYNCED, S::True, "SchemasInstalled", "", g, now);
+    } else {
+        let msg = if pending.is_empty() {
+            "setup incomplete; see Ready".to_string()
+        } else {
+            format!("schema update pending: {}", pending.join(", "))
+        };
+        c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
+    }
+    permission_denied(c, &denied, g, now);
+    st.observed_generation = g;
+    st
+}
+
+/// Entries only resync owns (counts for an API no longer bound) are left to resync: kept with
+/// the schema fields cleared, and the list sorted by name.
+fn keep_resync_entries(previous: &[BoundApi], bound: &mut Vec<BoundApi>) {
+    for prev in previous {
+        if !bound.iter().any(|x| x.name == prev.name) {
+            bound.push(BoundApi {
+                name: prev.name.clone(),
+                scope: None,
+                version: None,
+                schema_hash: None,
+                ..prev.clone()
+            });
+        }
+    }
+    bound.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// A binding's PermissionDenied: the denied CRD writes of its APIs, if any.
+fn permission_denied(c: &mut Vec<Condition>, denied: &[&String], g: Option<i64>, now: Timestamp) {
+    if denied.is_empty() {
+        c.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
+    } else {
+        let msg = denied
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        c.set_condition(
+            PERMISSION_DENIED,
+            S::True,
+            "CRDWriteForbidden",
+            &msg,
+            g,
+            now,
+        );
+    }
+}
+
+/// The binding status fields `kbind schema` owns (contract "Who writes what").
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchemaOwned {
+    /// Bound APIs with only the schema fields set.
+    pub apis: Vec<BoundApi>,
+    pub conditions: Vec<Condition>,
+    pub observed_generation: Option<i64>,
+}
+
+pub fn schema_owned(s: &BindingStatus) -> SchemaOwned {
+    SchemaOwned {
+        apis: s
+            .bound_apis
+            .iter()
+            .filter(|a| a.schema_hash.is_some())
+            .map(|a| BoundApi {
+                name: a.name.clone(),
+                scope: a.scope.clone(),
+                version: a.version.clone(),
+                schema_hash: a.schema_hash.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        conditions: s
+            .conditions
+            .iter()
+            .filter(|c| [READY, SYNCED, PERMISSION_DENIED].contains(&c.type_.as_str()))
+            .cloned()
+            .collect(),
+        observed_generation: s.observed_generation,
+    }
+}

@@ -1,0 +1,589 @@
+use super::*;
+use crate::api::core::{ExportedApi, SchemaPolicy};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+fn export(name: &str, scope: &str, hash: &str) -> Export {
+    Export {
+        api: ExportedApi {
+            name: name.into(),
+            scope: scope.into(),
+            version: "v1".into(),
+            schema_hash: hash.into(),
+        },
+        crd: CustomResourceDefinition {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: CustomResourceDefinitionSpec::default(),
+            status: None,
+        },
+        webhook_conversion: false,
+    }
+}
+
+fn binding(ns: Option<&str>, name: &str, conn: &str, apis: &[&str]) -> BindingView {
+    BindingView {
+        key: BindingKey {
+            namespace: ns.map(String::from),
+            name: name.into(),
+        },
+        connection: conn.into(),
+        apis: apis.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn meta(managed: bool, conn: Option<&str>, hash: Option<&str>) -> CrdMeta {
+    CrdMeta {
+        uid: "uid".into(),
+        managed,
+        connection: conn.map(String::from),
+        schema_hash: hash.map(String::from),
+        deleting: false,
+    }
+}
+
+struct Case {
+    policy: SchemaPolicy,
+    source: SchemaSource,
+    exports: Vec<Export>,
+    bindings: Vec<BindingView>,
+    crds: BTreeMap<String, CrdMeta>,
+    status: ConnectionStatus,
+    remote: Option<Result<String, IdentityError>>,
+}
+
+impl Default for Case {
+    fn default() -> Self {
+        Self {
+            policy: SchemaPolicy::default(),
+            source: SchemaSource::Crd,
+            exports: vec![
+                export("a.x.io", "Namespaced", "h1"),
+                export("b.x.io", "Cluster", "h2"),
+            ],
+            bindings: vec![],
+            crds: BTreeMap::new(),
+            status: ConnectionStatus::default(),
+            remote: Some(Ok("remote".into())),
+        }
+    }
+}
+
+impl Case {
+    fn observed(&self) -> Observed<'_> {
+        Observed {
+            name: "c",
+            generation: Some(1),
+            policy: &self.policy,
+            status: &self.status,
+            credentials: Ok(()),
+            remote_uid: self.remote.clone(),
+            local_uid: "local",
+            discovery: Some(Ok(Discovered {
+                source: self.source,
+                exports: self.exports.clone(),
+                skipped: vec![],
+            })),
+            bindings: &self.bindings,
+            consumer_crds: &self.crds,
+        }
+    }
+    fn actions(&self) -> Vec<String> {
+        plan_crds(&self.observed())
+            .iter()
+            .map(|a| match a {
+                CrdAction::Create(_) => format!("create {}", a.name()),
+                CrdAction::Update(_) => format!("update {}", a.name()),
+                CrdAction::Stamp { .. } => format!("stamp {}", a.name()),
+            })
+            .collect()
+    }
+}
+
+fn policy(pull: PullPolicy, update: UpdatePolicy) -> SchemaPolicy {
+    SchemaPolicy {
+        source: SchemaSource::Auto,
+        pull_policy: pull,
+        update_policy: update,
+    }
+}
+
+#[test]
+fn install_table() {
+    let bound_a = vec![binding(None, "cb", "c", &["a.x.io"])];
+    let cases: Vec<(&str, Case, Vec<&str>)> = vec![
+        (
+            "Bound installs only bound",
+            Case {
+                bindings: bound_a.clone(),
+                ..Default::default()
+            },
+            vec!["create a.x.io"],
+        ),
+        (
+            "Bound ignores other Connections' bindings",
+            Case {
+                bindings: vec![binding(None, "cb", "other", &["a.x.io"])],
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "All installs every export",
+            Case {
+                policy: policy(PullPolicy::All, UpdatePolicy::Always),
+                ..Default::default()
+            },
+            vec!["create a.x.io", "create b.x.io"],
+        ),
+        (
+            "None never creates",
+            Case {
+                policy: policy(PullPolicy::None, UpdatePolicy::Always),
+                bindings: bound_a.clone(),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "None + CRD stamps unmarked",
+            Case {
+                policy: policy(PullPolicy::None, UpdatePolicy::Always),
+                crds: BTreeMap::from([("a.x.io".into(), meta(false, None, None))]),
+                ..Default::default()
+            },
+            vec!["stamp a.x.io"],
+        ),
+        (
+            "None + OpenAPI only reads",
+            Case {
+                policy: policy(PullPolicy::None, UpdatePolicy::Always),
+                source: SchemaSource::OpenApi,
+                crds: BTreeMap::from([("a.x.io".into(), meta(false, None, None))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "Always updates drift",
+            Case {
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("old")))]),
+                ..Default::default()
+            },
+            vec!["update a.x.io"],
+        ),
+        (
+            "Always + OpenAPI + Bound updates too (deviation)",
+            Case {
+                source: SchemaSource::OpenApi,
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("old")))]),
+                ..Default::default()
+            },
+            vec!["update a.x.io"],
+        ),
+        (
+            "in sync: nothing",
+            Case {
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "Once pins",
+            Case {
+                policy: policy(PullPolicy::Bound, UpdatePolicy::Once),
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("old")))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "unmarked under Bound is foreign",
+            Case {
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(false, None, None))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "another Connection's is foreign",
+            Case {
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("d"), Some("old")))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "deleting CRD waits",
+            Case {
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([(
+                    "a.x.io".into(),
+                    CrdMeta {
+                        deleting: true,
+                        ..meta(true, Some("c"), Some("old"))
+                    },
+                )]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "namespaced Binding cannot pull a cluster-scoped API",
+            Case {
+                bindings: vec![binding(Some("ns"), "b", "c", &["b.x.io"])],
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "identity changed: nothing",
+            Case {
+                bindings: bound_a.clone(),
+                status: ConnectionStatus {
+                    remote_cluster_uid: Some("pinned".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "identity unreadable: nothing",
+            Case {
+                bindings: bound_a,
+                remote: Some(Err(IdentityError::Forbidden(std::sync::Arc::new(
+                    kube::Error::Api(Box::new(kube::core::Status {
+                        code: 403,
+                        message: "no".into(),
+                        ..Default::default()
+                    })),
+                )))),
+                ..Default::default()
+            },
+            vec![],
+        ),
+    ];
+    for (what, case, want) in cases {
+        assert_eq!(case.actions(), want, "{what}");
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_700_000_000).unwrap()
+}
+
+fn reason(conds: &[Condition], t: &str) -> String {
+    conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| format!("{}/{}", c.status, c.reason))
+        .unwrap_or_default()
+}
+
+#[test]
+fn connection_conditions() {
+    let case = Case::default();
+    let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(reason(&st.conditions, READY), "True/Ready");
+    assert_eq!(
+        (
+            st.remote_cluster_uid.as_deref(),
+            st.local_cluster_uid.as_deref()
+        ),
+        (Some("remote"), Some("local"))
+    );
+    assert_eq!(st.exported_apis.len(), 2);
+
+    let changed = Case {
+        status: ConnectionStatus {
+            remote_cluster_uid: Some("pinned".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let st = plan_status(&changed.observed(), &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(
+        reason(&st.conditions, CONNECTED),
+        "False/ClusterIdentityChanged"
+    );
+    assert_eq!(
+        st.remote_cluster_uid.as_deref(),
+        Some("pinned"),
+        "never re-pinned"
+    );
+    assert!(
+        st.exported_apis.is_empty(),
+        "nothing discovered from the other cluster"
+    );
+
+    let case = Case::default();
+    let mut o = case.observed();
+    o.credentials = Err(CredentialError::SecretNotFound {
+        namespace: "n".into(),
+        name: "s".into(),
+    });
+    o.remote_uid = None;
+    o.discovery = None;
+    let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(reason(&st.conditions, SECRET_VALID), "False/SecretNotFound");
+    assert_eq!(reason(&st.conditions, READY), "False/SecretNotFound");
+
+    let mut o = case.observed();
+    o.discovery = Some(Err(DiscoveryError {
+        forbidden: true,
+        message: "listing: 403".into(),
+    }));
+    let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(
+        reason(&st.conditions, PERMISSION_DENIED),
+        "True/DiscoveryForbidden"
+    );
+    assert_eq!(reason(&st.conditions, READY), "False/DiscoveryForbidden");
+}
+
+#[test]
+fn binding_setup_status() {
+    let case = Case {
+        bindings: vec![
+            binding(None, "ok", "c", &["a.x.io"]),
+            binding(Some("ns"), "scoped", "c", &["b.x.io"]),
+            binding(None, "foreign", "c", &["b.x.io"]),
+            binding(None, "missing", "c", &["z.x.io"]),
+        ],
+        crds: BTreeMap::from([
+            ("a.x.io".into(), meta(true, Some("c"), Some("h1"))),
+            ("b.x.io".into(), meta(false, None, None)),
+        ]),
+        ..Default::default()
+    };
+    let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    let by_name: BTreeMap<String, &BindingStatus> = plan
+        .bindings
+        .iter()
+        .map(|(k, s)| (k.name.clone(), s))
+        .collect();
+    assert_eq!(reason(&by_name["ok"].conditions, READY), "True/Bound");
+    assert_eq!(
+        reason(&by_name["ok"].conditions, SYNCED),
+        "True/SchemasInstalled"
+    );
+    assert_eq!(
+        by_name["ok"].bound_apis[0].schema_hash.as_deref(),
+        Some("h1")
+    );
+    assert_eq!(
+        reason(&by_name["scoped"].conditions, READY),
+        "False/ClusterScopedAPI"
+    );
+    assert_eq!(
+        reason(&by_name["foreign"].conditions, READY),
+        "False/ForeignCRD"
+    );
+    assert_eq!(
+        reason(&by_name["missing"].conditions, READY),
+        "False/APINotExported"
+    );
+
+    // A forbidden CRD write is the binding's setup-level PermissionDenied.
+    let case = Case {
+        bindings: vec![binding(None, "ok", "c", &["a.x.io"])],
+        ..Default::default()
+    };
+    let o = case.observed();
+    let actions = plan_crds(&o);
+    let plan = plan_status(
+        &o,
+        &actions,
+        &[CrdOutcome::Forbidden("no".into())],
+        AutoBindView::Off,
+        now(),
+    );
+    assert_eq!(
+        reason(&plan.bindings[0].1.conditions, PERMISSION_DENIED),
+        "True/CRDWriteForbidden"
+    );
+    assert_eq!(
+        reason(&plan.connection.conditions, PERMISSION_DENIED),
+        "True/CRDWriteForbidden"
+    );
+
+    // An unchanged binding is not rewritten.
+    let mut case = Case {
+        bindings: vec![binding(None, "ok", "c", &["a.x.io"])],
+        crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
+        ..Default::default()
+    };
+    let first = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    case.bindings[0].status = first.bindings[0].1.clone();
+    assert!(
+        plan_status(&case.observed(), &[], &[], AutoBindView::Off, now())
+            .bindings
+            .is_empty()
+    );
+}
+
+#[test]
+fn bound_apis_carry_warnings_for_webhook_conversion_and_shadowing() {
+    let mut webhook = export("a.x.io", "Namespaced", "h1");
+    webhook.webhook_conversion = true;
+    let case = Case {
+        exports: vec![webhook],
+        bindings: vec![
+            binding(None, "cb", "c", &["a.x.io"]),
+            binding(Some("ns"), "b", "c", &["a.x.io"]),
+        ],
+        crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
+        ..Default::default()
+    };
+    let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    let ready = |name: &str| {
+        let st = &plan
+            .bindings
+            .iter()
+            .find(|(k, _)| k.name == name)
+            .unwrap()
+            .1;
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .cloned()
+            .unwrap()
+    };
+    let cb = ready("cb");
+    assert_eq!(cb.status, "True");
+    assert!(
+        cb.message
+            .contains("provider-side conversion is not reproduced"),
+        "{}",
+        cb.message
+    );
+    let b = ready("b");
+    assert!(
+        b.message
+            .contains("ClusterBinding cb, which takes precedence"),
+        "{}",
+        b.message
+    );
+}
+
+#[test]
+fn auto_bind_name_taken_is_a_condition() {
+    let case = Case::default();
+    let st = plan_status(&case.observed(), &[], &[], AutoBindView::NameTaken, now());
+    assert_eq!(
+        reason(&st.connection.conditions, AUTO_BIND),
+        "False/NameTaken"
+    );
+    assert_eq!(st.autobind, AutoBind::Leave, "never touched");
+    let st = plan_status(
+        &case.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(None),
+        now(),
+    );
+    assert_eq!(
+        reason(&st.connection.conditions, AUTO_BIND),
+        "True/Maintained"
+    );
+    let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    assert!(
+        !st.connection
+            .conditions
+            .iter()
+            .any(|c| c.type_ == AUTO_BIND)
+    );
+}
+
+#[test]
+fn auto_bind_needs_two_empty_discoveries_to_delete() {
+    let existing = binding(None, "c", "c", &["a.x.io"]);
+    let mut case = Case {
+        exports: vec![],
+        ..Default::default()
+    };
+    let first = plan_status(
+        &case.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(Some(&existing)),
+        now(),
+    );
+    assert_eq!(
+        first.autobind,
+        AutoBind::Leave,
+        "one empty discovery may be a flapping label"
+    );
+    assert_eq!(first.connection.empty_discoveries, Some(1));
+    case.status = first.connection;
+    let second = plan_status(
+        &case.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(Some(&existing)),
+        now(),
+    );
+    assert_eq!(second.autobind, AutoBind::Delete);
+
+    let case = Case::default();
+    assert_eq!(
+        plan_status(
+            &case.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(None),
+            now()
+        )
+        .autobind,
+        AutoBind::Apply(vec!["a.x.io".into(), "b.x.io".into()])
+    );
+    let same = binding(None, "c", "c", &["a.x.io", "b.x.io"]);
+    assert_eq!(
+        plan_status(
+            &case.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(Some(&same)),
+            now()
+        )
+        .autobind,
+        AutoBind::Leave
+    );
+    assert_eq!(
+        plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).autobind,
+        AutoBind::Leave,
+        "autoBind off leaves it"
+    );
+    // A non-empty discovery resets the count.
+    let reset = Case {
+        status: ConnectionStatus {
+            empty_discoveries: Some(1),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(
+        plan_status(
+            &reset.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(None),
+            now()
+        )
+        .connection
+        .empty_discoveries,
+        None
+    );
+}
