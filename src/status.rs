@@ -20,7 +20,7 @@ use crate::api::relsync::RelationshipSource;
 use crate::pass::client::{RequestCounter, counted_client, own_config};
 use crate::pass::{CommonArgs, OutputFormat, PassError};
 
-/// The exit code when something is not Ready (CONTRACT: 1 and 2 keep their meaning).
+/// The exit code when something is not Ready (docs/operations.md: 1 and 2 keep their meaning).
 pub const NOT_READY: i32 = 3;
 
 /// The name clients built by `kbind status` carry in their User-Agent.

@@ -148,7 +148,7 @@ async fn invalid_objects_are_refused_with_a_message_naming_the_problem() {
             "<plural>.<group>",
         ),
         (
-            // Zero is accepted: unbounded (spec 002).
+            // Zero is accepted: unbounded (docs/relsync.md).
             "maxScopesPerPass -1",
             relsrc(json!({"maxScopesPerPass": -1})),
             "greater than or equal to 0",

@@ -492,7 +492,7 @@ impl RelsyncFaults {
     }
 
     /// Run relsync through the proxies until `check` holds. Failed scopes wait for the source's
-    /// next cycle (spec 002: Ready stays True), so the sources here have a 1 s interval and
+    /// next cycle (docs/relsync.md: Ready stays True), so the sources here have a 1 s interval and
     /// every run is a next cycle.
     async fn converge<C, CF>(
         &self,

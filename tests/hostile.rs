@@ -1576,6 +1576,8 @@ enum HostileProvider {
     EndlessContinue,
     /// Every `/openapi/v3/<group-version>` document is padded past the body cap.
     HugeOpenApi,
+    /// Every LIST of the named resource (the instances resync reads) is padded past the body cap.
+    HugeInstanceList(&'static str),
 }
 
 /// A JSON body of about `bytes`: `head`, JSON whitespace, `tail`, streamed 64 KiB at a time and
@@ -1646,6 +1648,16 @@ async fn hostile_provider(
                     return json(padded_json(
                         r#"{"openapi":"3.0.0","info":{"title":"Kubernetes","version":"v1"},"paths":{},"components":{"schemas":{}}"#.into(),
                         "}",
+                        cap + (1 << 20),
+                    ));
+                }
+                HostileProvider::HugeInstanceList(plural)
+                    if req.method() == "GET" && path.ends_with(&format!("/{plural}")) =>
+                {
+                    served.fetch_add(1, Ordering::SeqCst);
+                    return json(padded_json(
+                        r#"{"kind":"List","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":["#.into(),
+                        "]}",
                         cap + (1 << 20),
                     ));
                 }
@@ -1823,9 +1835,9 @@ async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_m
         let (s, r, m) = cond(conds, "Ready");
         assert_eq!((s, r), ("False", "DiscoveryFailed"), "{name}: {m}");
         let needle = match mode {
-            HostileProvider::HugeListPage | HostileProvider::HugeOpenApi => {
-                "response body larger than"
-            }
+            HostileProvider::HugeListPage
+            | HostileProvider::HugeOpenApi
+            | HostileProvider::HugeInstanceList(_) => "response body larger than",
             HostileProvider::EndlessContinue => "pages",
         };
         assert!(m.contains(needle), "{name}: {m:?} lacks {needle:?}");
@@ -1867,4 +1879,69 @@ async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_m
     for (_, task) in servers {
         task.abort();
     }
+}
+
+/// A provider whose instance LIST cannot be read (a page past the body cap) must not let resync
+/// claim a complete pass: the binding's objects count as `denied` and `lastCompleteTime` is never
+/// set, run after run, while `lastPassTime` says the run happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_provider_list_never_claims_a_complete_resync() {
+    let Some(fx) = Fx::new("hostile-ilist").await else {
+        return;
+    };
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let good = fx.provider_kubeconfig();
+    let (url, served, _task) = hostile_provider(
+        support::server_of(&good),
+        HostileProvider::HugeInstanceList("widgets"),
+    )
+    .await;
+    fx.secret("hostile", "kubeconfig", &support::via(&good, &url))
+        .await;
+    let conn = fx
+        .connection("p", "hostile", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    let http = ["--allow-kubeconfig-field", "http"];
+    fx.run(&http);
+    assert_eq!(
+        cond(&fx.conn(&conn).await.status.unwrap().conditions, "Ready").0,
+        "True"
+    );
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let consumer: Api<DynamicObject> = Api::namespaced_with(fx.consumer.clone(), &fx.ns, &ar);
+    support::eventually("the consumer CRD to serve", || {
+        let consumer = consumer.clone();
+        let ar = ar.clone();
+        async move {
+            let o = DynamicObject::new("w1", &ar).data(json!({"spec": {"size": 1}}));
+            consumer.create(&PostParams::default(), &o).await.ok()
+        }
+    })
+    .await;
+    let cbs: Api<kbind::api::core::ClusterBinding> = Api::all(fx.consumer.clone());
+    for round in 1..=2 {
+        let summary = fx.pass("resync", &http);
+        let st = serde_json::to_value(cbs.get(&cb).await.unwrap().status.unwrap()).unwrap();
+        let api = st["boundAPIs"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["name"] == json!(widgets)))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(api["denied"], json!(1), "round {round}: {st}\n{summary}");
+        assert!(
+            st["resync"]["lastPassTime"].is_string(),
+            "round {round}: {st}"
+        );
+        assert!(
+            st["resync"].get("lastCompleteTime").is_none(),
+            "round {round}: a pass that read no provider object claims completion: {st}"
+        );
+    }
+    assert!(served.load(Ordering::SeqCst) >= 2);
 }

@@ -207,7 +207,7 @@ async fn budgeted_passes_resume_and_finish_the_cycle_without_reaping() {
             .any(|h| h.starts_with("C5#")),
         "never reaped by a budgeted pass"
     );
-    // Lifting the bound (zero is unbounded, spec 002): one pass covers everything and reaps C5.
+    // Lifting the bound (zero is unbounded, docs/relsync.md): one pass covers everything and reaps C5.
     rx.patch_spec("s", json!({"sync": {"maxScopesPerPass": 0}}))
         .await;
     rx.run(&fake.url(), &[]).await;
@@ -776,7 +776,7 @@ async fn a_pass_killed_or_terminated_at_any_moment_converges_on_the_next_run() {
             }
             // The next scheduled run: due while the stopped pass's cycle is in progress. It
             // finishes the cycle's data; the reap of edges no scope asserts waits for a pass that
-            // covers every scope (spec 002), which the next cycle (here forced with --source) is.
+            // covers every scope (docs/relsync.md), which the next cycle (here forced with --source) is.
             let mut reruns = vec![rx.run_env(&fake.url(), &[], &[]).await];
             let deferred =
                 cond(&rx.status("s").await.conditions, REAP_DEFERRED).1 == "PartialCoverage";

@@ -1,5 +1,5 @@
 //! `kbind status` against the harness servers, run as the real binary: what an operator sees,
-//! and the exit code a script relies on (0 everything Ready, 3 something not, CONTRACT "#12–#15").
+//! and the exit code a script relies on (0 everything Ready, 3 something not, docs/operations.md).
 //! Each test limits the report to its own objects with `-l kbind-test=<label>`: the servers are
 //! shared with every other test.
 

@@ -1,4 +1,4 @@
-//! `core.kbind.io/v1alpha1`: Connection, ClusterBinding and Binding (spec 000).
+//! `core.kbind.io/v1alpha1`: Connection, ClusterBinding and Binding (docs/schema.md, docs/resync.md).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -335,7 +335,7 @@ pub struct BindingStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Condition types and reasons of spec 000 (and the contract's additions).
+/// Condition types and reasons of the core kinds (docs/schema.md, docs/resync.md).
 pub mod condition {
     pub const READY: &str = "Ready";
     pub const SECRET_VALID: &str = "SecretValid";

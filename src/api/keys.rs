@@ -1,4 +1,4 @@
-//! Labels, annotations, finalizers and field managers (CONTRACT.md "Keys").
+//! Labels, annotations, finalizers and field managers (docs/contract.md "Keys").
 
 /// Provider CRD label that exports an API (exact value "true" only).
 pub const EXPORTED: &str = "core.kbind.io/exported";

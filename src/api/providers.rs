@@ -1,4 +1,4 @@
-//! Provider catalog and workspace consent for `kbind claims` (spec 001, CONTRACT "providerclaims").
+//! Provider catalog and workspace consent for `kbind claims` (docs/claims.md, docs/contract.md "Claims").
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};

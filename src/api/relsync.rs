@@ -1,5 +1,5 @@
 //! `agentprimitives.authzed.com/v1alpha1`: RelationshipSource and the AgentIdentity holding its
-//! credentials (spec 002, CONTRACT "relsync").
+//! credentials (docs/relsync.md, docs/contract.md "relsync").
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -170,7 +170,7 @@ pub struct AgentIdentitySpec {
     pub credentials: Vec<AgentCredential>,
 }
 
-/// Condition types and reasons of spec 002.
+/// Condition types and reasons of RelationshipSource (docs/relsync.md "Status").
 pub mod condition {
     pub const READY: &str = "Ready";
     pub const PARTIAL_FAILURE: &str = "PartialFailure";

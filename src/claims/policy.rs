@@ -1,5 +1,5 @@
-//! Which permission claims a tenant's binding to a provider's export should carry (spec 001's
-//! policy, adapted to kcp's real rules). Pure: no I/O, so every rule has a table test below.
+//! Which permission claims a tenant's binding to a provider's export should carry
+//! (docs/claims.md, docs/contract.md "Claims": the catalog's policy, adapted to kcp's real rules). Pure: no I/O, so every rule has a table test below.
 //!
 //! kcp keys export claims by (group, resource) and binding claims by (group, resource,
 //! identityHash); a claim's resource cannot hold `/`, and a binding claim only grants what both

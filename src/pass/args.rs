@@ -1,4 +1,4 @@
-//! Flags every pass takes (CONTRACT "CLI").
+//! Flags every pass takes (docs/contract.md "A run").
 
 use std::time::Duration;
 

@@ -89,7 +89,7 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume_after: Option<String>,
     /// The holder whose Lease this run took over: a run that died holding it (the Lease had
-    /// expired), or an earlier pod of the same Job. Named as the CONTRACT spells it.
+    /// expired), or an earlier pod of the same Job. Named as docs/contract.md "A run" spells it.
     #[serde(rename = "leaseTakenOver", skip_serializing_if = "Option::is_none")]
     pub lease_taken_over: Option<String>,
 }

@@ -7,7 +7,7 @@
 //! names its host exactly. A kind with a fixed, operator-set endpoint (Slack's
 //! `--slack-api-url`) is checked the same way whenever the credential lists allowedHosts: a
 //! credential that has a list is sent only to hosts on it, whatever the kind; an empty list is
-//! checked against nothing (spec 002). Entries:
+//! checked against nothing (docs/contract.md "relsync"). Entries:
 //! - `host` admits that host on the scheme's default port (80 for http, 443 for https);
 //! - `host:port` admits that host on that port;
 //! - `*.domain` (optionally `:port`) admits strict subdomains of `domain`, never `domain` itself
@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn a_fixed_endpoint_is_checked_only_against_a_list() {
         const SLACK: &str = "the Slack API URL (--slack-api-url)";
-        // No list: checked against nothing (spec 002), even an unparsable URL.
+        // No list: checked against nothing (docs/contract.md "relsync"), even an unparsable URL.
         assert_eq!(
             admit_endpoint("https://slack.com/api", SLACK, "c", &[]),
             Ok(())

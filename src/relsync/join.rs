@@ -1,4 +1,4 @@
-//! The identity join (CONTRACT "Identity join"): an upstream member becomes a platform user
+//! The identity join (docs/relsync.md "One source, one pass"): an upstream member becomes a platform user
 //! `user:<id>` by email. Without a directory the id is the encoded, lower-cased email; with one
 //! (a ConfigMap key holding a map of email → user id) the mapped id. Members without an email,
 //! bots (including `USLACKBOT`), deleted or inactive users, users the upstream cannot describe,

@@ -1,5 +1,5 @@
 //! `kbind relsync`: one bounded pass that syncs upstream directory memberships (Slack, a 1Password
-//! SCIM bridge) into SpiceDB, per RelationshipSource (spec 002).
+//! SCIM bridge) into SpiceDB, per RelationshipSource (docs/relsync.md).
 //!
 //! observe  list RelationshipSources (this shard, namespace, selector); pick the due ones,
 //!          least-recently-synced first

@@ -72,8 +72,8 @@ pub fn last_pass_time(status: Option<&RelationshipSourceStatus>) -> Option<i64> 
         .map(|t| t.0.as_second())
 }
 
-/// `spec.sync.maxScopesPerPass` as a window limit: zero or absent is unbounded (spec 002: "Zero
-/// → UNBOUNDED"); the CRD refuses negative values, which would also be unbounded here.
+/// `spec.sync.maxScopesPerPass` as a window limit: zero or absent is unbounded
+/// (docs/relsync.md); the CRD refuses negative values, which would also be unbounded here.
 pub fn scope_limit(max_scopes_per_pass: Option<i32>) -> Option<usize> {
     max_scopes_per_pass
         .filter(|n| *n > 0)

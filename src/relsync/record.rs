@@ -1,10 +1,10 @@
-//! Recording a pass on the RelationshipSource status (spec 002 "Status"): the cursor and cycle
+//! Recording a pass on the RelationshipSource status (docs/relsync.md "Status"): the cursor and cycle
 //! fields, `lastPass`, and the `Ready`, `PartialFailure` and `ReapDeferred` conditions. The new
 //! status is a pure function of the previous one and the pass; it is applied with server-side
 //! apply as `kbind-relsync`, with a resourceVersion precondition because it moves the cursor.
 //!
 //! The status says only what happened: every pass records `lastPass`, but `lastSyncTime` (the
-//! last *completed full cycle*, spec 002) moves only when a non-scoped pass ran and its walk
+//! last *completed full cycle*, docs/relsync.md "Status") moves only when a non-scoped pass ran and its walk
 //! reached the last enumerated scope. A refused source, a failed enumeration and a pass that
 //! stopped partway leave it where it was (docs/relsync.md "Status").
 
@@ -103,7 +103,7 @@ pub fn stable_samples(
 /// Whether `rec` completed a full cycle: a non-scoped pass that ran and whose walk reached the
 /// last enumerated scope (a cycle may span several passes). Scope errors do not make it
 /// incomplete: they are reported on `lastPass` and `PartialFailure`, and the failed scopes are
-/// retried in the next cycle (spec 002: "one scope failing is not a pass failure").
+/// retried in the next cycle (docs/relsync.md: one scope failing is not a pass failure).
 pub fn completed_cycle(rec: &PassRecord) -> bool {
     !rec.scoped && rec.outcome == Outcome::Ran && rec.reached_end
 }

@@ -82,6 +82,9 @@ struct Run<'a> {
     /// Root objects of this run: this shard's bindings, narrowed by --selector.
     selected: BTreeSet<BindingKey>,
     counts: BTreeMap<(BindingKey, String), Counts>,
+    /// Bindings with an API whose provider objects could not be listed this run: their
+    /// `lastCompleteTime` must not claim a pass that never compared anything.
+    unread: BTreeSet<BindingKey>,
     /// Where the next run resumes when this one stops early.
     resume_after: Option<String>,
     writes: Writes,
@@ -107,6 +110,7 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         bindings: seen.bindings,
         selected: seen.selected,
         counts: BTreeMap::new(),
+        unread: BTreeSet::new(),
         resume_after: None,
         writes: Writes::new(ctx.args.dry_run),
         summary: Summary::new(PASS, ctx.args.dry_run),
@@ -223,6 +227,7 @@ impl Run<'_> {
             if mine.is_empty() {
                 continue;
             }
+            let complete = complete && !self.unread.contains(&b.key);
             let Some(status) = record::binding_status(b, &mine, complete, now) else {
                 continue;
             };

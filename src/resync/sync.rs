@@ -106,6 +106,7 @@ impl Run<'_> {
                             .entry((b.key.clone(), api.name.clone()))
                             .or_default()
                             .denied += 1;
+                        self.unread.insert(b.key.clone());
                     }
                 }
                 return None;

@@ -93,7 +93,7 @@ fn scoped_pass_touches_only_last_pass() {
     );
 }
 
-/// `lastSyncTime` is the last completed full cycle (spec 002): only a non-scoped pass whose
+/// `lastSyncTime` is the last completed full cycle (docs/relsync.md "Status"): only a non-scoped pass whose
 /// walk reached the last scope moves it; every pass records `lastPass.finishedAt`.
 #[test]
 fn last_sync_time_moves_only_when_a_full_cycle_completed() {
