@@ -53,6 +53,12 @@ pub enum Command {
         #[arg(long)]
         kcp: bool,
     },
+    /// Release every finalizer kbind put on objects (core.kbind.io/syncer, core.kbind.io/cleanup,
+    /// kbind.io/relsync-cleanup), so deleting kbind leaves nothing Terminating. A dry run unless
+    /// --yes (alias --confirm). Suspend or delete the kbind CronJobs first: with --yes it refuses
+    /// (exit 2) while a pass Lease is held, unless --force. Deletes nothing; prints what to delete
+    /// next (docs/operations.md, "Uninstall"). Exit 1 if an object could not be released.
+    Uninstall(crate::uninstall::UninstallArgs),
     /// Print the version.
     Version,
 }

@@ -16,6 +16,7 @@ pub mod schema;
 pub mod scrub;
 pub mod secrets;
 pub mod status;
+pub mod uninstall;
 pub mod upstream;
 
 /// Install ring as the process-wide rustls provider (reqwest is built without one so only ring

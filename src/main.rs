@@ -102,6 +102,7 @@ fn main() {
                 }
             }
         }
+        Command::Uninstall(args) => block_on(kbind::uninstall::run(cli.common, args)),
         Command::Version => {
             println!("kbind {}", env!("CARGO_PKG_VERSION"));
             0

@@ -94,7 +94,8 @@ fn job_of(holder: &str) -> Option<&str> {
         .filter(|j| !j.is_empty())
 }
 
-fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
+/// Whether a holder has the Lease and its last renewal is less than its duration ago.
+pub fn is_live(spec: &LeaseSpec, now: Timestamp) -> bool {
     let Some(holder) = spec.holder_identity.as_deref() else {
         return false;
     };

@@ -1,0 +1,758 @@
+//! `kbind uninstall`: release every finalizer kbind put on objects, so that deleting kbind (its
+//! CronJobs, RBAC, CRDs and namespaces) never leaves an object or a namespace `Terminating`
+//! (docs/operations.md, "Uninstall"). The finalizers are the ones docs/contract.md "Keys" lists:
+//! `core.kbind.io/syncer` on synced consumer objects (every kind whose CRD carries
+//! `core.kbind.io/managed`), `core.kbind.io/cleanup` on Connections, their Secrets, Bindings and
+//! ClusterBindings, and `kbind.io/relsync-cleanup` on RelationshipSources.
+//!
+//! Dry run unless `--yes`. Each finalizer is released by server-side apply under the field
+//! manager that added it (`<pass manager>-finalizer`, docs/contract.md "Who writes what"), with
+//! the object's uid in the body so an object deleted meanwhile is never re-created; when another
+//! manager also lists the entry, `pass::finalizer::release` removes that one entry behind a
+//! JSON-patch `test`. Nothing is deleted, and only the job's own cluster is touched: provider
+//! copies and SpiceDB relationships stay as they are.
+//!
+//! A pass running meanwhile would add finalizers back: with `--yes`, a held pass Lease makes the
+//! command refuse (exit 2) unless `--force`.
+
+pub mod args;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::keys;
+use crate::api::relsync::{self as relsync_api, RelationshipSource};
+use crate::pass::client::{RequestCounter, counted_client, own_config};
+use crate::pass::{CommonArgs, OutputFormat, PassError};
+use crate::scrub::scrub;
+
+pub use args::UninstallArgs;
+
+/// The passes whose Lease means a run may be adding finalizers.
+const PASSES: [&str; 4] = ["schema", "resync", "claims", "relsync"];
+
+/// relsync's namespace in the shipped manifests (its Lease lives there, not in kbind-system).
+const RELSYNC_NAMESPACE: &str = "kbind-relsync";
+
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    #[error("configuration error: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Client(#[from] PassError),
+    #[error(
+        "refusing to release finalizers while a kbind pass may be running: {}. Suspend or delete \
+         the kbind CronJobs and let their Jobs finish (a killed run's Lease expires after \
+         --lease-duration), or pass --force",
+        held_list(.0)
+    )]
+    LeaseHeld(Vec<HeldLease>),
+    #[error(
+        "cannot check the kbind pass Leases in namespace {namespace} (--force skips the check): {source}"
+    )]
+    LeaseCheck {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing {what}: {source}")]
+    List {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl UninstallError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Config(_) | Self::LeaseHeld(_) => 2,
+            Self::Client(e) => e.exit_code(),
+            Self::LeaseCheck { .. } | Self::List { .. } => 1,
+        }
+    }
+}
+
+fn held_list(held: &[HeldLease]) -> String {
+    held.iter()
+        .map(|h| {
+            format!(
+                "Lease {}/{} is held by {} (renewed {})",
+                h.namespace,
+                h.name,
+                h.holder,
+                h.renewed.as_deref().unwrap_or("never")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A pass Lease with a live holder.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldLease {
+    pub namespace: String,
+    pub name: String,
+    pub holder: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renewed: Option<String>,
+}
+
+/// What happened (or would happen) to one object's finalizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    WouldRelease,
+    Released,
+    /// Deleted or replaced since it was listed: nothing left to release.
+    Gone,
+    Failed,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ObjectReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    #[serde(skip)]
+    uid: String,
+    /// Already being deleted: releasing lets it go.
+    pub deleting: bool,
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ObjectReport {
+    fn key(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// One kind and one finalizer.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindReport {
+    pub kind: String,
+    /// `<plural>.<group>` (`secrets` for the core group).
+    pub resource: String,
+    pub finalizer: String,
+    pub manager: String,
+    /// Why the kind was not looked at (its CRD is not installed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    pub found: usize,
+    pub released: usize,
+    pub failed: usize,
+    pub objects: Vec<ObjectReport>,
+    #[serde(skip)]
+    ar: ApiResource,
+}
+
+impl KindReport {
+    fn new(ar: ApiResource, resource: String, finalizer: &str, pass: &str) -> Self {
+        Self {
+            kind: ar.kind.clone(),
+            resource,
+            finalizer: finalizer.to_string(),
+            manager: format!("{}-finalizer", keys::field_manager(pass)),
+            skipped: None,
+            found: 0,
+            released: 0,
+            failed: 0,
+            objects: Vec::new(),
+            ar,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub command: &'static str,
+    pub dry_run: bool,
+    /// Pass Leases held when the command ran (with `--yes`, only with `--force`).
+    pub leases_held: Vec<HeldLease>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_check_error: Option<String>,
+    pub kinds: Vec<KindReport>,
+    pub found: usize,
+    pub released: usize,
+    pub failed: usize,
+    /// What the user deletes next, in order (kubectl commands).
+    pub next: Vec<String>,
+}
+
+/// Run and print; returns the exit code: 0 done, 1 something could not be released or listed,
+/// 2 usage error or a held pass Lease.
+pub async fn run(common: CommonArgs, args: UninstallArgs) -> i32 {
+    crate::set_command("uninstall");
+    crate::install_crypto_provider();
+    match uninstall(&common, &args).await {
+        Ok(report) => {
+            let is_tty = std::io::stdout().is_terminal();
+            println!("{}", render(&report, common.output, is_tty));
+            if report.failed > 0 { 1 } else { 0 }
+        }
+        Err(e) => {
+            eprintln!("kbind uninstall: {}", scrub(&e.to_string()));
+            e.exit_code()
+        }
+    }
+}
+
+async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, UninstallError> {
+    if common.dry_run && args.yes {
+        return Err(UninstallError::Config(
+            "--dry-run and --yes contradict each other (uninstall is a dry run unless --yes)"
+                .into(),
+        ));
+    }
+    let dry_run = !args.yes;
+    let config = own_config(common).await?;
+    let client = counted_client(config, Arc::new(RequestCounter::default()))
+        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+
+    let mut leases_held = Vec::new();
+    let mut lease_check_error = None;
+    for ns in lease_namespaces(common) {
+        match held_leases(&client, &ns).await {
+            Ok(h) => leases_held.extend(h),
+            Err(source) if dry_run || args.force => {
+                lease_check_error = Some(scrub(&format!("namespace {ns}: {source}")));
+            }
+            Err(source) => {
+                return Err(UninstallError::LeaseCheck {
+                    namespace: ns,
+                    source,
+                });
+            }
+        }
+    }
+    if !dry_run && !args.force && !leases_held.is_empty() {
+        return Err(UninstallError::LeaseHeld(leases_held));
+    }
+
+    let mut kinds = find(&client, args.selector.as_deref()).await?;
+    for k in &mut kinds {
+        let mut objects = std::mem::take(&mut k.objects);
+        for o in &mut objects {
+            if dry_run {
+                o.outcome = Outcome::WouldRelease;
+                continue;
+            }
+            match release(&client, k, o).await {
+                Ok(outcome) => o.outcome = outcome,
+                Err(e) => {
+                    o.outcome = Outcome::Failed;
+                    o.error = Some(scrub(&short(&e)));
+                }
+            }
+        }
+        k.objects = objects;
+        k.found = k.objects.len();
+        k.released = count(&k.objects, Outcome::Released);
+        k.failed = count(&k.objects, Outcome::Failed);
+    }
+    Ok(Report {
+        command: "uninstall",
+        dry_run,
+        leases_held,
+        lease_check_error,
+        found: kinds.iter().map(|k| k.found).sum(),
+        released: kinds.iter().map(|k| k.released).sum(),
+        failed: kinds.iter().map(|k| k.failed).sum(),
+        kinds,
+        next: next_steps(),
+    })
+}
+
+/// The server's own message for an API error (not the whole Status), else the error.
+fn short(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    }
+}
+
+fn count(objects: &[ObjectReport], outcome: Outcome) -> usize {
+    objects.iter().filter(|o| o.outcome == outcome).count()
+}
+
+/// `--lease-namespace` when given; else the default one and relsync's own namespace.
+fn lease_namespaces(common: &CommonArgs) -> Vec<String> {
+    let first = common.lease_namespace();
+    if common.lease_namespace.is_some() || first == RELSYNC_NAMESPACE {
+        return vec![first];
+    }
+    vec![first, RELSYNC_NAMESPACE.to_string()]
+}
+
+/// `kbind-<pass>` or `kbind-<pass>-<i>-of-<n>` (docs/contract.md "Keys").
+pub fn is_pass_lease(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = name.strip_prefix("kbind-") else {
+        return false;
+    };
+    PASSES.iter().any(|p| {
+        rest.strip_prefix(p).is_some_and(|tail| {
+            tail.is_empty()
+                || tail
+                    .strip_prefix('-')
+                    .and_then(|t| t.split_once("-of-"))
+                    .is_some_and(|(i, n)| digits(i) && digits(n))
+        })
+    })
+}
+
+async fn held_leases(client: &Client, ns: &str) -> Result<Vec<HeldLease>, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let now = Timestamp::now();
+    Ok(crate::pass::list::all(&api, &ListParams::default())
+        .await?
+        .into_iter()
+        .filter(|l| is_pass_lease(&l.name_any()))
+        .filter_map(|l| {
+            let spec = l.spec.as_ref()?;
+            crate::pass::lease::is_live(spec, now).then(|| HeldLease {
+                namespace: ns.to_string(),
+                name: l.name_any(),
+                holder: spec.holder_identity.clone().unwrap_or_default(),
+                renewed: spec
+                    .renew_time
+                    .as_ref()
+                    .or(spec.acquire_time.as_ref())
+                    .map(|t| t.0.to_string()),
+            })
+        })
+        .collect())
+}
+
+fn lp(selector: Option<&str>) -> ListParams {
+    match selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    }
+}
+
+/// A LIST error: 404 means the kind's CRD is not installed (`Ok(None)`); 400 on a selected list
+/// is a bad `--selector`.
+fn listed<T>(r: Result<T, kube::Error>, what: &str) -> Result<Option<T>, UninstallError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 400 => {
+            Err(UninstallError::Config(format!("--selector: {}", s.message)))
+        }
+        Err(source) => Err(UninstallError::List {
+            what: what.to_string(),
+            source,
+        }),
+    }
+}
+
+fn not_installed(resource: &str) -> String {
+    format!("CRD {resource} is not installed")
+}
+
+/// The objects carrying `finalizer` among `metas`.
+fn carrying<K: Resource>(
+    metas: impl IntoIterator<Item = kube::api::PartialObjectMeta<K>>,
+    finalizer: &str,
+) -> Vec<ObjectReport> {
+    let mut out: Vec<ObjectReport> = metas
+        .into_iter()
+        .filter(|m| m.finalizers().iter().any(|f| f == finalizer))
+        .map(|m| ObjectReport {
+            namespace: m.namespace(),
+            name: m.name_any(),
+            uid: m.uid().unwrap_or_default(),
+            deleting: m.metadata.deletion_timestamp.is_some(),
+            outcome: Outcome::WouldRelease,
+            error: None,
+        })
+        .collect();
+    out.sort_by_key(ObjectReport::key);
+    out
+}
+
+/// Every object of `ar` carrying `finalizer` (matching `selector`), or why the kind was skipped.
+async fn scan(
+    client: &Client,
+    mut report: KindReport,
+    selector: Option<&str>,
+) -> Result<KindReport, UninstallError> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &report.ar);
+    let what = format!("{} ({})", report.kind, report.resource);
+    match listed(
+        crate::pass::list::metadata(&api, &lp(selector)).await,
+        &what,
+    )? {
+        Some(metas) => report.objects = carrying(metas, &report.finalizer),
+        None => report.skipped = Some(not_installed(&report.resource)),
+    }
+    Ok(report)
+}
+
+fn resource_of<K: Resource<DynamicType = ()>>() -> String {
+    let ar = ApiResource::erase::<K>(&());
+    if ar.group.is_empty() {
+        ar.plural
+    } else {
+        format!("{}.{}", ar.plural, ar.group)
+    }
+}
+
+fn kind_report<K: Resource<DynamicType = ()>>(finalizer: &str, pass: &str) -> KindReport {
+    KindReport::new(
+        ApiResource::erase::<K>(&()),
+        resource_of::<K>(),
+        finalizer,
+        pass,
+    )
+}
+
+/// Find every object carrying one of kbind's finalizers, in the order they are released:
+/// synced objects, Bindings, ClusterBindings, Connections, Secrets, RelationshipSources.
+async fn find(client: &Client, selector: Option<&str>) -> Result<Vec<KindReport>, UninstallError> {
+    let mut kinds = Vec::new();
+
+    // Connections: every one (for whose Secret is shared), and the selected ones.
+    let conn_api: Api<Connection> = Api::all(client.clone());
+    let all_conns = listed(
+        crate::pass::list::all(&conn_api, &ListParams::default()).await,
+        "Connections",
+    )?;
+    let selected: Option<BTreeSet<String>> = match (&all_conns, selector) {
+        (None, _) => None,
+        (Some(all), None) => Some(all.iter().map(|c| c.name_any()).collect()),
+        (Some(_), Some(sel)) => listed(
+            crate::pass::list::metadata(&conn_api, &lp(Some(sel))).await,
+            "Connections",
+        )?
+        .map(|m| m.iter().map(|c| c.name_any()).collect()),
+    };
+
+    // Synced consumer objects: every kind whose CRD kbind manages (of a selected Connection).
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let managed = crate::pass::list::all(&crds, &ListParams::default().labels(keys::MANAGED))
+        .await
+        .map_err(|source| UninstallError::List {
+            what: format!("CRDs labelled {}", keys::MANAGED),
+            source,
+        })?;
+    let mut synced = Vec::new();
+    for crd in managed {
+        if let Some(sel) = selector.and(selected.as_ref()) {
+            let owner = crd.annotations().get(keys::CONNECTION);
+            if !owner.is_some_and(|o| sel.contains(o)) {
+                continue;
+            }
+        }
+        let spec = &crd.spec;
+        let Some(version) = spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .or_else(|| spec.versions.iter().find(|v| v.served))
+        else {
+            continue;
+        };
+        let ar = ApiResource {
+            group: spec.group.clone(),
+            version: version.name.clone(),
+            api_version: format!("{}/{}", spec.group, version.name),
+            kind: spec.names.kind.clone(),
+            plural: spec.names.plural.clone(),
+        };
+        let report = KindReport::new(ar, crd.name_any(), keys::SYNCER_FINALIZER, "resync");
+        synced.push(scan(client, report, None).await?);
+    }
+    synced.sort_by(|a, b| a.resource.cmp(&b.resource));
+    kinds.extend(synced);
+
+    kinds.push(
+        scan(
+            client,
+            kind_report::<Binding>(keys::CLEANUP_FINALIZER, "schema"),
+            selector,
+        )
+        .await?,
+    );
+    kinds.push(
+        scan(
+            client,
+            kind_report::<ClusterBinding>(keys::CLEANUP_FINALIZER, "schema"),
+            selector,
+        )
+        .await?,
+    );
+    kinds.push(
+        scan(
+            client,
+            kind_report::<Connection>(keys::CLEANUP_FINALIZER, "schema"),
+            selector,
+        )
+        .await?,
+    );
+    kinds.push(secrets(client, selector, all_conns.as_deref(), selected.as_ref()).await?);
+    kinds.push(
+        scan(
+            client,
+            kind_report::<RelationshipSource>(relsync_api::CLEANUP_FINALIZER, "relsync"),
+            selector,
+        )
+        .await?,
+    );
+    Ok(kinds)
+}
+
+/// Secrets carrying `core.kbind.io/cleanup`: every one (read as metadata only, never data);
+/// with a selector, those of the selected Connections that no other Connection uses.
+async fn secrets(
+    client: &Client,
+    selector: Option<&str>,
+    all_conns: Option<&[Connection]>,
+    selected: Option<&BTreeSet<String>>,
+) -> Result<KindReport, UninstallError> {
+    let mut report = kind_report::<Secret>(keys::CLEANUP_FINALIZER, "schema");
+    if selector.is_none() {
+        return scan(client, report, None).await;
+    }
+    let (Some(all), Some(selected)) = (all_conns, selected) else {
+        report.skipped = Some(not_installed(&resource_of::<Connection>()));
+        return Ok(report);
+    };
+    let refs = |pick: bool| -> BTreeSet<(String, String)> {
+        all.iter()
+            .filter(|c| selected.contains(&c.name_any()) == pick)
+            .map(|c| {
+                let r = &c.spec.kubeconfig_secret_ref;
+                (r.namespace.clone(), r.name.clone())
+            })
+            .collect()
+    };
+    let shared = refs(false);
+    let mut metas = Vec::new();
+    for (ns, name) in refs(true).difference(&shared) {
+        let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let what = format!("Secret {ns}/{name}");
+        match api.get_metadata_opt(name).await {
+            Ok(Some(m)) => metas.push(m),
+            Ok(None) => {}
+            Err(source) => return Err(UninstallError::List { what, source }),
+        }
+    }
+    report.objects = carrying(metas, keys::CLEANUP_FINALIZER);
+    Ok(report)
+}
+
+/// Release one object's finalizer under the manager that added it.
+async fn release(
+    client: &Client,
+    k: &KindReport,
+    o: &ObjectReport,
+) -> Result<Outcome, kube::Error> {
+    let api: Api<DynamicObject> = match &o.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &k.ar),
+        None => Api::all_with(client.clone(), &k.ar),
+    };
+    // The uid makes an apply to an object deleted (or replaced) since it was listed fail instead
+    // of creating a new one.
+    let mut metadata = json!({"name": o.name, "uid": o.uid, "finalizers": []});
+    if let Some(ns) = &o.namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    let body = json!({"apiVersion": k.ar.api_version, "kind": k.ar.kind, "metadata": metadata});
+    match crate::pass::finalizer::release(&api, &o.name, &body, &k.manager, &k.finalizer).await {
+        Ok(()) => Ok(Outcome::Released),
+        Err(e) => match api.get_metadata_opt(&o.name).await {
+            Ok(None) => Ok(Outcome::Gone),
+            Ok(Some(m))
+                if m.uid().as_deref() != Some(o.uid.as_str())
+                    || !m.finalizers().contains(&k.finalizer) =>
+            {
+                Ok(Outcome::Gone)
+            }
+            _ => Err(e),
+        },
+    }
+}
+
+/// What to delete afterwards, in order (docs/operations.md, "Uninstall").
+fn next_steps() -> Vec<String> {
+    [
+        "kubectl delete cronjobs,jobs -n kbind-system -l app.kubernetes.io/name=kbind",
+        "kubectl delete cronjobs,jobs -n kbind-relsync -l app.kubernetes.io/name=kbind",
+        "kubectl delete clusterroles,clusterrolebindings -l app.kubernetes.io/name=kbind",
+        "kbind crds | kubectl delete -f -",
+        "kubectl delete namespace kbind-system kbind-relsync",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The report as asked: text on a terminal, one JSON line otherwise (as every pass's summary).
+pub fn render(r: &Report, format: Option<OutputFormat>, is_tty: bool) -> String {
+    let format = format.unwrap_or(if is_tty {
+        OutputFormat::Text
+    } else {
+        OutputFormat::Json
+    });
+    match format {
+        OutputFormat::Json => serde_json::to_string(r).unwrap_or_default(),
+        OutputFormat::Yaml => serde_saphyr::to_string(r).unwrap_or_default(),
+        OutputFormat::Text => render_text(r),
+    }
+}
+
+fn render_text(r: &Report) -> String {
+    let mut out = String::new();
+    if r.dry_run {
+        out.push_str(
+            "kbind uninstall: dry run, nothing changed. With the kbind CronJobs suspended or \
+             deleted, run `kbind uninstall --yes` to release.\n",
+        );
+    }
+    for h in &r.leases_held {
+        let _ = writeln!(
+            out,
+            "warning: pass Lease {}/{} is held by {} (renewed {}){}",
+            h.namespace,
+            h.name,
+            h.holder,
+            h.renewed.as_deref().unwrap_or("never"),
+            if r.dry_run {
+                ": --yes refuses until it ends"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(e) = &r.lease_check_error {
+        let _ = writeln!(out, "warning: the pass Leases could not be checked: {e}");
+    }
+    let synced = |k: &&KindReport| k.finalizer == keys::SYNCER_FINALIZER;
+    let quiet = r
+        .kinds
+        .iter()
+        .filter(synced)
+        .filter(|k| k.skipped.is_none() && k.objects.is_empty())
+        .count();
+    let _ = writeln!(
+        out,
+        "{} kinds kbind manages checked ({quiet} without {})",
+        r.kinds.iter().filter(synced).count(),
+        keys::SYNCER_FINALIZER
+    );
+    for k in &r.kinds {
+        if synced(&k) && k.skipped.is_none() && k.objects.is_empty() {
+            continue;
+        }
+        if let Some(why) = &k.skipped {
+            let _ = writeln!(out, "{} ({}): skipped, {why}", k.kind, k.resource);
+            continue;
+        }
+        let tally = if r.dry_run {
+            format!("{} to release", k.found)
+        } else {
+            format!(
+                "{} found, {} released, {} failed",
+                k.found, k.released, k.failed
+            )
+        };
+        let _ = writeln!(out, "{} ({}) {}: {tally}", k.kind, k.resource, k.finalizer);
+        for o in &k.objects {
+            let verb = match o.outcome {
+                Outcome::WouldRelease => "would release",
+                Outcome::Released => "released",
+                Outcome::Gone => "gone",
+                Outcome::Failed => "FAILED",
+            };
+            let _ = writeln!(
+                out,
+                "  {verb} {}{}{}",
+                o.key(),
+                if o.deleting { " (deleting)" } else { "" },
+                o.error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if r.dry_run {
+        let _ = writeln!(out, "total: {} to release", r.found);
+    } else {
+        let _ = writeln!(
+            out,
+            "total: {} found, {} released, {} failed",
+            r.found, r.released, r.failed
+        );
+    }
+    out.push_str("Then delete kbind in this order (docs/operations.md, \"Uninstall\"):\n");
+    for n in &r.next {
+        let _ = writeln!(out, "  {n}");
+    }
+    out.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pass_leases_count() {
+        for yes in [
+            "kbind-schema",
+            "kbind-resync",
+            "kbind-claims",
+            "kbind-relsync",
+            "kbind-resync-0-of-4",
+            "kbind-schema-12-of-16",
+        ] {
+            assert!(is_pass_lease(yes), "{yes}");
+        }
+        for no in [
+            "consumer-1234",
+            "kbind-status",
+            "kbind-resync-",
+            "kbind-resync-a-of-4",
+            "kbind-resync-1-of-",
+            "kbind-resyncx",
+            "kbind-resync-0-of-4-x",
+            "schema",
+        ] {
+            assert!(!is_pass_lease(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn managers_are_the_ones_that_added_the_finalizers() {
+        assert_eq!(
+            kind_report::<Connection>(keys::CLEANUP_FINALIZER, "schema").manager,
+            "kbind-schema-finalizer"
+        );
+        assert_eq!(
+            kind_report::<RelationshipSource>(relsync_api::CLEANUP_FINALIZER, "relsync").manager,
+            crate::relsync::cleanup::manager(&keys::field_manager("relsync"))
+        );
+        assert_eq!(resource_of::<Secret>(), "secrets");
+        assert_eq!(resource_of::<Binding>(), "bindings.core.kbind.io");
+    }
+}
