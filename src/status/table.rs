@@ -1,0 +1,263 @@
+//! The `kbind status` table: one block per kind, kubectl-like columns.
+
+use super::*;
+
+pub(super) const MESSAGE_WIDTH: usize = 72;
+
+/// The report as kubectl-like tables, one per kind, headed `Kind.group`.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    for k in &report.kinds {
+        if !k.installed {
+            out.push_str(&format!(
+                "{}.{}: not installed on this cluster (skipped)\n\n",
+                k.kind, k.group
+            ));
+            continue;
+        }
+        out.push_str(&format!("{}.{}\n", k.kind, k.group));
+        if k.items.is_empty() {
+            out.push_str("No resources found.\n\n");
+            continue;
+        }
+        let namespaced = k.items.iter().any(|i| i.namespace.is_some());
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        let mut header: Vec<&str> = Vec::new();
+        if namespaced {
+            header.push("NAMESPACE");
+        }
+        header.push("NAME");
+        let lead_columns = header.len();
+        for i in &k.items {
+            let mut lead = Vec::new();
+            if namespaced {
+                lead.push(i.namespace.clone().unwrap_or_default());
+            }
+            lead.push(i.name.clone());
+            let ready = i.ready.clone().unwrap_or_else(|| "-".into());
+            let why = reason_cell(i);
+            match &i.facts {
+                Facts::Connection {
+                    connected,
+                    exported_apis,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["READY", "CONNECTED", "EXPORTS", "REASON"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![ready, connected.clone(), exported_apis.to_string(), why],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::Binding { connection, apis } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &[
+                            "CONNECTION",
+                            "READY",
+                            "API",
+                            "IN-SYNC",
+                            "PENDING",
+                            "CONFLICTS",
+                            "ORPHANED",
+                            "DENIED",
+                            "REJECTED",
+                            "REASON",
+                        ],
+                    );
+                    if apis.is_empty() {
+                        let dash = || "-".to_string();
+                        rows.push(
+                            [
+                                lead.clone(),
+                                vec![connection.clone(), ready.clone(), dash()],
+                                vec![dash(); 6],
+                                vec![why.clone()],
+                            ]
+                            .concat(),
+                        );
+                    }
+                    for a in apis {
+                        rows.push(
+                            [
+                                lead.clone(),
+                                vec![connection.clone(), ready.clone(), a.name.clone()],
+                                [
+                                    a.in_sync,
+                                    a.pending,
+                                    a.conflicts,
+                                    a.orphaned,
+                                    a.denied,
+                                    a.rejected,
+                                ]
+                                .iter()
+                                .map(i64::to_string)
+                                .collect(),
+                                vec![why.clone()],
+                            ]
+                            .concat(),
+                        );
+                    }
+                }
+                Facts::CatalogEntry {
+                    export,
+                    bindings_checked,
+                    bindings_updated,
+                    missing_on_export,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["READY", "EXPORT", "CHECKED", "UPDATED", "MISSING", "REASON"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                ready,
+                                export.clone(),
+                                bindings_checked.to_string(),
+                                bindings_updated.to_string(),
+                                missing_on_export.to_string(),
+                                why,
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::RelationshipSource {
+                    source_kind,
+                    last_sync_time,
+                    enum_complete,
+                    resume_after,
+                    scopes_processed,
+                    scope_errors,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &[
+                            "KIND",
+                            "READY",
+                            "LAST-SYNC",
+                            "CYCLE",
+                            "SCOPES",
+                            "ERRORS",
+                            "REASON",
+                        ],
+                    );
+                    let cycle = if *enum_complete {
+                        "complete".to_string()
+                    } else if resume_after.is_empty() {
+                        "started".to_string()
+                    } else {
+                        format!("after {resume_after}")
+                    };
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                source_kind.clone(),
+                                ready,
+                                last_sync_time.clone().unwrap_or_else(|| "-".into()),
+                                cycle,
+                                scopes_processed.to_string(),
+                                scope_errors.to_string(),
+                                why,
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+                Facts::Grant {
+                    workspace,
+                    provider,
+                    compositions,
+                } => {
+                    header_once(
+                        &mut header,
+                        lead_columns,
+                        &["WORKSPACE", "PROVIDER", "COMPOSITIONS"],
+                    );
+                    rows.push(
+                        [
+                            lead,
+                            vec![
+                                workspace.clone(),
+                                provider.clone(),
+                                compositions.to_string(),
+                            ],
+                        ]
+                        .concat(),
+                    );
+                }
+            }
+        }
+        let header: Vec<String> = header.into_iter().map(String::from).collect();
+        out.push_str(&columns(&header, &rows));
+        out.push('\n');
+    }
+    out.push_str(if report.ready {
+        "All kbind resources are Ready.\n"
+    } else {
+        "Some kbind resources are not Ready (exit code 3).\n"
+    });
+    out
+}
+
+/// The kind's own columns after NAMESPACE and NAME, added by its first row.
+fn header_once(header: &mut Vec<&'static str>, lead_columns: usize, cols: &[&'static str]) {
+    if header.len() == lead_columns {
+        header.extend_from_slice(cols);
+    }
+}
+
+/// `Reason: message`, on one line and cut to [`MESSAGE_WIDTH`] characters.
+pub(super) fn reason_cell(i: &Item) -> String {
+    if i.reason.is_empty() && i.message.is_empty() {
+        return String::new();
+    }
+    let one_line = i.message.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = match (i.reason.is_empty(), one_line.is_empty()) {
+        (false, false) => format!("{}: {one_line}", i.reason),
+        (false, true) => i.reason.clone(),
+        _ => one_line,
+    };
+    if text.chars().count() > MESSAGE_WIDTH {
+        let cut: String = text.chars().take(MESSAGE_WIDTH - 1).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+/// Left-aligned columns three spaces apart, as kubectl prints them; the last column unpadded.
+fn columns(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut width = vec![0; header.len()];
+    for r in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
+        let last = r.len().saturating_sub(1);
+        let mut line = String::new();
+        for (i, (cell, w)) in r.iter().zip(&width).enumerate() {
+            if i == last {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}   "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}

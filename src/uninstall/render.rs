@@ -1,0 +1,120 @@
+//! What `kbind uninstall` prints: the report as text, JSON or YAML, and the next steps.
+
+use super::*;
+
+pub(super) fn next_steps() -> Vec<String> {
+    [
+        "kubectl delete cronjobs,jobs -n kbind-system -l app.kubernetes.io/name=kbind",
+        "kubectl delete cronjobs,jobs -n kbind-relsync -l app.kubernetes.io/name=kbind",
+        "kubectl delete clusterroles,clusterrolebindings -l app.kubernetes.io/name=kbind",
+        "kbind crds | kubectl delete -f -",
+        "kubectl delete namespace kbind-system kbind-relsync",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The report as asked: text on a terminal, one JSON line otherwise (as every pass's summary).
+pub fn render(r: &Report, format: Option<OutputFormat>, is_tty: bool) -> String {
+    let format = format.unwrap_or(if is_tty {
+        OutputFormat::Text
+    } else {
+        OutputFormat::Json
+    });
+    match format {
+        OutputFormat::Json => serde_json::to_string(r).unwrap_or_default(),
+        OutputFormat::Yaml => serde_saphyr::to_string(r).unwrap_or_default(),
+        OutputFormat::Text => render_text(r),
+    }
+}
+
+fn render_text(r: &Report) -> String {
+    let mut out = String::new();
+    if r.dry_run {
+        out.push_str(
+            "kbind uninstall: dry run, nothing changed. With the kbind CronJobs suspended or \
+             deleted, run `kbind uninstall --yes` to release.\n",
+        );
+    }
+    for h in &r.leases_held {
+        let _ = writeln!(
+            out,
+            "warning: pass Lease {}/{} is held by {} (renewed {}){}",
+            h.namespace,
+            h.name,
+            h.holder,
+            h.renewed.as_deref().unwrap_or("never"),
+            if r.dry_run {
+                ": --yes refuses until it ends"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(e) = &r.lease_check_error {
+        let _ = writeln!(out, "warning: the pass Leases could not be checked: {e}");
+    }
+    let synced = |k: &&KindReport| k.finalizer == keys::SYNCER_FINALIZER;
+    let quiet = r
+        .kinds
+        .iter()
+        .filter(synced)
+        .filter(|k| k.skipped.is_none() && k.objects.is_empty())
+        .count();
+    let _ = writeln!(
+        out,
+        "{} kinds kbind manages checked ({quiet} without {})",
+        r.kinds.iter().filter(synced).count(),
+        keys::SYNCER_FINALIZER
+    );
+    for k in &r.kinds {
+        if synced(&k) && k.skipped.is_none() && k.objects.is_empty() {
+            continue;
+        }
+        if let Some(why) = &k.skipped {
+            let _ = writeln!(out, "{} ({}): skipped, {why}", k.kind, k.resource);
+            continue;
+        }
+        let tally = if r.dry_run {
+            format!("{} to release", k.found)
+        } else {
+            format!(
+                "{} found, {} released, {} failed",
+                k.found, k.released, k.failed
+            )
+        };
+        let _ = writeln!(out, "{} ({}) {}: {tally}", k.kind, k.resource, k.finalizer);
+        for o in &k.objects {
+            let verb = match o.outcome {
+                Outcome::WouldRelease => "would release",
+                Outcome::Released => "released",
+                Outcome::Gone => "gone",
+                Outcome::Failed => "FAILED",
+            };
+            let _ = writeln!(
+                out,
+                "  {verb} {}{}{}",
+                o.key(),
+                if o.deleting { " (deleting)" } else { "" },
+                o.error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if r.dry_run {
+        let _ = writeln!(out, "total: {} to release", r.found);
+    } else {
+        let _ = writeln!(
+            out,
+            "total: {} found, {} released, {} failed",
+            r.found, r.released, r.failed
+        );
+    }
+    out.push_str("Then delete kbind in this order (docs/operations.md, \"Uninstall\"):\n");
+    for n in &r.next {
+        let _ = writeln!(out, "  {n}");
+    }
+    out.trim_end().to_string()
+}
