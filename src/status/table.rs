@@ -36,168 +36,9 @@ pub fn table(report: &Report) -> String {
             lead.push(i.name.clone());
             let ready = i.ready.clone().unwrap_or_else(|| "-".into());
             let why = reason_cell(i);
-            match &i.facts {
-                Facts::Connection {
-                    connected,
-                    exported_apis,
-                } => {
-                    header_once(
-                        &mut header,
-                        lead_columns,
-                        &["READY", "CONNECTED", "EXPORTS", "REASON"],
-                    );
-                    rows.push(
-                        [
-                            lead,
-                            vec![ready, connected.clone(), exported_apis.to_string(), why],
-                        ]
-                        .concat(),
-                    );
-                }
-                Facts::Binding { connection, apis } => {
-                    header_once(
-                        &mut header,
-                        lead_columns,
-                        &[
-                            "CONNECTION",
-                            "READY",
-                            "API",
-                            "IN-SYNC",
-                            "PENDING",
-                            "CONFLICTS",
-                            "ORPHANED",
-                            "DENIED",
-                            "REJECTED",
-                            "REASON",
-                        ],
-                    );
-                    if apis.is_empty() {
-                        let dash = || "-".to_string();
-                        rows.push(
-                            [
-                                lead.clone(),
-                                vec![connection.clone(), ready.clone(), dash()],
-                                vec![dash(); 6],
-                                vec![why.clone()],
-                            ]
-                            .concat(),
-                        );
-                    }
-                    for a in apis {
-                        rows.push(
-                            [
-                                lead.clone(),
-                                vec![connection.clone(), ready.clone(), a.name.clone()],
-                                [
-                                    a.in_sync,
-                                    a.pending,
-                                    a.conflicts,
-                                    a.orphaned,
-                                    a.denied,
-                                    a.rejected,
-                                ]
-                                .iter()
-                                .map(i64::to_string)
-                                .collect(),
-                                vec![why.clone()],
-                            ]
-                            .concat(),
-                        );
-                    }
-                }
-                Facts::CatalogEntry {
-                    export,
-                    bindings_checked,
-                    bindings_updated,
-                    missing_on_export,
-                } => {
-                    header_once(
-                        &mut header,
-                        lead_columns,
-                        &["READY", "EXPORT", "CHECKED", "UPDATED", "MISSING", "REASON"],
-                    );
-                    rows.push(
-                        [
-                            lead,
-                            vec![
-                                ready,
-                                export.clone(),
-                                bindings_checked.to_string(),
-                                bindings_updated.to_string(),
-                                missing_on_export.to_string(),
-                                why,
-                            ],
-                        ]
-                        .concat(),
-                    );
-                }
-                Facts::RelationshipSource {
-                    source_kind,
-                    last_sync_time,
-                    enum_complete,
-                    resume_after,
-                    scopes_processed,
-                    scope_errors,
-                } => {
-                    header_once(
-                        &mut header,
-                        lead_columns,
-                        &[
-                            "KIND",
-                            "READY",
-                            "LAST-SYNC",
-                            "CYCLE",
-                            "SCOPES",
-                            "ERRORS",
-                            "REASON",
-                        ],
-                    );
-                    let cycle = if *enum_complete {
-                        "complete".to_string()
-                    } else if resume_after.is_empty() {
-                        "started".to_string()
-                    } else {
-                        format!("after {resume_after}")
-                    };
-                    rows.push(
-                        [
-                            lead,
-                            vec![
-                                source_kind.clone(),
-                                ready,
-                                last_sync_time.clone().unwrap_or_else(|| "-".into()),
-                                cycle,
-                                scopes_processed.to_string(),
-                                scope_errors.to_string(),
-                                why,
-                            ],
-                        ]
-                        .concat(),
-                    );
-                }
-                Facts::Grant {
-                    workspace,
-                    provider,
-                    compositions,
-                } => {
-                    header_once(
-                        &mut header,
-                        lead_columns,
-                        &["WORKSPACE", "PROVIDER", "COMPOSITIONS"],
-                    );
-                    rows.push(
-                        [
-                            lead,
-                            vec![
-                                workspace.clone(),
-                                provider.clone(),
-                                compositions.to_string(),
-                            ],
-                        ]
-                        .concat(),
-                    );
-                }
-            }
+            let (cols, cells) = kind_cells(&i.facts, ready, why);
+            header_once(&mut header, lead_columns, cols);
+            rows.extend(cells.into_iter().map(|c| [lead.clone(), c].concat()));
         }
         let header: Vec<String> = header.into_iter().map(String::from).collect();
         out.push_str(&columns(&header, &rows));
@@ -209,6 +50,139 @@ pub fn table(report: &Report) -> String {
         "Some kbind resources are not Ready (exit code 3).\n"
     });
     out
+}
+
+/// A kind's own columns (after NAMESPACE and NAME) and the cells of one object's rows: one row,
+/// or one per bound API for a binding.
+fn kind_cells(
+    facts: &Facts,
+    ready: String,
+    why: String,
+) -> (&'static [&'static str], Vec<Vec<String>>) {
+    match facts {
+        Facts::Connection {
+            connected,
+            exported_apis,
+        } => (
+            &["READY", "CONNECTED", "EXPORTS", "REASON"],
+            vec![vec![
+                ready,
+                connected.clone(),
+                exported_apis.to_string(),
+                why,
+            ]],
+        ),
+        Facts::Binding { connection, apis } => {
+            let cols: &'static [&'static str] = &[
+                "CONNECTION",
+                "READY",
+                "API",
+                "IN-SYNC",
+                "PENDING",
+                "CONFLICTS",
+                "ORPHANED",
+                "DENIED",
+                "REJECTED",
+                "REASON",
+            ];
+            if apis.is_empty() {
+                let dash = || "-".to_string();
+                let row = [
+                    vec![connection.clone(), ready, dash()],
+                    vec![dash(); 6],
+                    vec![why],
+                ]
+                .concat();
+                return (cols, vec![row]);
+            }
+            let rows = apis
+                .iter()
+                .map(|a| {
+                    [
+                        vec![connection.clone(), ready.clone(), a.name.clone()],
+                        [
+                            a.in_sync,
+                            a.pending,
+                            a.conflicts,
+                            a.orphaned,
+                            a.denied,
+                            a.rejected,
+                        ]
+                        .iter()
+                        .map(i64::to_string)
+                        .collect(),
+                        vec![why.clone()],
+                    ]
+                    .concat()
+                })
+                .collect();
+            (cols, rows)
+        }
+        Facts::CatalogEntry {
+            export,
+            bindings_checked,
+            bindings_updated,
+            missing_on_export,
+        } => (
+            &["READY", "EXPORT", "CHECKED", "UPDATED", "MISSING", "REASON"],
+            vec![vec![
+                ready,
+                export.clone(),
+                bindings_checked.to_string(),
+                bindings_updated.to_string(),
+                missing_on_export.to_string(),
+                why,
+            ]],
+        ),
+        Facts::RelationshipSource {
+            source_kind,
+            last_sync_time,
+            enum_complete,
+            resume_after,
+            scopes_processed,
+            scope_errors,
+        } => {
+            let cycle = if *enum_complete {
+                "complete".to_string()
+            } else if resume_after.is_empty() {
+                "started".to_string()
+            } else {
+                format!("after {resume_after}")
+            };
+            (
+                &[
+                    "KIND",
+                    "READY",
+                    "LAST-SYNC",
+                    "CYCLE",
+                    "SCOPES",
+                    "ERRORS",
+                    "REASON",
+                ],
+                vec![vec![
+                    source_kind.clone(),
+                    ready,
+                    last_sync_time.clone().unwrap_or_else(|| "-".into()),
+                    cycle,
+                    scopes_processed.to_string(),
+                    scope_errors.to_string(),
+                    why,
+                ]],
+            )
+        }
+        Facts::Grant {
+            workspace,
+            provider,
+            compositions,
+        } => (
+            &["WORKSPACE", "PROVIDER", "COMPOSITIONS"],
+            vec![vec![
+                workspace.clone(),
+                provider.clone(),
+                compositions.to_string(),
+            ]],
+        ),
+    }
 }
 
 /// The kind's own columns after NAMESPACE and NAME, added by its first row.
