@@ -85,38 +85,7 @@ fn kind_cells(
                 "REJECTED",
                 "REASON",
             ];
-            if apis.is_empty() {
-                let dash = || "-".to_string();
-                let row = [
-                    vec![connection.clone(), ready, dash()],
-                    vec![dash(); 6],
-                    vec![why],
-                ]
-                .concat();
-                return (cols, vec![row]);
-            }
-            let rows = apis
-                .iter()
-                .map(|a| {
-                    [
-                        vec![connection.clone(), ready.clone(), a.name.clone()],
-                        [
-                            a.in_sync,
-                            a.pending,
-                            a.conflicts,
-                            a.orphaned,
-                            a.denied,
-                            a.rejected,
-                        ]
-                        .iter()
-                        .map(i64::to_string)
-                        .collect(),
-                        vec![why.clone()],
-                    ]
-                    .concat()
-                })
-                .collect();
-            (cols, rows)
+            (cols, binding_rows(connection, apis, ready, why))
         }
         Facts::CatalogEntry {
             export,
@@ -183,6 +152,45 @@ fn kind_cells(
             ]],
         ),
     }
+}
+
+/// A binding's rows: one per bound API, or one row of dashes when it binds none yet.
+fn binding_rows(
+    connection: &str,
+    apis: &[ApiCounts],
+    ready: String,
+    why: String,
+) -> Vec<Vec<String>> {
+    if apis.is_empty() {
+        let dash = || "-".to_string();
+        let row = [
+            vec![connection.to_string(), ready, dash()],
+            vec![dash(); 6],
+            vec![why],
+        ]
+        .concat();
+        return vec![row];
+    }
+    apis.iter()
+        .map(|a| {
+            [
+                vec![connection.to_string(), ready.clone(), a.name.clone()],
+                [
+                    a.in_sync,
+                    a.pending,
+                    a.conflicts,
+                    a.orphaned,
+                    a.denied,
+                    a.rejected,
+                ]
+                .iter()
+                .map(i64::to_string)
+                .collect(),
+                vec![why.clone()],
+            ]
+            .concat()
+        })
+        .collect()
 }
 
 /// The kind's own columns after NAMESPACE and NAME, added by its first row.
