@@ -99,36 +99,18 @@ where
     let mut guard = None;
     let mut lease_writes = 0;
     if !dry_run {
-        let ns = args.lease_namespace();
-        let name = lease_name(pass, &args);
-        // Renewed while the pass runs, so a killed run's Lease expires one duration later.
-        let secs = i32::try_from(args.lease_duration.as_secs()).unwrap_or(i32::MAX);
-        let holder = lease::holder_identity();
-        match lease::acquire(lease_client, &ns, &name, &holder, secs).await {
+        match take_lease(pass, &args, lease_client).await {
             Ok(Acquired::Held(g)) => {
                 lease_writes += 1;
-                if let Some(previous) = &g.taken_over {
-                    tracing::info!(lease = %name, %previous, "took over the pass Lease");
-                }
                 guard = Some(g);
             }
-            Ok(Acquired::HeldBy(holder)) => {
+            Ok(Acquired::HeldBy(message)) => {
                 let mut s = Summary::new(pass, dry_run);
                 s.outcome = Outcome::Skipped;
-                s.message = format!("Lease {ns}/{name} held by {holder}");
-                tracing::info!(lease = %name, %holder, "another run holds the pass Lease; skipping");
+                s.message = message;
                 return finish(s, 0, &counter, &budget);
             }
-            Err(e) if e.is_not_found() => {
-                let e = PassError::Config(format!(
-                    "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
-                ));
-                return fail(pass, dry_run, e, finish, &counter, &budget);
-            }
-            Err(e) => {
-                let e = PassError::kube(format!("taking Lease {ns}/{name}"), &e);
-                return fail(pass, dry_run, e, finish, &counter, &budget);
-            }
+            Err(e) => return fail(pass, dry_run, e, finish, &counter, &budget),
         }
     }
 
@@ -179,6 +161,38 @@ where
             finish(s, 0, &counter, &budget)
         }
         Err(e) => fail(pass, dry_run, e, finish, &counter, &budget),
+    }
+}
+
+/// Take the pass Lease `kbind-<pass>[-<i>-of-<n>]`, renewed later while the pass runs so a
+/// killed run's Lease expires one duration after its last renewal. `HeldBy` carries the
+/// summary message naming the live holder.
+async fn take_lease(
+    pass: &'static str,
+    args: &CommonArgs,
+    client: Client,
+) -> Result<Acquired, PassError> {
+    let ns = args.lease_namespace();
+    let name = lease_name(pass, args);
+    let secs = i32::try_from(args.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    let holder = lease::holder_identity();
+    match lease::acquire(client, &ns, &name, &holder, secs).await {
+        Ok(Acquired::Held(g)) => {
+            if let Some(previous) = &g.taken_over {
+                tracing::info!(lease = %name, %previous, "took over the pass Lease");
+            }
+            Ok(Acquired::Held(g))
+        }
+        Ok(Acquired::HeldBy(holder)) => {
+            tracing::info!(lease = %name, %holder, "another run holds the pass Lease; skipping");
+            Ok(Acquired::HeldBy(format!(
+                "Lease {ns}/{name} held by {holder}"
+            )))
+        }
+        Err(e) if e.is_not_found() => Err(PassError::Config(format!(
+            "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
+        ))),
+        Err(e) => Err(PassError::kube(format!("taking Lease {ns}/{name}"), &e)),
     }
 }
 
