@@ -170,3 +170,8 @@ done
 step "kbind relsync again: not due before its interval, nothing written"
 "${relsync[@]}"
 
+step "kbind status: every kbind resource on the consumer, read-only (exit 3 if something is not Ready)"
+"$kbind" status --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" || echo "(kbind status exit code $?)"
+
+step "kbind status on the hub: the catalog entry and the consent"
+"$kbind" status --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG" || echo "(kbind status exit code $?)"
