@@ -198,17 +198,7 @@ async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
     );
 
     let t = std::time::Instant::now();
-    let (code, summary, stderr) = support::kbind(&[
-        "schema",
-        "--kubeconfig",
-        &fx.env.consumer.to_string_lossy(),
-        "--lease-namespace",
-        &fx.ns,
-        "--selector",
-        &format!("kbind-test={}", fx.label),
-        "-o",
-        "json",
-    ]);
+    let (code, summary, stderr) = fx.try_pass("schema", &[]);
     assert_eq!(code, 0, "bad Secrets are conditions: {summary}\n{stderr}");
     assert!(
         t.elapsed() < std::time::Duration::from_secs(60),
@@ -319,18 +309,7 @@ async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_r
         .await
         .unwrap();
 
-    let (code, summary, stderr) = support::kbind_async(&[
-        "schema",
-        "--kubeconfig",
-        &fx.env.consumer.to_string_lossy(),
-        "--lease-namespace",
-        &fx.ns,
-        "--selector",
-        &format!("kbind-test={}", fx.label),
-        "-o",
-        "json",
-    ])
-    .await;
+    let (code, summary, stderr) = fx.try_pass_async("schema", &[]).await;
     assert_eq!(
         code, 0,
         "refused Secrets are conditions: {summary}\n{stderr}"
@@ -376,22 +355,18 @@ async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_r
     );
 
     // An operator may re-allow a field explicitly, and add a credential namespace.
-    let (code, summary, stderr) = support::kbind_async(&[
-        "schema",
-        "--kubeconfig",
-        &fx.env.consumer.to_string_lossy(),
-        "--lease-namespace",
-        &fx.ns,
-        "--credential-namespace",
-        &format!("{},{elsewhere}", fx.ns),
-        "--allow-kubeconfig-field",
-        "impersonation",
-        "--selector",
-        &format!("kbind-test={}", fx.label),
-        "-o",
-        "json",
-    ])
-    .await;
+    let namespaces = format!("{},{elsewhere}", fx.ns);
+    let (code, summary, stderr) = fx
+        .try_pass_async(
+            "schema",
+            &[
+                "--credential-namespace",
+                &namespaces,
+                "--allow-kubeconfig-field",
+                "impersonation",
+            ],
+        )
+        .await;
     assert_eq!(code, 0, "{summary}\n{stderr}");
     let st = fx.conn(&name).await.status.unwrap_or_default();
     assert_eq!(cond(&st.conditions, "SecretValid").0, "True");

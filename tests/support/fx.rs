@@ -140,6 +140,36 @@ impl Fx {
 
     /// Run pass `name` with the real binary, limited to this fixture's objects; it must exit 0.
     pub fn pass(&self, name: &str, extra: &[&str]) -> Value {
+        let (code, summary, stderr) = self.try_pass(name, extra);
+        assert_eq!(code, 0, "kbind {name} failed: {summary}\n{stderr}");
+        summary
+    }
+
+    /// [`Fx::try_pass`] off the async runtime's threads, for tests whose servers run on it.
+    pub async fn try_pass_async(&self, name: &str, extra: &[&str]) -> (i32, Value, String) {
+        support::kbind_async(
+            &self
+                .args(name, extra)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .await
+    }
+
+    /// Run pass `name` like [`Fx::pass`], whatever its exit code: (code, summary, stderr).
+    pub fn try_pass(&self, name: &str, extra: &[&str]) -> (i32, Value, String) {
+        support::kbind(
+            &self
+                .args(name, extra)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The command line of pass `name` limited to this fixture's objects, then `extra`.
+    fn args(&self, name: &str, extra: &[&str]) -> Vec<String> {
         let selector = format!("kbind-test={}", self.label);
         let kc = self.env.consumer.to_string_lossy().to_string();
         let mut args = vec![
@@ -154,9 +184,7 @@ impl Fx {
             "json",
         ];
         args.extend_from_slice(extra);
-        let (code, summary, stderr) = support::kbind(&args);
-        assert_eq!(code, 0, "kbind {name} failed: {summary}\n{stderr}");
-        summary
+        args.into_iter().map(String::from).collect()
     }
 
     pub async fn conn(&self, name: &str) -> Connection {
