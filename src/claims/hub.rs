@@ -322,4 +322,34 @@ mod tests {
             assert_eq!(got.to_string().trim_end_matches('/'), want, "{url}");
         }
     }
+
+    /// A hub handing out a continue token on every APIBinding page is cut off at the shared
+    /// page cap (docs/hostile-inputs.md), with an error naming it, instead of holding the pass.
+    #[tokio::test]
+    async fn endless_apibinding_pages_stop_at_the_page_cap() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut served = 0usize;
+            while let Some((_, send)) = handle.next_request().await {
+                served += 1;
+                let page = serde_json::json!({"apiVersion": "apis.kcp.io/v1alpha2",
+                    "kind": "APIBindingList",
+                    "metadata": {"continue": format!("page-{served}")}, "items": []});
+                send.send_response(Response::new(Body::from(page.to_string().into_bytes())));
+            }
+            served
+        });
+        let hub = Hub::Single {
+            client: Client::new(mock, "default"),
+            cluster_name: "hub".into(),
+        };
+        // Without the cap the listing never ends: fail instead of hanging.
+        let listed = tokio::time::timeout(std::time::Duration::from_secs(120), hub.list_bindings());
+        let err = listed.await.expect("listing never stopped").unwrap_err();
+        assert!(err.to_string().contains("more than 10000 pages"), "{err}");
+        drop(hub);
+        assert_eq!(server.await.unwrap(), crate::pass::list::MAX_PAGES);
+    }
 }
