@@ -826,6 +826,10 @@ async fn a_pass_killed_or_terminated_at_any_moment_converges_on_the_next_run() {
 /// `kbind-relsync` of `sa_namespace`.
 async fn grant_credentials(rx: &Rx, ns: &str, sa_namespace: &str) {
     use k8s_openapi::api::rbac::v1::RoleBinding;
+    // The ClusterRole the RoleBinding names ships in deploy/rbac/relsync.yaml: apply it here, so
+    // no test depends on another having installed it first (server-side apply: idempotent).
+    rx.kubectl_apply("deploy/namespace.yaml");
+    rx.kubectl_apply("deploy/rbac/relsync.yaml");
     let mut rb = support::identity::rbac_documents("deploy/rbac/relsync-credentials-example.yaml")
         .into_iter()
         .find(|d| d["kind"] == "RoleBinding")

@@ -98,21 +98,7 @@ impl Rx {
 
     /// An AgentIdentity `agent` with one credential `cred` (Secret `cred`, key `token`).
     pub async fn identity(&self, cred: &str, token: &str, allowed_hosts: &[&str]) {
-        self.secret(cred, token).await;
-        let id: AgentIdentity = serde_json::from_value(json!({
-            "apiVersion": "agentprimitives.authzed.com/v1alpha1", "kind": "AgentIdentity",
-            "metadata": {"name": "agent", "namespace": self.ns},
-            "spec": {"credentials": [{"name": cred, "secretRef": {"name": cred, "key": "token"}, "allowedHosts": allowed_hosts}]}
-        }))
-        .unwrap();
-        Api::<AgentIdentity>::namespaced(self.client.clone(), &self.ns)
-            .patch(
-                "agent",
-                &PatchParams::apply("test").force(),
-                &Patch::Apply(&id),
-            )
-            .await
-            .unwrap();
+        self.identity_with(&[(cred, token, allowed_hosts)]).await;
     }
 
     /// An AgentIdentity `agent` with these credentials: (name, token, allowedHosts), each in
