@@ -4,7 +4,9 @@
 //! provider: a cold pass, then an unchanged pass. Baseline, in the same run: the pass's
 //! unavoidable data writes (creating N×M consumer CRDs) issued directly, sequentially, with a
 //! plain client — once before kbind's pass and once after, since a CRD create gets slower as
-//! the apiserver holds more CRDs.
+//! the apiserver holds more CRDs — and a parallel baseline after those, `BENCH_CONCURRENCY` creates
+//! at a time (kbind runs with the same `--write-concurrency`). `BENCH_LATENCY=5ms` sends kbind's
+//! and the baselines' requests through a loopback proxy adding that delay.
 //! Prints figures; asserts nothing about time.
 
 mod common;
@@ -32,8 +34,9 @@ fn crd(group: &str, plural: &str, exported: bool) -> CustomResourceDefinition {
     serde_json::from_value(v).expect("crd")
 }
 
-fn kbind(consumer: &str) -> Value {
-    common::kbind(&[
+fn kbind(consumer: &str, workers: usize, flags: &[String]) -> Value {
+    let wc = workers.to_string();
+    let mut args: Vec<String> = [
         "schema",
         "--kubeconfig",
         consumer,
@@ -43,10 +46,16 @@ fn kbind(consumer: &str) -> Value {
         "json",
         "--deadline",
         "60m",
-    ])
+        "--write-concurrency",
+        &wc,
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(flags.iter().cloned());
+    common::kbind(&args)
 }
 
-use common::{client, env};
+use common::{client, concurrency, env, latency, link};
 
 #[tokio::main]
 async fn main() {
@@ -63,7 +72,15 @@ async fn main() {
     let provider_path = env("KBIND_TEST_PROVIDER_KUBECONFIG");
     let consumer = client(&consumer_path).await;
     let provider = client(&provider_path).await;
-    println!("bench schema: {n} Connections x {m} APIs = {} CRDs", n * m);
+    let (delay, workers) = (latency(), concurrency());
+    let (cl, pl) = (
+        link(&consumer_path, delay).await,
+        link(&provider_path, delay).await,
+    );
+    println!(
+        "bench schema: {n} Connections x {m} APIs = {} CRDs; latency {delay:?} per request; concurrency {workers}",
+        n * m
+    );
 
     // Setup (not measured): provider exports, kbind CRDs, Secret, Connections, ClusterBindings.
     let t = Instant::now();
@@ -101,7 +118,7 @@ async fn main() {
         .expect("ns");
     let secret: k8s_openapi::api::core::v1::Secret =
         serde_json::from_value(json!({"metadata": {"name": "provider"},
-        "stringData": {"kubeconfig": std::fs::read_to_string(&provider_path).unwrap()}}))
+        "stringData": {"kubeconfig": pl.text.clone()}}))
         .unwrap();
     Api::namespaced(consumer.clone(), "bench")
         .create(&PostParams::default(), &secret)
@@ -127,7 +144,9 @@ async fn main() {
     }
     println!("setup: {:.1}s", t.elapsed().as_secs_f64());
 
-    // Baseline: the same number of consumer CRD creates, directly and sequentially.
+    // Baseline: the same number of consumer CRD creates, directly and sequentially, through the
+    // same route as kbind.
+    let ccrds: Api<CustomResourceDefinition> = Api::all(cl.client.clone());
     let t = Instant::now();
     for &(i, j) in &names {
         ccrds
@@ -140,8 +159,8 @@ async fn main() {
     }
     let baseline = t.elapsed().as_secs_f64();
 
-    let cold = kbind(&consumer_path);
-    let warm = kbind(&consumer_path);
+    let cold = kbind(&cl.path, workers, &pl.flags());
+    let warm = kbind(&cl.path, workers, &pl.flags());
     // A CRD create costs more the more CRDs the apiserver holds: a second baseline, after
     // kbind's, brackets the cold pass from the other side.
     let t = Instant::now();
@@ -155,6 +174,21 @@ async fn main() {
             .expect("baseline CRD");
     }
     let after = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    stream::iter(names.iter().copied())
+        .for_each_concurrent(workers, |(i, j)| {
+            let api = ccrds.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &crd(&format!("p{i}.par.kbind.io"), &format!("r{j}s"), false),
+                )
+                .await
+                .expect("parallel baseline CRD");
+            }
+        })
+        .await;
+    let parallel = t.elapsed().as_secs_f64();
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let mb = |v: &Value| f(v, "peak_rss_bytes") / 1_048_576.0;
     println!();
@@ -165,6 +199,7 @@ async fn main() {
     for (name, secs) in [
         ("baseline before (creates)", baseline),
         ("baseline after (creates)", after),
+        ("baseline parallel, last", parallel),
     ] {
         println!(
             "{name:<28} {secs:>10.2} {:>10} {:>12} {:>12} {:>10} {:>10}",
@@ -195,6 +230,10 @@ async fn main() {
         "ratio cold pass / baseline: {:.2} (before) .. {:.2} (after)",
         f(&cold, "duration_seconds") / baseline,
         f(&cold, "duration_seconds") / after
+    );
+    println!(
+        "ratio cold pass / parallel baseline ({workers} at a time, run last): {:.2}",
+        f(&cold, "duration_seconds") / parallel
     );
     println!(
         "unchanged pass data writes: {} (target 0)",

@@ -4,11 +4,20 @@
 #   hack/bench.sh resync        (BENCH_OBJECTS=10000 by default)
 #   hack/bench.sh claims        (BENCH_BINDINGS=5000 by default)
 #   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60 BENCH_CONCURRENCY=16)
+# resync, claims and schema also take BENCH_LATENCY (e.g. 5ms: every request kbind and the baselines send
+# goes through a loopback proxy adding that delay) and BENCH_CONCURRENCY (default 16: kbind's
+# --write-concurrency and the parallel baseline's workers); docs/performance.md has the figures.
+# BENCH_PROFILE=debug uses the debug build (no release build needed; slower per request).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}
 hack/build-servers.sh
-cargo build --release --quiet --bin kbind --example "bench_$what"
+profile=${BENCH_PROFILE:-release}
+case "$profile" in
+  release) cargo build --release --quiet --bin kbind --example "bench_$what" ;;
+  debug) cargo build --quiet --bin kbind --example "bench_$what" ;;
+  *) echo "BENCH_PROFILE: release or debug" >&2; exit 2 ;;
+esac
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-bench.XXXXXX")
 cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }
 trap cleanup EXIT
@@ -17,4 +26,4 @@ hack/testenv.sh up "$dir"
 # shellcheck disable=SC1091
 source "$dir/env"
 target=${CARGO_TARGET_DIR:-$PWD/target}
-KBIND_BIN=$target/release/kbind "$target/release/examples/bench_$what"
+KBIND_BIN=$target/$profile/kbind "$target/$profile/examples/bench_$what"

@@ -992,6 +992,9 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
             &s.ns,
             "--selector",
             &selector,
+            // One object at a time: write n is the same write on every run.
+            "--write-concurrency",
+            "1",
         ])
         .env(kbind::pass::crash::ENV, crash_after.to_string())
         .output()
@@ -1038,6 +1041,89 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
         );
     }
     tally.finish();
+}
+
+/// A cold pass writing 16 objects at a time, aborted after its 30th data write (other writes
+/// were in flight), then an ordinary run: every consumer object ends with exactly one provider
+/// copy, owned by it, with its spec; and the run after that writes nothing. Convergence only:
+/// which writes landed before the abort differs run to run at this concurrency.
+#[tokio::test]
+async fn a_concurrent_pass_killed_mid_flight_converges_on_the_next_run() {
+    const N: usize = 40;
+    let Some(s) = setup("resyncpar", "Fail").await else {
+        return;
+    };
+    for i in 0..N {
+        s.create(
+            &s.consumer(),
+            &format!("w{i}"),
+            json!({"spec": {"size": i}}),
+        )
+        .await;
+    }
+    let kc = s.fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", s.fx.label);
+    let out = support::kbind_command(&[
+        "resync",
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        &s.ns,
+        "--selector",
+        &selector,
+        "--write-concurrency",
+        "16",
+    ])
+    .env(kbind::pass::crash::ENV, "30")
+    .output()
+    .unwrap();
+    let (code, _, stderr) = support::outcome(out);
+    assert_ne!(code, 0, "aborted: {stderr}");
+    assert!(stderr.contains("reached"), "{stderr}");
+    let other = support::namespace(&s.fx.consumer, "resyncpar-rerun").await;
+    let rerun = |lease_ns: &str| {
+        support::kbind(&[
+            "resync",
+            "--kubeconfig",
+            &kc,
+            "--lease-namespace",
+            lease_ns,
+            "--credential-namespace",
+            &s.ns,
+            "--selector",
+            &selector,
+            "--write-concurrency",
+            "16",
+            "-o",
+            "json",
+        ])
+    };
+    let (code, summary, stderr) = rerun(&other);
+    assert_eq!(code, 0, "rerun: {summary}\n{stderr}");
+    let copies = s.provider().list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        copies.len(),
+        N,
+        "one provider copy per object, nothing else"
+    );
+    for i in 0..N {
+        let name = format!("w{i}");
+        let c = s.consumer().get(&name).await.unwrap();
+        assert!(
+            c.finalizers().iter().any(|f| f == "core.kbind.io/syncer"),
+            "{name}: finalizer"
+        );
+        let p = s.provider().get(&name).await.unwrap();
+        assert_eq!(p.data["spec"]["size"], i, "{name}: spec");
+        assert_eq!(
+            p.annotations().get("core.kbind.io/consumer-object-uid"),
+            c.uid().as_ref(),
+            "{name}: owned by its consumer object"
+        );
+    }
+    let (code, quiet, stderr) = rerun(&other);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(quiet["data_writes"], 0, "converged: {quiet}");
 }
 
 /// A finalizer kbind added that a GitOps tool also lists (its manifest was copied from the

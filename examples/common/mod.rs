@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
+use std::time::Duration;
+
+use kbind_testkit::faults::{FaultConfig, FaultProxy};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -22,9 +25,124 @@ pub async fn client(path: &str) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// `BENCH_LATENCY` (e.g. `5ms`, default 0): the round trip a loopback proxy adds to every
+/// request kbind and the baselines send (the setup goes straight to the servers).
+pub fn latency() -> Duration {
+    std::env::var("BENCH_LATENCY")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            kbind::pass::args::parse_duration(&v).expect("BENCH_LATENCY: a duration, e.g. 5ms")
+        })
+        .unwrap_or(Duration::ZERO)
+}
+
+/// `BENCH_CONCURRENCY` (default 16): kbind's `--write-concurrency` and the parallel baseline's
+/// workers.
+pub fn concurrency() -> usize {
+    std::env::var("BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(16)
+}
+
+/// A server as kbind and the baselines reach it: straight, or through a proxy adding
+/// [`latency`] to every request.
+pub struct Link {
+    /// Kubeconfig file to hand to kbind.
+    pub path: String,
+    /// Its text (for a Connection Secret).
+    pub text: String,
+    /// An admin client through the same route.
+    pub client: Client,
+    proxied: bool,
+}
+
+impl Link {
+    /// kbind's extra flags for a Connection Secret of this route (the proxy speaks plain HTTP).
+    pub fn flags(&self) -> Vec<String> {
+        if self.proxied {
+            vec!["--allow-kubeconfig-field".into(), "http".into()]
+        } else {
+            vec![]
+        }
+    }
+}
+
+/// The server of kubeconfig `path`, reached with `delay` added to every request.
+pub async fn link(path: &str, delay: Duration) -> Link {
+    let text = std::fs::read_to_string(path).expect("kubeconfig");
+    if delay.is_zero() {
+        return Link {
+            path: path.into(),
+            client: client(path).await,
+            text,
+            proxied: false,
+        };
+    }
+    let server = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server:"))
+        .map(|s| s.trim().to_string())
+        .expect("kubeconfig has a server");
+    // The proxy gets its own runtime and threads, so a baseline running on this process's
+    // runtime does not slow the proxy kbind goes through (nor the other way round).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("proxy runtime");
+        rt.block_on(async move {
+            let proxy = FaultProxy::start(&server, FaultConfig::latency(delay))
+                .await
+                .expect("latency proxy");
+            tx.send((proxy.url(), proxy.addr.port()))
+                .expect("proxy url");
+            std::future::pending::<()>().await
+        })
+    });
+    let (url, port) = rx.recv().expect("latency proxy started");
+    let via: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {url}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let file = std::env::temp_dir().join(format!(
+        "kbind-bench-{}-{}.kubeconfig",
+        std::process::id(),
+        port
+    ));
+    std::fs::write(&file, &via).expect("write kubeconfig");
+    let path = file.to_string_lossy().to_string();
+    Link {
+        client: client(&path).await,
+        path,
+        text: via,
+        proxied: true,
+    }
+}
+
 /// Run the release `kbind` (`KBIND_BIN`) and return its summary line. Logs go to stderr at
-/// `BENCH_LOG` (default `warn`).
+/// `BENCH_LOG` (default `warn`). The proxies of [`link`] run on this process's runtime: the wait
+/// for the child leaves them the other worker threads.
 pub fn kbind<S: AsRef<OsStr>>(args: &[S]) -> Value {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(|| kbind_blocking(args)),
+        Err(_) => kbind_blocking(args),
+    }
+}
+
+fn kbind_blocking<S: AsRef<OsStr>>(args: &[S]) -> Value {
     let bin = std::env::var("KBIND_BIN").unwrap_or_else(|_| "target/release/kbind".into());
     let out = std::process::Command::new(bin)
         .args(args)

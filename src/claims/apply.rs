@@ -17,6 +17,7 @@ use crate::api::kcp::{APIExport, ClaimState, PermissionClaim};
 use crate::api::providers::CatalogEntry;
 use crate::pass::StatusCode;
 use crate::pass::budget::Exhausted;
+use crate::pass::concurrency::InFlight;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary};
 use crate::scrub::scrub;
@@ -27,6 +28,8 @@ pub(super) struct Observed<'a> {
     pub hub: &'a Hub,
     pub grants: &'a Option<BTreeMap<GrantKey, Consent>>,
     pub core_identity: &'a CoreIdentity,
+    /// Bindings whose writes may be in flight at once (1 in a dry run: plans print in order).
+    pub write_concurrency: std::num::NonZeroUsize,
 }
 
 impl Observed<'_> {
@@ -56,6 +59,10 @@ impl Observed<'_> {
         let mut exhausted = None;
         let mut sorted: Vec<&&SlimBinding> = bindings.iter().collect();
         sorted.sort_by_key(|b| b.key());
+        // Up to --write-concurrency bindings' writes in flight; the budget and the cursor are
+        // decided as each binding starts, in key order, as one at a time would.
+        let mut flight = InFlight::new(self.write_concurrency);
+        let export_ref: &[PermissionClaim] = &export;
         for b in sorted {
             let key = b.key();
             if resume.as_ref().is_some_and(|r| key.as_str() <= r.as_str()) {
@@ -72,20 +79,40 @@ impl Observed<'_> {
             let desired = cache.entry(consent.clone()).or_insert_with(|| {
                 policy::desired(&name, &entry.spec.requires, &export, &own, consent.as_ref())
             });
-            match reconcile_binding(self.hub, b, desired, &export, false, writes, self.ctx).await {
-                Ok(Written::Updated(_)) => outcome.updated += 1,
-                Ok(Written::Unchanged) => {}
-                Ok(Written::OutOfBudget(why)) => {
+            let pending = match start_binding(b, desired, &export, false, writes, self.ctx) {
+                Started::Done(w) => {
+                    self.count_binding(entry, b, Ok(w), &mut outcome).await;
+                    outcome.checked += 1;
+                    last = Some(key);
+                    continue;
+                }
+                Started::OutOfBudget(why) => {
                     exhausted = Some(why);
                     break;
                 }
-                Err(e) => {
-                    outcome.failed += 1;
-                    warn_entry(self.ctx, entry, b, &e).await;
+                Started::Write(p) => p,
+            };
+            while !flight.has_room() {
+                if let Some((b, r, w)) = flight.next().await {
+                    writes.absorb(w);
+                    self.count_binding(entry, b, r, &mut outcome).await;
                 }
             }
+            let mut one = writes.for_one();
+            let desired = desired.clone();
+            flight.push(async move {
+                let r = finish_binding(
+                    self.hub, pending, &desired, export_ref, false, &mut one, self.ctx,
+                )
+                .await;
+                (*b, r, one)
+            });
             outcome.checked += 1;
             last = Some(key);
+        }
+        while let Some((b, r, w)) = flight.next().await {
+            writes.absorb(w);
+            self.count_binding(entry, b, r, &mut outcome).await;
         }
         if exhausted.is_some() {
             outcome.stopped_after = last.or(resume);
@@ -95,6 +122,24 @@ impl Observed<'_> {
         summary.count("failed", outcome.failed);
         summary.count("missingOnExport", outcome.missing_on_export.len() as i64);
         (outcome, exhausted)
+    }
+
+    /// Count one provider binding's result (a failure also gets its Event).
+    async fn count_binding(
+        &self,
+        entry: &CatalogEntry,
+        b: &SlimBinding,
+        r: Result<Written, HubError>,
+        outcome: &mut EntryOutcome,
+    ) {
+        match r {
+            Ok(Written::Updated(_)) => outcome.updated += 1,
+            Ok(Written::Unchanged | Written::OutOfBudget(_)) => {}
+            Err(e) => {
+                outcome.failed += 1;
+                warn_entry(self.ctx, entry, b, &e).await;
+            }
+        }
     }
 
     /// The entry's APIExport claims and the identities its requirements may carry, with the
@@ -214,24 +259,77 @@ pub(super) async fn reconcile_binding(
     writes: &mut Writes,
     ctx: &PassContext,
 ) -> Result<Written, HubError> {
-    let mut current = binding.clone();
-    let mut budgeted = false;
+    match start_binding(binding, desired, export, force, writes, ctx) {
+        Started::Done(w) => Ok(w),
+        Started::OutOfBudget(why) => Ok(Written::OutOfBudget(why)),
+        Started::Write(p) => finish_binding(hub, p, desired, export, force, writes, ctx).await,
+    }
+}
+
+/// A binding whose write is due, budget taken: what to write first.
+pub(super) struct PendingWrite {
+    current: SlimBinding,
+    merged: super::merge::Merged,
+}
+
+/// The first step of [`reconcile_binding`], without I/O, so a pass starting many bindings
+/// decides budget and dry-run output in binding order: nothing to do, out of budget, a dry run's
+/// planned write (recorded), or a write to make.
+pub(super) enum Started {
+    Done(Written),
+    OutOfBudget(Exhausted),
+    Write(PendingWrite),
+}
+
+pub(super) fn start_binding(
+    binding: &SlimBinding,
+    desired: &Desired,
+    export: &[PermissionClaim],
+    force: bool,
+    writes: &mut Writes,
+    ctx: &PassContext,
+) -> Started {
+    let marks = parse_placeholders(binding.placeholders.as_deref());
+    let merged = merge(&binding.claims, &marks, desired, export, force);
+    if !merged.changed {
+        return Started::Done(Written::Unchanged);
+    }
+    if let Err(why) = ctx.budget.take() {
+        return Started::OutOfBudget(why);
+    }
+    let target = format!("APIBinding {}/{}", binding.cluster, binding.name);
+    let detail = describe(binding, &merged.claims);
+    if !writes.will("patch", target, detail) {
+        return Started::Done(Written::Updated(view(&merged.claims)));
+    }
+    Started::Write(PendingWrite {
+        current: binding.clone(),
+        merged,
+    })
+}
+
+/// The I/O of [`reconcile_binding`]: write, and on a conflict re-read, merge again and retry
+/// (twice at most; the budget was taken once, by [`start_binding`]).
+pub(super) async fn finish_binding(
+    hub: &Hub,
+    pending: PendingWrite,
+    desired: &Desired,
+    export: &[PermissionClaim],
+    force: bool,
+    writes: &mut Writes,
+    ctx: &PassContext,
+) -> Result<Written, HubError> {
+    let PendingWrite {
+        mut current,
+        mut merged,
+    } = pending;
     for attempt in 0..3 {
-        let marks = parse_placeholders(current.placeholders.as_deref());
-        let merged = merge(&current.claims, &marks, desired, export, force);
-        if !merged.changed {
-            return Ok(Written::Unchanged);
-        }
-        if !budgeted {
-            if let Err(why) = ctx.budget.take() {
-                return Ok(Written::OutOfBudget(why));
+        if attempt > 0 {
+            let marks = parse_placeholders(current.placeholders.as_deref());
+            merged = merge(&current.claims, &marks, desired, export, force);
+            if !merged.changed {
+                return Ok(Written::Unchanged);
             }
-            budgeted = true;
-        }
-        let target = format!("APIBinding {}/{}", current.cluster, current.name);
-        let detail = describe(&current, &merged.claims);
-        if !writes.will("patch", target, detail) {
-            return Ok(Written::Updated(view(&merged.claims)));
         }
         let annotation = render_placeholders(&merged.placeholders);
         match hub

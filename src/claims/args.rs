@@ -13,6 +13,8 @@ pub struct ClaimsArgs {
     pub selector: Option<String>,
     #[command(flatten)]
     pub hub: HubArgs,
+    #[command(flatten)]
+    pub write: crate::pass::concurrency::WriteConcurrencyArgs,
     #[command(subcommand)]
     pub command: Option<ClaimsCommand>,
 }

@@ -73,6 +73,11 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
         hub: &hub,
         grants: &grants,
         core_identity: &core_identity,
+        write_concurrency: if ctx.args.dry_run {
+            std::num::NonZeroUsize::MIN
+        } else {
+            args.write.write_concurrency
+        },
     };
     // The hub's own core bindings first (one shard does them).
     if let (Some(core), Some(core_export), true) = (&core, core_export, core_owner) {

@@ -5,6 +5,7 @@ pub mod args;
 pub mod backoff;
 pub mod budget;
 pub mod client;
+pub mod concurrency;
 #[cfg(feature = "crash-points")]
 pub mod crash;
 pub mod duration;

@@ -20,6 +20,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,15 @@ pub struct Limits {
 }
 
 static LIMITS: OnceLock<Limits> = OnceLock::new();
+
+/// 429s this process has received, from any server: the write limiter halves its in-flight
+/// limit when this grows (src/pass/concurrency.rs).
+static THROTTLED: AtomicU64 = AtomicU64::new(0);
+
+/// How many 429 responses this process has received so far.
+pub fn throttled() -> u64 {
+    THROTTLED.load(Ordering::Relaxed)
+}
 
 /// Record the pass's bounds for every client it builds (first call wins).
 pub fn set_limits(limits: Limits) {
@@ -188,6 +198,9 @@ where
                     let s = svc.ready().await.map_err(Into::into)?;
                     let resp = s.call(this).await.map_err(Into::into)?;
                     let status = resp.status();
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        THROTTLED.fetch_add(1, Ordering::Relaxed);
+                    }
                     let retry_after = resp
                         .headers()
                         .get(http::header::RETRY_AFTER)

@@ -49,6 +49,19 @@ impl Writes {
         self.bookkeeping += 1;
     }
 
+    /// A fresh tally for one object's writes run beside others' (src/pass/concurrency.rs);
+    /// [`Writes::absorb`] adds it back. The crash knob counts each write as it happens.
+    pub fn for_one(&self) -> Self {
+        Self::new(self.dry_run)
+    }
+
+    /// Add the writes of a [`Writes::for_one`] tally (its planned writes after this one's).
+    pub fn absorb(&mut self, other: Writes) {
+        self.planned.extend(other.planned);
+        self.data += other.data;
+        self.bookkeeping += other.bookkeeping;
+    }
+
     pub fn dry_run(&self) -> bool {
         self.dry_run
     }

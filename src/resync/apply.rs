@@ -458,11 +458,12 @@ async fn restore(
 }
 
 /// Renew the heartbeat Lease `consumer-<localClusterUID>` in the provider kubeconfig's default
-/// namespace.
+/// namespace, labelled `iam.kbind.io/grant: <grant>` when the Secret was issued for a Grant.
 pub async fn heartbeat(
     provider: &Client,
     namespace: &str,
     local_uid: &str,
+    grant: Option<&str>,
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
     let name = format!("{}{local_uid}", keys::HEARTBEAT_LEASE_PREFIX);
@@ -478,6 +479,7 @@ pub async fn heartbeat(
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(namespace.into()),
+            labels: grant.map(|g| [(crate::api::iam::GRANT_KEY.to_string(), g.to_string())].into()),
             ..Default::default()
         },
         spec: Some(LeaseSpec {

@@ -89,6 +89,8 @@ struct Run<'a> {
     resume_after: Option<String>,
     writes: Writes,
     summary: Summary,
+    /// Objects whose writes may be in flight at once (1 in a dry run: plans print in order).
+    write_concurrency: std::num::NonZeroUsize,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -114,6 +116,11 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         resume_after: None,
         writes: Writes::new(ctx.args.dry_run),
         summary: Summary::new(PASS, ctx.args.dry_run),
+        write_concurrency: if ctx.args.dry_run {
+            std::num::NonZeroUsize::MIN
+        } else {
+            args.write.write_concurrency
+        },
     };
     let policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
     // The consumer's own identity, read now: copies are marked with it, so a Connection status

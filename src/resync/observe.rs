@@ -213,7 +213,23 @@ pub(super) async fn connect(
             return None;
         }
     }
-    if let Err(e) = super::apply::heartbeat(&provider, &pk.default_namespace, &local, writes).await
+    // A Secret issued for a Grant (`kbind bind` copies the annotation) labels the heartbeat
+    // with it: the issuer pins the Grant's consumer cluster from it (docs/issue.md).
+    let grant = secret.as_ref().and_then(|s| {
+        s.metadata
+            .annotations
+            .as_ref()?
+            .get(crate::api::iam::GRANT_KEY)
+            .cloned()
+    });
+    if let Err(e) = super::apply::heartbeat(
+        &provider,
+        &pk.default_namespace,
+        &local,
+        grant.as_deref(),
+        writes,
+    )
+    .await
     {
         tracing::warn!(connection = %name, error = %crate::scrub::scrub(&e.to_string()), "heartbeat Lease not renewed");
     }

@@ -15,7 +15,12 @@ use crate::api::core::{BindingStatus, ConflictPolicy, OrphanPolicy};
 use crate::api::keys;
 use crate::pass::PassContext;
 use crate::pass::budget::Exhausted;
+use crate::pass::concurrency::InFlight;
 use crate::pass::list;
+use crate::pass::writes::Writes;
+
+/// One object's result: its counts slot, standing, write outcome and writes.
+type ObjectDone = ((BindingKey, String), Standing, apply::Outcome, Writes);
 
 /// One bound API being synced through its Connection's provider.
 pub(super) struct ApiSync<'a> {
@@ -125,11 +130,15 @@ impl Run<'_> {
         })
     }
 
-    /// Plan and apply each consumer object of the API, counting how each stands.
+    /// Plan and apply each consumer object of the API, counting how each stands. Up to
+    /// `--write-concurrency` objects' writes are in flight at once, each object's in plan order.
+    /// Budget and resume cursor are decided as each object is started, in key order, exactly as
+    /// one object at a time would (a take never depended on the write's outcome).
     async fn sync_objects(&mut self, s: &ApiSync<'_>, sides: &Sides) -> Result<(), Exhausted> {
         let (ctx, api) = (s.ctx, s.api);
         let mut result = Ok(());
         let mut last_handled: Option<String> = None;
+        let mut flight = InFlight::new(self.write_concurrency);
         for c in &sides.consumer {
             let key = obj_key(c.namespace.as_deref(), &c.name);
             // Uncovered objects are not touched, except deleting ones still holding our finalizer.
@@ -154,10 +163,7 @@ impl Run<'_> {
                 &sides.live_uids,
                 binding.policy,
             );
-            let entry = self
-                .counts
-                .entry((binding.key.clone(), api.name.clone()))
-                .or_default();
+            let (slot, policy) = ((binding.key.clone(), api.name.clone()), binding.policy);
             if actions.iter().any(apply::is_data)
                 && let Err(why) = ctx.budget.check()
             {
@@ -168,31 +174,59 @@ impl Run<'_> {
                         .take()
                         .or_else(|| Some(format!("{}|", api.name)));
                 }
-                entry.pending += 1;
+                self.counts.entry(slot).or_default().pending += 1;
                 result = Err(why);
                 continue;
-            }
-            let outcome = apply::object(s, c, p, &actions, binding.policy, &mut self.writes).await;
-            if !actions.is_empty() {
-                last_handled = Some(format!("{}|{key}", api.name));
-            }
-            match (outcome, standing) {
-                (apply::Outcome::Denied, _) => entry.denied += 1,
-                (apply::Outcome::Rejected, _) => entry.rejected += 1,
-                (apply::Outcome::Conflict, _) | (apply::Outcome::Done, Standing::Conflict) => {
-                    entry.conflicts += 1
-                }
-                (apply::Outcome::Failed, _) => entry.pending += 1,
-                (apply::Outcome::Done, Standing::InSync | Standing::Pending) => entry.in_sync += 1,
-                (apply::Outcome::Done, Standing::Deleting) => {}
             }
             for a in &actions {
                 if apply::is_data(a) {
                     let _ = ctx.budget.take();
                 }
             }
+            if actions.is_empty() {
+                self.tally(slot, standing, apply::Outcome::Done, None);
+                continue;
+            }
+            last_handled = Some(format!("{}|{key}", api.name));
+            flight.room(|d| self.tally_done(d)).await;
+            let mut writes = self.writes.for_one();
+            flight.push(async move {
+                let outcome = apply::object(s, c, p, &actions, policy, &mut writes).await;
+                (slot, standing, outcome, writes)
+            });
+        }
+        while let Some(d) = flight.next().await {
+            self.tally_done(d);
         }
         result
+    }
+
+    fn tally_done(&mut self, (slot, standing, outcome, writes): ObjectDone) {
+        self.tally(slot, standing, outcome, Some(writes));
+    }
+
+    /// Count how one object stands after its writes.
+    fn tally(
+        &mut self,
+        slot: (BindingKey, String),
+        standing: Standing,
+        outcome: apply::Outcome,
+        writes: Option<Writes>,
+    ) {
+        if let Some(w) = writes {
+            self.writes.absorb(w);
+        }
+        let entry = self.counts.entry(slot).or_default();
+        match (outcome, standing) {
+            (apply::Outcome::Denied, _) => entry.denied += 1,
+            (apply::Outcome::Rejected, _) => entry.rejected += 1,
+            (apply::Outcome::Conflict, _) | (apply::Outcome::Done, Standing::Conflict) => {
+                entry.conflicts += 1
+            }
+            (apply::Outcome::Failed, _) => entry.pending += 1,
+            (apply::Outcome::Done, Standing::InSync | Standing::Pending) => entry.in_sync += 1,
+            (apply::Outcome::Done, Standing::Deleting) => {}
+        }
     }
 
     /// Copies of ours whose consumer object is gone, in namespaces a live binding covers:

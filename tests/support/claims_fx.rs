@@ -384,7 +384,8 @@ impl ClaimsFx {
     }
 
     /// A pass with its Lease in `lease_ns` and extra environment, whatever its exit code (a
-    /// crashed run keeps its Lease until it expires, so a rerun needs another namespace).
+    /// crashed run keeps its Lease until it expires, so a rerun needs another namespace),
+    /// writing one binding at a time (crash point n is the same write on every run).
     pub async fn run_with(&self, lease_ns: &str, envs: &[(&str, &str)]) -> (i32, Value, String) {
         let mut args = self.args();
         let at = args
@@ -393,6 +394,7 @@ impl ClaimsFx {
             .unwrap_or(0);
         args[at + 1] = lease_ns.to_string();
         args.extend(["--grant-namespace".to_string(), self.ns.clone()]);
+        args.extend(["--write-concurrency".to_string(), "1".to_string()]);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         kbind_async_env(&refs, envs).await
     }

@@ -79,6 +79,9 @@ pub struct FaultConfig {
     /// upstream answers as a cluster without that group's CRDs would (a 404). Discovery
     /// (`/apis`) still lists them.
     pub hidden_groups: Vec<String>,
+    /// Added to every request before it is forwarded (also to injected answers): a network's
+    /// round trip between a job and its apiserver, for benchmarks (`BENCH_LATENCY`).
+    pub delay: Duration,
 }
 
 impl FaultConfig {
@@ -90,6 +93,15 @@ impl FaultConfig {
             stall: Duration::from_secs(4),
             slow: Duration::from_millis(700),
             hidden_groups: Vec::new(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// No faults; every request delayed by `delay` (a fixed round trip).
+    pub fn latency(delay: Duration) -> Self {
+        Self {
+            delay,
+            ..Self::rate(0.0, 1)
         }
     }
 }
@@ -264,6 +276,9 @@ impl Proxy {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .unwrap_or_default();
         lock(&self.stats.user_agents).insert(agent);
+        if !self.config.delay.is_zero() {
+            tokio::time::sleep(self.config.delay).await;
+        }
         let fault = self.draw();
         if let Some(f) = fault {
             *lock(&self.stats.injected).entry(f).or_default() += 1;
