@@ -41,11 +41,23 @@ pub enum Command {
     /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
     /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
     Relsync(Box<crate::relsync::args::RelsyncArgs>),
+    /// Provider side of the service layer: one pass over every Grant (iam.kbind.io): its
+    /// ServiceAccount, RBAC and write-confining admission policy, a token re-issued before it
+    /// expires into a kubeconfig Secret, revocation on deletion. --max-items bounds the Grants
+    /// written in one run. `--print-kubeconfig GRANT` prints an issued kubeconfig.
+    Issue(crate::issue::IssueArgs),
     /// Read-only overview of every kbind resource on the cluster: Connections, ClusterBindings
     /// and Bindings (per-API counts), CatalogEntries, RelationshipSources and Grants, as tables
     /// (or -o json|yaml). Kinds not installed are skipped. Takes no Lease and writes nothing.
     /// Exit 0 when everything is Ready, 3 when something is not.
     Status(crate::status::StatusArgs),
+    /// Bind this cluster to a provider in one command: validate --provider-kubeconfig as kbind
+    /// schema would, check the chosen APIs (--apis, or --export) are exported, then write the
+    /// Secret (in --credential-namespace), the Connection and a ClusterBinding (or, with
+    /// --namespace, a Binding), all named --name. A second run writes nothing. Refuses (exit 2)
+    /// to overwrite objects it did not write, unless --force. --dry-run prints the manifests
+    /// (docs/binding-flow.md).
+    Bind(Box<crate::bind::BindArgs>),
     /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
     Crds {
         /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)

@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::{core, kcp, providers, relsync};
+use crate::api::{catalog, core, iam, kcp, providers, relsync};
 
 /// The CRDs a kbind installation owns, in `deploy/crds/` order.
 pub fn kbind_crds() -> Vec<CustomResourceDefinition> {
@@ -16,6 +16,9 @@ pub fn kbind_crds() -> Vec<CustomResourceDefinition> {
         providers::Grant::crd(),
         relsync::RelationshipSource::crd(),
         relsync::AgentIdentity::crd(),
+        catalog::Export::crd(),
+        catalog::Collection::crd(),
+        iam::Grant::crd(),
     ]
 }
 

@@ -4,11 +4,14 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod bind;
 pub mod bindings;
 pub mod claims;
 pub mod cli;
 pub mod connection;
 pub mod crds;
+pub mod discovery;
+pub mod issue;
 pub mod pass;
 pub mod relsync;
 pub mod resync;

@@ -82,6 +82,12 @@ fn main() {
                 kbind::relsync::run(ctx, *args)
             }))
         }
+        Command::Issue(args) => match args.print_kubeconfig.clone() {
+            Some(grant) => block_on(kbind::issue::print_kubeconfig(cli.common, grant)),
+            None => block_on(kbind::pass::run(kbind::issue::PASS, cli.common, |ctx| {
+                kbind::issue::run(ctx, args)
+            })),
+        },
         Command::Status(args) => block_on(kbind::status::run(cli.common, args)),
         Command::Crds { kcp } => {
             let crds = if kcp {
@@ -102,6 +108,7 @@ fn main() {
                 }
             }
         }
+        Command::Bind(args) => block_on(kbind::bind::run(cli.common, *args)),
         Command::Uninstall(args) => block_on(kbind::uninstall::run(cli.common, args)),
         Command::Version => {
             println!("kbind {}", env!("CARGO_PKG_VERSION"));

@@ -19,9 +19,104 @@ fn checked_in_crds_match_the_types() {
         assert!(
             have == want,
             "{file} is stale: regenerate with `cargo run -- crds > deploy/crds/kbind.yaml` \
-             and `cargo run -- crds --kcp > deploy/crds/kcp/kcp.yaml`"
+             (and copy it to charts/kbind/crds/) and `cargo run -- crds --kcp > deploy/crds/kcp/kcp.yaml`"
         );
     }
+}
+
+/// Every property under `schema` (objects' properties, arrays' items), with its path, that has no
+/// description.
+fn undescribed(schema: &Value, path: &str, out: &mut Vec<String>) {
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, p) in props {
+            let here = format!("{path}.{name}");
+            if p["description"]
+                .as_str()
+                .is_none_or(|d| d.trim().is_empty())
+            {
+                out.push(here.clone());
+            }
+            undescribed(p, &here, out);
+        }
+    }
+    if schema["items"].is_object() {
+        undescribed(&schema["items"], &format!("{path}[]"), out);
+    }
+}
+
+/// What `kubectl explain` shows: every kind has a written description (not kube-derive's
+/// "Auto-generated derived type for …Spec via `CustomResource`"), and so has every spec field,
+/// nested ones included; every kind is in the category `kbind` (`kubectl get kbind`), has a
+/// `kb…` short name, and a kind with conditions shows Ready's reason and message at priority 1
+/// (`kubectl get -o wide`).
+#[test]
+fn every_crd_explains_itself() {
+    let mut missing = Vec::new();
+    for crd in kbind::crds::kbind_crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        let version = &crd["spec"]["versions"][0];
+        let schema = &version["schema"]["openAPIV3Schema"];
+        let description = schema["description"].as_str().unwrap_or_default();
+        assert!(
+            description.len() > 40 && !description.contains("Auto-generated"),
+            "{kind}: kind description {description:?}"
+        );
+        undescribed(
+            &schema["properties"]["spec"],
+            &format!("{kind}.spec"),
+            &mut missing,
+        );
+        let names = &crd["spec"]["names"];
+        assert!(
+            names["categories"]
+                .as_array()
+                .is_some_and(|c| c.contains(&json!("kbind"))),
+            "{kind}: category kbind"
+        );
+        let short = names["shortNames"].as_array().cloned().unwrap_or_default();
+        let kb_kind = crd["spec"]["group"].as_str().unwrap().ends_with("kbind.io");
+        assert!(
+            !kb_kind
+                || short
+                    .iter()
+                    .any(|s| s.as_str().is_some_and(|s| s.starts_with("kb"))),
+            "{kind}: a kb… short name: {short:?}"
+        );
+        if schema["properties"]["status"]["properties"]["conditions"].is_object() {
+            let columns = version["additionalPrinterColumns"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for (name, field) in [("Reason", "reason"), ("Message", "message")] {
+                assert!(
+                    columns.iter().any(|c| c["name"] == name
+                        && c["priority"] == 1
+                        && c["jsonPath"]
+                            == format!(".status.conditions[?(@.type==\"Ready\")].{field}")),
+                    "{kind}: no {name} column at priority 1: {columns:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "spec fields without a description: {missing:#?}"
+    );
+}
+
+/// `cate` stays as an alias of CatalogEntry's `kbcat` (scripts written for 0.1 keep working).
+#[test]
+fn catalog_entry_keeps_its_old_short_name() {
+    let crd = kbind::crds::kbind_crds()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "CatalogEntry")
+        .unwrap();
+    let short = crd.spec.names.short_names.unwrap_or_default();
+    assert!(
+        short.contains(&"kbcat".to_string()) && short.contains(&"cate".to_string()),
+        "{short:?}"
+    );
 }
 
 fn resource_of(obj: &Value) -> ApiResource {

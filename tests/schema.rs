@@ -845,7 +845,7 @@ async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
     let cases = [
         ("unreachable", unreachable, "Unreachable"),
         ("tls", tls, "Unreachable"),
-        ("token", expired, "Unauthorized"),
+        ("token", expired, "CredentialRejected"),
     ];
     let mut conns = Vec::new();
     for (name, kubeconfig, _) in &cases {
@@ -1101,6 +1101,9 @@ impl Scene {
             selector,
             "-o",
             "json",
+            // One CRD at a time: crash point n is the same write on every run.
+            "--write-concurrency",
+            "1",
         ]
     }
 

@@ -137,6 +137,9 @@ async fn a_ready_connection_and_its_binding_exit_0_with_their_rows_and_json_agre
             ("CatalogEntry", "providers.kbind.io"),
             ("RelationshipSource", "agentprimitives.authzed.com"),
             ("Grant", "tenancy.kbind.io"),
+            ("Export", "catalog.kbind.io"),
+            ("Collection", "catalog.kbind.io"),
+            ("Grant", "iam.kbind.io"),
         ]
     );
     // -o yaml too.
@@ -224,6 +227,8 @@ async fn kinds_the_cluster_does_not_serve_are_skipped_not_an_error() {
             "providers.kbind.io",
             "agentprimitives.authzed.com",
             "tenancy.kbind.io",
+            "catalog.kbind.io",
+            "iam.kbind.io",
         ]
         .map(String::from)
         .to_vec(),
@@ -255,6 +260,9 @@ async fn kinds_the_cluster_does_not_serve_are_skipped_not_an_error() {
         "CatalogEntry.providers.kbind.io",
         "RelationshipSource.agentprimitives.authzed.com",
         "Grant.tenancy.kbind.io",
+        "Export.catalog.kbind.io",
+        "Collection.catalog.kbind.io",
+        "Grant.iam.kbind.io",
     ] {
         assert!(
             table.contains(&format!("{kind}: not installed on this cluster (skipped)")),
@@ -281,7 +289,7 @@ async fn kinds_the_cluster_does_not_serve_are_skipped_not_an_error() {
             .all(|k| k["installed"] == false && k["items"] == json!([])),
         "{report:#}"
     );
-    assert!(proxy.stats.requests() >= 6, "every kind was asked for");
+    assert!(proxy.stats.requests() >= 9, "every kind was asked for");
 }
 
 #[test]
@@ -438,4 +446,208 @@ async fn catalog_entries_relationship_sources_and_grants_get_their_rows() {
         row(&table, "Grant.tenancy.kbind.io", &fx.ns),
         [&fx.ns, "consent", "ws1", "widgets", "1"]
     );
+}
+
+/// The service layer's kinds (docs/issue.md): Exports and issued Grants count for the exit code,
+/// a Collection has no Ready condition; each kind is headed with its group, so the two Grants
+/// (`tenancy.kbind.io`, `iam.kbind.io`) are told apart.
+#[tokio::test]
+async fn exports_collections_and_issued_grants_get_their_rows_under_their_groups() {
+    use kube::api::{Patch, PatchParams};
+    let Some(fx) = Fx::new("stsvc").await else {
+        return;
+    };
+    let label = json!({"kbind-test": fx.label});
+    let now = "2026-01-02T03:04:05Z";
+    let ar = |group: &str, kind: &str, plural: &str| {
+        kube::api::ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, "v1alpha1", kind),
+            plural,
+        )
+    };
+    let create = |ar: kube::api::ApiResource, body: Value| {
+        let client = fx.consumer.clone();
+        async move {
+            let o: DynamicObject = serde_json::from_value(body).unwrap();
+            let a: Api<DynamicObject> = Api::all_with(client, &ar);
+            a.create(&PostParams::default(), &o).await.unwrap();
+            a
+        }
+    };
+    let ready = |status: &str, reason: &str, message: &str| {
+        json!([{"type": "Ready", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now}])
+    };
+    let (exp, coll) = (format!("{}-x", fx.label), format!("{}-c", fx.label));
+    let (pinned, unpinned) = (format!("{}-g1", fx.label), format!("{}-g2", fx.label));
+    let exports = create(
+        ar("catalog.kbind.io", "Export", "exports"),
+        json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
+            "metadata": {"name": exp, "labels": label},
+            "spec": {"apis": [{"name": "widgets.a.kbind.test"}, {"name": "gadgets.a.kbind.test"}]}}),
+    )
+    .await;
+    exports
+        .patch_status(
+            &exp,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"missingAPIs": ["gadgets.a.kbind.test"],
+                "conditions": ready("False", "APINotExported", "gadgets.a.kbind.test is not exported")}})),
+        )
+        .await
+        .unwrap();
+    create(
+        ar("catalog.kbind.io", "Collection", "collections"),
+        json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Collection",
+            "metadata": {"name": coll, "labels": label},
+            "spec": {"exports": [{"name": exp}, {"name": "other"}]}}),
+    )
+    .await;
+    let grants_ar = ar("iam.kbind.io", "Grant", "grants");
+    let grants = create(
+        grants_ar.clone(),
+        json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
+            "metadata": {"name": pinned, "labels": label},
+            "spec": {"export": exp, "consumer": "team-a", "tokenTTL": "1h"}}),
+    )
+    .await;
+    grants
+        .patch_status(
+            &pinned,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"expiresAt": now,
+                "consumerCluster": "0f6f7c1e-uid", "conditions": ready("True", "Issued", "")}})),
+        )
+        .await
+        .unwrap();
+    create(
+        grants_ar,
+        json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
+            "metadata": {"name": unpinned, "labels": label},
+            "spec": {"collection": coll, "consumer": "team-b"}}),
+    )
+    .await;
+
+    let (code, table, stderr) = status(&consumer_kubeconfig(&fx), &fx.label, &[]);
+    println!("{table}");
+    assert_eq!(code, 3, "the Export is not Ready:\n{table}\n{stderr}");
+    assert_eq!(
+        row(&table, "Export.catalog.kbind.io", &exp),
+        [
+            exp.as_str(),
+            "False",
+            "2",
+            "1",
+            "APINotExported:",
+            "gadgets.a.kbind.test",
+            "is",
+            "not",
+            "exported"
+        ]
+    );
+    let exports_cell = format!("{exp},other");
+    assert_eq!(
+        row(&table, "Collection.catalog.kbind.io", &coll),
+        [coll.as_str(), exports_cell.as_str()]
+    );
+    let for_export = format!("export/{exp}");
+    assert_eq!(
+        row(&table, "Grant.iam.kbind.io", &pinned),
+        [
+            pinned.as_str(),
+            "True",
+            "team-a",
+            for_export.as_str(),
+            now,
+            "0f6f7c1e-uid"
+        ]
+    );
+    let for_collection = format!("collection/{coll}");
+    assert_eq!(
+        row(&table, "Grant.iam.kbind.io", &unpinned),
+        [
+            unpinned.as_str(),
+            "Unknown",
+            "team-b",
+            for_collection.as_str(),
+            "-",
+            "not-pinned",
+            "NotObserved:",
+            "no",
+            "Ready",
+            "condition",
+            "yet:",
+            "its",
+            "pass",
+            "has",
+            "not",
+            "handled",
+            "this",
+            "obje…"
+        ]
+    );
+    // The claims Grant keeps its own heading: the two Grants are never one table.
+    assert!(
+        table.contains("Grant.tenancy.kbind.io\nNo resources found."),
+        "{table}"
+    );
+
+    let (code, out, _) = status(&consumer_kubeconfig(&fx), &fx.label, &["-o", "json"]);
+    assert_eq!(code, 3);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let groups: Vec<(&str, &str)> = report["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["kind"].as_str().unwrap(), k["group"].as_str().unwrap()))
+        .filter(|(k, _)| *k == "Grant")
+        .collect();
+    assert_eq!(
+        groups,
+        [("Grant", "tenancy.kbind.io"), ("Grant", "iam.kbind.io")]
+    );
+    let iam = report["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["group"] == "iam.kbind.io")
+        .unwrap();
+    let g = iam["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == pinned.as_str())
+        .unwrap();
+    assert_eq!(g["ready"], "True");
+    assert_eq!(g["consumerCluster"], "0f6f7c1e-uid");
+    assert_eq!(g["expiresAt"], now);
+    assert_eq!(g["export"], exp.as_str());
+    assert_eq!(
+        json_item(&report, "Export", &exp)["missingAPIs"],
+        json!(["gadgets.a.kbind.test"])
+    );
+    assert_eq!(json_item(&report, "Collection", &coll).get("ready"), None);
+
+    // Made Ready, the Export no longer holds the report back; the unpinned Grant still does.
+    exports
+        .patch_status(
+            &exp,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"missingAPIs": null,
+                "conditions": ready("True", "Exported", "")}})),
+        )
+        .await
+        .unwrap();
+    let (code, table, _) = status(&consumer_kubeconfig(&fx), &fx.label, &[]);
+    assert_eq!(code, 3, "the second Grant has no Ready condition:\n{table}");
+    grants
+        .patch_status(
+            &unpinned,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": ready("True", "Issued", "")}})),
+        )
+        .await
+        .unwrap();
+    let (code, table, _) = status(&consumer_kubeconfig(&fx), &fx.label, &[]);
+    assert_eq!(code, 0, "{table}");
 }

@@ -84,10 +84,13 @@ pub enum UpdatePolicy {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SchemaPolicy {
+    /// How exported APIs are found: `Auto` (default), `CRD` or `OpenAPI`.
     #[serde(default)]
     pub source: SchemaSource,
+    /// Which consumer CRDs are installed: `Bound` (default), `All` or `None`.
     #[serde(default)]
     pub pull_policy: PullPolicy,
+    /// Whether installed CRDs follow provider changes: `Always` (default) or `Once`.
     #[serde(default)]
     pub update_policy: UpdatePolicy,
 }
@@ -98,12 +101,15 @@ pub struct SchemaPolicy {
     group = "core.kbind.io",
     version = "v1alpha1",
     kind = "Connection",
+    doc = "A link from this (consumer) cluster to one provider cluster: the Secret holding its kubeconfig, the provider's identity pinned at the first connection, and how its exported APIs are discovered and their schemas pulled. `kbind schema` reconciles it (docs/schema.md).",
     status = "ConnectionStatus",
     shortname = "kbconn",
     category = "kbind",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Source","type":"string","jsonPath":".status.activeSchemaSource"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","priority":1,"jsonPath":".status.remoteClusterUID"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -111,6 +117,7 @@ pub struct ConnectionSpec {
     /// The Secret holding the provider kubeconfig. Immutable: a new provider is a new Connection.
     #[x_kube(validation = Rule::new("self == oldSelf").message("kubeconfigSecretRef is immutable; create a new Connection for another provider"))]
     pub kubeconfig_secret_ref: SecretKeyRef,
+    /// How the provider's exported APIs are discovered and their schemas installed here.
     #[serde(default)]
     pub schema: SchemaPolicy,
     /// Maintain a ClusterBinding named after this Connection listing every exported API.
@@ -178,6 +185,7 @@ pub struct ConnectionStatus {
 /// Reference to a Connection (cluster-scoped, so no namespace).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 pub struct ConnectionRef {
+    /// Name of the Connection.
     pub name: String,
 }
 
@@ -224,20 +232,26 @@ pub enum OrphanPolicy {
     group = "core.kbind.io",
     version = "v1alpha1",
     kind = "ClusterBinding",
+    doc = "Activates the listed provider APIs across the whole consumer cluster: `kbind schema` installs their CRDs here, `kbind resync` copies each object's spec to the provider and its status back (docs/resync.md).",
     status = "BindingStatus",
     shortname = "kbcb",
     category = "kbind",
     printcolumn = r#"{"name":"Connection","type":"string","jsonPath":".spec.connectionRef.name"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Conflicts","type":"string","jsonPath":".status.conditions[?(@.type==\"Conflicts\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterBindingSpec {
+    /// The Connection to the provider serving these APIs.
     pub connection_ref: ConnectionRef,
+    /// The provider APIs to activate (1 to 500), each `<plural>.<group>`.
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[schemars(length(min = 1, max = 500))]
     pub apis: Vec<ApiRef>,
+    /// A provider object kbind does not own: `Fail` (default: report a conflict) or `Adopt`.
     #[serde(default)]
     pub conflict_policy: ConflictPolicy,
     /// Provider copies whose consumer object is gone: `Keep` (default), `Delete` or `Restore`.
@@ -251,6 +265,7 @@ pub struct ClusterBindingSpec {
     group = "core.kbind.io",
     version = "v1alpha1",
     kind = "Binding",
+    doc = "Activates the listed namespaced provider APIs in this namespace only: `kbind schema` installs their CRDs, `kbind resync` syncs this namespace's objects (docs/resync.md).",
     namespaced,
     status = "BindingStatus",
     shortname = "kbb",
@@ -258,14 +273,19 @@ pub struct ClusterBindingSpec {
     printcolumn = r#"{"name":"Connection","type":"string","jsonPath":".spec.connectionRef.name"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Conflicts","type":"string","jsonPath":".status.conditions[?(@.type==\"Conflicts\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BindingSpec {
+    /// The Connection to the provider serving these APIs.
     pub connection_ref: ConnectionRef,
+    /// The provider APIs to activate (1 to 500), each `<plural>.<group>`.
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[schemars(length(min = 1, max = 500))]
     pub apis: Vec<ApiRef>,
+    /// A provider object kbind does not own: `Fail` (default: report a conflict) or `Adopt`.
     #[serde(default)]
     pub conflict_policy: ConflictPolicy,
     /// Provider copies whose consumer object is gone: `Keep` (default), `Delete` or `Restore`.
@@ -348,7 +368,12 @@ pub mod condition {
     /// Connection: whether autoBind maintains its ClusterBinding (`NameTaken` when another
     /// binding holds that name).
     pub const AUTO_BIND: &str = "AutoBind";
+    /// Connection whose Secret carries `core.kbind.io/grant-secret`: whether its kubeconfig is in
+    /// step with the Grant's Secret on the provider (rotation by pull, docs/binding-flow.md).
+    pub const CREDENTIAL_ROTATION: &str = "CredentialRotation";
 
     pub const REASON_CLUSTER_IDENTITY_CHANGED: &str = "ClusterIdentityChanged";
     pub const REASON_FOREIGN_CRD: &str = "ForeignCRD";
+    /// Connected=False: the provider refused the credential (401: revoked or expired).
+    pub const REASON_CREDENTIAL_REJECTED: &str = "CredentialRejected";
 }

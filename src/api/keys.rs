@@ -34,6 +34,16 @@ pub const ORPHANED_UNBOUND: &str = "Unbound";
 /// Prefix of the heartbeat Lease on the provider.
 pub const HEARTBEAT_LEASE_PREFIX: &str = "consumer-";
 
+/// Consumer Secret annotation written by `kbind bind`: `<namespace>/<name>` of the Grant's issued
+/// Secret on the provider, which `kbind schema` pulls a re-issued kubeconfig from
+/// (docs/binding-flow.md "Rotation by pull"). Only Secrets carrying it are ever written.
+pub const GRANT_SECRET: &str = "core.kbind.io/grant-secret";
+/// Issued Secret annotation (provider; copied to the consumer Secret): the Grant's name.
+pub const IAM_GRANT: &str = "iam.kbind.io/grant";
+/// Issued Secret annotation (provider; copied to the consumer Secret): when its token expires,
+/// RFC 3339.
+pub const IAM_EXPIRES_AT: &str = "iam.kbind.io/expires-at";
+
 /// Field manager for a pass's server-side apply writes.
 pub fn field_manager(pass: &str) -> String {
     format!("kbind-{pass}")

@@ -4,8 +4,10 @@
 //! pass spells a key twice.
 
 pub mod binding_key;
+pub mod catalog;
 pub mod conditions;
 pub mod core;
+pub mod iam;
 pub mod kcp;
 pub mod keys;
 pub mod providers;

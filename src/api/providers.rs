@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
     schemars::JsonSchema,
 )]
 pub struct ExportRef {
+    /// Workspace path of the APIExport, e.g. `root:providers:db`; empty: the hub's own.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
+    /// Name of the APIExport.
     pub name: String,
 }
 
@@ -47,20 +49,27 @@ pub struct Requirement {
     group = "providers.kbind.io",
     version = "v1alpha1",
     kind = "CatalogEntry",
+    doc = "A provider in the hub's catalog: its APIExport and the permission claims it needs on its tenants' APIBindings. `kbind claims` keeps every tenant binding of the export in step with it (docs/claims.md).",
     status = "CatalogEntryStatus",
+    shortname = "kbcat",
     shortname = "cate",
     category = "kbind",
     printcolumn = r#"{"name":"Export","type":"string","jsonPath":".spec.export.name"}"#,
     printcolumn = r#"{"name":"Org","type":"string","jsonPath":".spec.org"}"#,
     printcolumn = r#"{"name":"Checked","type":"integer","jsonPath":".status.bindingsChecked"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CatalogEntrySpec {
+    /// The provider's APIExport.
     pub export: ExportRef,
     /// Owning org; empty for a platform provider.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub org: String,
+    /// What the provider needs claimed on its tenants' bindings (at most 200).
     #[serde(default)]
     #[schemars(length(max = 200))]
     pub requires: Vec<Requirement>,
@@ -99,8 +108,10 @@ pub struct CatalogEntryStatus {
     Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
 )]
 pub struct Composition {
+    /// API group; empty for the core group.
     #[serde(default)]
     pub group: String,
+    /// Resource (or verb coordinate) of the other provider's kinds.
     pub resource: String,
 }
 
@@ -110,6 +121,7 @@ pub struct Composition {
     group = "tenancy.kbind.io",
     version = "v1alpha1",
     kind = "Grant",
+    doc = "A workspace's recorded consent to a provider's compositions (claims on another provider's kinds). `kbind claims` accepts such a claim on the workspace's binding only while a Grant lists it (docs/claims.md).",
     namespaced,
     shortname = "kbgrant",
     category = "kbind",
@@ -123,6 +135,7 @@ pub struct GrantSpec {
     pub workspace: String,
     /// The CatalogEntry the consent is for.
     pub provider: String,
+    /// The compositions consented to.
     #[serde(default)]
     pub compositions: Vec<Composition>,
 }

@@ -3,10 +3,13 @@
 //! a self-contained kubeconfig that passes the field policy and the server address check → a
 //! counted client with bounded timeouts → the provider's cluster identity ([`identity`]).
 //!
-//! Every run reads the Secret again, so a rotated credential is used on the next run.
+//! Every run reads the Secret again, so a rotated credential is used on the next run. A Secret
+//! `kbind bind` annotated with its Grant's Secret is first brought in step with the provider's
+//! re-issued kubeconfig ([`refresh`], rotation by pull).
 
 pub mod identity;
 pub mod kubeconfig;
+pub mod refresh;
 
 use std::sync::Arc;
 use std::time::Duration;

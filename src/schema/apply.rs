@@ -13,7 +13,10 @@ use super::{World, teardown};
 use crate::api::BindingKey;
 use crate::api::core::{ClusterBinding, Connection, ConnectionStatus};
 use crate::api::keys;
+use std::num::NonZeroUsize;
+
 use crate::pass::StatusCode;
+use crate::pass::concurrency::InFlight;
 use crate::pass::finalizer;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
@@ -216,15 +219,24 @@ async fn write_connection_status(
     .await
 }
 
+/// The consumer CRD writes of one Connection, up to `concurrency` in flight (each CRD has one
+/// write); outcomes in the order of `actions`. Dry-run plans are recorded in that order too.
 pub(super) async fn apply_crds(
     client: &Client,
     manager: &str,
     actions: &[CrdAction],
     writes: &mut Writes,
+    concurrency: NonZeroUsize,
 ) -> Vec<CrdOutcome> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut out = Vec::with_capacity(actions.len());
-    for a in actions {
+    let mut out: Vec<Option<CrdOutcome>> = vec![None; actions.len()];
+    let concurrency = if writes.dry_run() {
+        NonZeroUsize::MIN
+    } else {
+        concurrency
+    };
+    let mut flight = InFlight::new(concurrency);
+    for (i, a) in actions.iter().enumerate() {
         let (verb, detail) = match a {
             CrdAction::Create(_) => ("create", "consumer CRD"),
             CrdAction::Update(_) => ("update", "consumer CRD schema (provider changed)"),
@@ -235,44 +247,71 @@ pub(super) async fn apply_crds(
             format!("CustomResourceDefinition {}", a.name()),
             detail,
         ) {
-            out.push(CrdOutcome::Done);
+            out[i] = Some(CrdOutcome::Done);
             continue;
         }
-        let r = match a {
-            CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
-            CrdAction::Update(crd) => api
-                .patch(
-                    &a.name(),
-                    &PatchParams::apply(manager).force(),
-                    &Patch::Apply(crd.as_ref()),
-                )
-                .await
-                .map(|_| ()),
-            CrdAction::Stamp { name, connection } => {
-                // Markers only: the schema stays the external manager's.
-                let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                    "metadata": {"name": name, "labels": {keys::MANAGED: "true"}, "annotations": {keys::CONNECTION: connection}}});
-                api.patch(
-                    name,
-                    &PatchParams::apply(&format!("{manager}-stamp")),
-                    &Patch::Apply(&body),
-                )
-                .await
-                .map(|_| ())
+        while !flight.has_room() {
+            if let Some((j, o, w)) = flight.next().await {
+                writes.absorb(w);
+                out[j] = Some(o);
             }
-        };
-        out.push(match r {
-            Ok(()) => {
-                writes.data_done();
-                CrdOutcome::Done
-            }
-            Err(e) if e.is_forbidden() => {
-                CrdOutcome::Forbidden(scrub(e.api_message().unwrap_or_default()))
-            }
-            Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
+        }
+        let mut one = writes.for_one();
+        let api = &api;
+        flight.push(async move {
+            let o = apply_crd(api, manager, a, &mut one).await;
+            (i, o, one)
         });
     }
-    out
+    while let Some((j, o, w)) = flight.next().await {
+        writes.absorb(w);
+        out[j] = Some(o);
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| CrdOutcome::Failed("not attempted".into())))
+        .collect()
+}
+
+/// One consumer CRD write.
+async fn apply_crd(
+    api: &Api<CustomResourceDefinition>,
+    manager: &str,
+    a: &CrdAction,
+    writes: &mut Writes,
+) -> CrdOutcome {
+    let r = match a {
+        CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
+        CrdAction::Update(crd) => api
+            .patch(
+                &a.name(),
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(crd.as_ref()),
+            )
+            .await
+            .map(|_| ()),
+        CrdAction::Stamp { name, connection } => {
+            // Markers only: the schema stays the external manager's.
+            let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": name, "labels": {keys::MANAGED: "true"}, "annotations": {keys::CONNECTION: connection}}});
+            api.patch(
+                name,
+                &PatchParams::apply(&format!("{manager}-stamp")),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(|_| ())
+        }
+    };
+    match r {
+        Ok(()) => {
+            writes.data_done();
+            CrdOutcome::Done
+        }
+        Err(e) if e.is_forbidden() => {
+            CrdOutcome::Forbidden(scrub(e.api_message().unwrap_or_default()))
+        }
+        Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
+    }
 }
 
 async fn apply_autobind(

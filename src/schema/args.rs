@@ -7,5 +7,7 @@ pub struct SchemaArgs {
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
     #[command(flatten)]
+    pub write: crate::pass::concurrency::WriteConcurrencyArgs,
+    #[command(flatten)]
     pub credentials: crate::connection::CredentialArgs,
 }

@@ -5,15 +5,12 @@
 //!
 //! The files, in the order of a run: `observe` (the reads), `plan` (pure: the CRD writes, then
 //! the statuses, in `plan/status.rs`), `apply` (every write, statuses included), `teardown`
-//! (deleting bindings and Connections); `crdpull`, `openapi` and `discovery` build the consumer
-//! CRDs from the provider's.
+//! (deleting bindings and Connections); src/discovery (shared with `kbind bind`) finds the
+//! provider's exports and builds the consumer CRDs from them.
 
 mod apply;
 pub mod args;
-pub mod crdpull;
-pub mod discovery;
 mod observe;
-pub mod openapi;
 pub mod plan;
 mod teardown;
 
@@ -25,6 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::api::core::{Connection, SchemaSource};
 use crate::api::keys;
 use crate::connection::{CredentialPolicy, IdentityError};
+use crate::discovery::{self, crdpull};
 use crate::pass::finalizer;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
@@ -74,6 +72,8 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         .map(ResourceExt::name_any)
         .collect();
     let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    // Progress lines say "done/planned" Connections (docs/operations.md, "Logs").
+    ctx.budget.plan(order.len() as u64);
     let mut done: i64 = 0;
     let mut stopped = None;
     let mut last = None;
@@ -91,7 +91,15 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         else {
             continue;
         };
-        match reconcile(&ctx, &mut world, &conn, &mut writes).await {
+        match reconcile(
+            &ctx,
+            &mut world,
+            &conn,
+            &mut writes,
+            args.write.write_concurrency,
+        )
+        .await
+        {
             Ok(ready) => summary.count(if ready { "ready" } else { "notReady" }, 1),
             Err(e) => {
                 tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
@@ -164,6 +172,7 @@ async fn reconcile(
     world: &mut World,
     conn: &Connection,
     writes: &mut Writes,
+    write_concurrency: std::num::NonZeroUsize,
 ) -> Result<bool, kube::Error> {
     let name = conn.name_any();
     if conn.meta().deletion_timestamp.is_some() {
@@ -179,7 +188,7 @@ async fn reconcile(
     }
 
     // Observe the provider: credentials, then (once they work) identity and discovery.
-    let reached = world.reach(ctx, conn).await;
+    let reached = world.reach(ctx, conn, writes).await;
     if reached.provider.is_ok() && reached.secret_needs_finalizer {
         apply::secret_finalizer(world, conn, writes).await?;
     }
@@ -195,6 +204,7 @@ async fn reconcile(
         policy: &conn.spec.schema,
         status: &status,
         credentials: reached.provider.as_ref().map(|_| ()).map_err(Clone::clone),
+        refresh: reached.refresh.clone(),
         remote_uid,
         local_uid: &world.local_uid,
         discovery: None,
@@ -209,7 +219,14 @@ async fn reconcile(
 
     // Plan and apply the consumer CRD writes, then plan the statuses and record them.
     let actions = plan::plan_crds(&observed);
-    let outcomes = apply::apply_crds(&world.client, &world.manager, &actions, writes).await;
+    let outcomes = apply::apply_crds(
+        &world.client,
+        &world.manager,
+        &actions,
+        writes,
+        write_concurrency,
+    )
+    .await;
     for (a, o) in actions.iter().zip(&outcomes) {
         if let CrdOutcome::Failed(m) | CrdOutcome::Forbidden(m) = o {
             tracing::warn!(connection = %name, crd = %a.name(), error = %m, "consumer CRD write failed");

@@ -4,15 +4,20 @@
 
 use std::collections::HashMap;
 
+use k8s_openapi::api::core::v1::Secret;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ListParams;
 use kube::{Api, Client, Resource};
 
 use super::plan::{BindingView, CrdMeta, Discovered, DiscoveryError};
 use super::{BindingObj, ProviderMemo, World, discovery};
+use crate::api::core::SecretKeyRef;
 use crate::api::core::{Connection, SchemaSource};
 use crate::api::keys;
+use crate::connection::refresh::{self, RefreshError, Refreshed};
 use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
+use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, StatusCode, finalizer, list};
 
 pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result<World, PassError> {
@@ -97,18 +102,34 @@ pub(super) struct Reached {
     pub provider: Result<Client, CredentialError>,
     /// The Secret exists, is not deleting, and lacks kbind's cleanup finalizer.
     pub secret_needs_finalizer: bool,
+    /// Rotation by pull, for a Secret carrying `core.kbind.io/grant-secret` whose current
+    /// kubeconfig validated; `None` otherwise.
+    pub refresh: Option<Result<Refreshed, RefreshError>>,
 }
 
 impl World {
     /// Read the Connection's Secret now, every run (rotation needs no restart), and only in a
-    /// credential namespace (docs/schema.md "Credentials"); build the provider client, once per
-    /// credential and pass.
-    pub(super) async fn reach(&mut self, ctx: &PassContext, conn: &Connection) -> Reached {
+    /// credential namespace (docs/schema.md "Credentials"); pull a re-issued kubeconfig from
+    /// the Grant's Secret when the Secret names one (src/connection/refresh.rs); build the
+    /// provider client, once per credential and pass.
+    pub(super) async fn reach(
+        &mut self,
+        ctx: &PassContext,
+        conn: &Connection,
+        writes: &mut Writes,
+    ) -> Reached {
         let r = &conn.spec.kubeconfig_secret_ref;
         let secret = connection::read_secret(&self.client, &self.policy, r).await;
         let secret_needs_finalizer = matches!(&secret, Ok(Some(s))
             if s.meta().deletion_timestamp.is_none()
                 && !finalizer::has(s.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER));
+        let (secret, refresh) = match secret {
+            Ok(Some(s)) => {
+                let (s, refresh) = self.pull(ctx, r, s, writes).await;
+                (Ok(Some(s)), refresh)
+            }
+            other => (other, None),
+        };
         let pk = match secret {
             Ok(s) => connection::kubeconfig(s.as_ref(), r, &self.policy).await,
             Err(e) => Err(e),
@@ -129,7 +150,66 @@ impl World {
             fingerprint,
             provider,
             secret_needs_finalizer,
+            refresh,
         }
+    }
+
+    /// Rotation by pull: only for a Secret annotated with its Grant's Secret, and only with a
+    /// current kubeconfig that itself validates (the pull uses it). Returns the Secret to use.
+    async fn pull(
+        &mut self,
+        ctx: &PassContext,
+        r: &SecretKeyRef,
+        local: Secret,
+        writes: &mut Writes,
+    ) -> (Secret, Option<Result<Refreshed, RefreshError>>) {
+        let from = match refresh::grant_secret(&local) {
+            None => return (local, None),
+            Some(Err(e)) => return (local, Some(Err(e))),
+            Some(Ok(from)) => from,
+        };
+        let Ok(pk) = connection::kubeconfig(Some(&local), r, &self.policy).await else {
+            return (local, None);
+        };
+        let memo = self.providers.entry(pk.fingerprint.clone()).or_default();
+        let provider = match &memo.client {
+            Some(c) => c.clone(),
+            None => match connection::client(&pk, r, ctx.counter.clone(), ctx.args.request_timeout)
+                .await
+            {
+                Ok(c) => {
+                    memo.client = Some(c.clone());
+                    c
+                }
+                Err(_) => return (local, None),
+            },
+        };
+        let target = format!("Secret {}/{}", r.namespace, r.name);
+        let mut announced = false;
+        let (secret, outcome) = refresh::refresh(
+            &self.client,
+            &provider,
+            &local,
+            &refresh::Target {
+                secret: r,
+                from: &from,
+                policy: &self.policy,
+            },
+            &self.manager,
+            |from| {
+                announced = true;
+                writes.will(
+                    "update",
+                    target.clone(),
+                    format!("kubeconfig re-issued, pulled from the Grant's Secret {from} on the provider"),
+                )
+            },
+        )
+        .await;
+        if announced && matches!(outcome, Ok(Refreshed::Updated)) {
+            writes.data_done();
+        }
+        (secret, Some(outcome))
     }
 }
 

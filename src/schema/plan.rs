@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-use super::crdpull::{Export, with_markers};
+use super::crdpull::with_markers;
 use crate::api::BindingKey;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::*;
 use crate::api::core::{
     BindingStatus, BoundApi, ConnectionStatus, PullPolicy, SchemaSource, UpdatePolicy,
 };
+use crate::connection::refresh::{RefreshError, Refreshed};
 use crate::connection::{CredentialError, IdentityError};
 
 /// What the consumer cluster holds under a CRD name (metadata only).
@@ -37,22 +38,7 @@ pub struct BindingView {
     pub deleting: bool,
 }
 
-/// Result of discovery on the provider.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Discovered {
-    pub source: SchemaSource,
-    /// Sorted by name.
-    pub exports: Vec<Export>,
-    /// Candidates that could not be exported, with why (e.g. no served version).
-    pub skipped: Vec<(String, String)>,
-}
-
-/// Why discovery failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiscoveryError {
-    pub forbidden: bool,
-    pub message: String,
-}
+pub use crate::discovery::{Discovered, DiscoveryError};
 
 /// Everything observed for one Connection.
 #[derive(Clone, Debug)]
@@ -62,6 +48,8 @@ pub struct Observed<'a> {
     pub policy: &'a crate::api::core::SchemaPolicy,
     pub status: &'a ConnectionStatus,
     pub credentials: Result<(), CredentialError>,
+    /// Rotation by pull (a Secret carrying `core.kbind.io/grant-secret`); `None` otherwise.
+    pub refresh: Option<Result<Refreshed, RefreshError>>,
     /// Provider identity; `None` when credentials were unusable.
     pub remote_uid: Option<Result<String, IdentityError>>,
     pub local_uid: &'a str,

@@ -1,8 +1,9 @@
 //! `kbind status`: a one-shot, read-only overview of every kbind resource on the cluster the
 //! job's own kubeconfig points at (docs/operations.md, "kbind status"). It lists Connections,
 //! ClusterBindings and Bindings (per-API counts from status), CatalogEntries,
-//! RelationshipSources and the claims Grants; a kind whose CRD is not installed is skipped with
-//! one line. It takes no Lease and writes nothing, so it runs beside the passes at any time.
+//! RelationshipSources, the claims Grants (`tenancy.kbind.io`), and the service layer's Exports,
+//! Collections and Grants (`catalog.kbind.io`, `iam.kbind.io`); every kind is printed with its
+//! group (two kinds are named Grant). A kind whose CRD is not installed is skipped with one line. It takes no Lease and writes nothing, so it runs beside the passes at any time.
 //!
 //! Exit codes: 0 every object that has a Ready condition says `Ready=True`; 3 something is not
 //! Ready (or has no Ready condition yet); 1 the API cannot be read; 2 bad usage.
@@ -14,7 +15,9 @@ use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 
+use crate::api::catalog::{Collection, Export};
 use crate::api::core::{Binding, BindingStatus, ClusterBinding, Connection, condition};
+use crate::api::iam::Grant as IssuedGrant;
 use crate::api::providers::{CatalogEntry, Grant};
 use crate::api::relsync::RelationshipSource;
 use crate::pass::client::{RequestCounter, counted_client, own_config};
@@ -117,6 +120,28 @@ pub enum Facts {
         provider: String,
         compositions: usize,
     },
+    /// `catalog.kbind.io` Export.
+    Export {
+        api_count: usize,
+        /// The APIs `kbind issue` found not exported (`status.missingAPIs`).
+        #[serde(rename = "missingAPIs")]
+        missing_apis: Vec<String>,
+    },
+    /// `catalog.kbind.io` Collection: no status, no Ready condition.
+    Collection { exports: Vec<String> },
+    /// `iam.kbind.io` Grant, the issued credential.
+    IssuedGrant {
+        consumer: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        export: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        collection: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expires_at: Option<String>,
+        /// The consumer cluster the Grant is pinned to (none: not pinned yet).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        consumer_cluster: Option<String>,
+    },
 }
 
 /// Per-API counts from a binding's `status.boundAPIs` (what `kbind resync` last recorded).
@@ -195,6 +220,9 @@ pub async fn collect(common: &CommonArgs, args: &StatusArgs) -> Result<Report, P
         kind::<CatalogEntry>(&client, &lp, catalog_entry).await?,
         kind::<RelationshipSource>(&client, &lp, relationship_source).await?,
         kind::<Grant>(&client, &lp, grant).await?,
+        kind::<Export>(&client, &lp, export).await?,
+        kind::<Collection>(&client, &lp, collection).await?,
+        kind::<IssuedGrant>(&client, &lp, issued_grant).await?,
     ];
     let ready = !kinds.iter().flat_map(|k| &k.items).any(Item::not_ready);
     Ok(Report { ready, kinds })
@@ -370,7 +398,43 @@ fn grant(g: Grant) -> Item {
     }
 }
 
-/// The longest message a table cell shows (`-o json` carries it whole).
+fn export(e: Export) -> Item {
+    let name = e.name_any();
+    let st = e.status.unwrap_or_default();
+    let facts = Facts::Export {
+        api_count: e.spec.apis.len(),
+        missing_apis: st.missing_apis,
+    };
+    item(None, name, &st.conditions, facts)
+}
+
+fn collection(c: Collection) -> Item {
+    Item {
+        namespace: None,
+        name: c.name_any(),
+        // A Collection is a list of Exports, not reconciled: no Ready condition.
+        ready: None,
+        reason: String::new(),
+        message: String::new(),
+        facts: Facts::Collection {
+            exports: c.spec.exports.into_iter().map(|e| e.name).collect(),
+        },
+    }
+}
+
+fn issued_grant(g: IssuedGrant) -> Item {
+    let name = g.name_any();
+    let st = g.status.unwrap_or_default();
+    let facts = Facts::IssuedGrant {
+        consumer: g.spec.consumer,
+        export: g.spec.export,
+        collection: g.spec.collection,
+        expires_at: st.expires_at.map(|t| t.0.to_string()),
+        consumer_cluster: st.consumer_cluster,
+    };
+    item(None, name, &st.conditions, facts)
+}
+
 mod table;
 pub use table::table;
 #[cfg(test)]

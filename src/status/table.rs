@@ -151,6 +151,52 @@ fn kind_cells(
                 compositions.to_string(),
             ]],
         ),
+        Facts::Export {
+            api_count,
+            missing_apis,
+        } => (
+            &["READY", "APIS", "MISSING", "REASON"],
+            vec![vec![
+                ready,
+                api_count.to_string(),
+                missing_apis.len().to_string(),
+                why,
+            ]],
+        ),
+        Facts::Collection { exports } => (&["EXPORTS"], vec![vec![exports.join(",")]]),
+        Facts::IssuedGrant {
+            consumer,
+            export,
+            collection,
+            expires_at,
+            consumer_cluster,
+        } => {
+            let target = match (export, collection) {
+                (Some(e), _) => format!("export/{e}"),
+                (None, Some(c)) => format!("collection/{c}"),
+                (None, None) => "-".into(),
+            };
+            (
+                &[
+                    "READY",
+                    "CONSUMER",
+                    "FOR",
+                    "EXPIRES",
+                    "CONSUMER-CLUSTER",
+                    "REASON",
+                ],
+                vec![vec![
+                    ready,
+                    consumer.clone(),
+                    target,
+                    expires_at.clone().unwrap_or_else(|| "-".into()),
+                    consumer_cluster
+                        .clone()
+                        .unwrap_or_else(|| "not-pinned".into()),
+                    why,
+                ]],
+            )
+        }
     }
 }
 

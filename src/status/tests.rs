@@ -82,3 +82,61 @@ fn long_messages_are_cut_in_the_table() {
     assert_eq!(cell.chars().count(), MESSAGE_WIDTH);
     assert!(cell.ends_with('…'));
 }
+
+#[test]
+fn the_service_kinds_get_their_columns_and_a_collection_never_counts() {
+    let grant = |name: &str, pinned: Option<&str>| Item {
+        namespace: None,
+        name: name.into(),
+        ready: Some("True".into()),
+        reason: String::new(),
+        message: String::new(),
+        facts: Facts::IssuedGrant {
+            consumer: "team-a".into(),
+            export: (name == "g1").then(|| "widgets".into()),
+            collection: (name == "g2").then(|| "all".into()),
+            expires_at: pinned.map(|_| "2026-01-02T03:04:05Z".into()),
+            consumer_cluster: pinned.map(String::from),
+        },
+    };
+    let coll = Item {
+        namespace: None,
+        name: "all".into(),
+        ready: None,
+        reason: String::new(),
+        message: String::new(),
+        facts: Facts::Collection {
+            exports: vec!["widgets".into(), "gadgets".into()],
+        },
+    };
+    assert!(!coll.not_ready());
+    let report = Report {
+        ready: true,
+        kinds: vec![
+            KindReport {
+                kind: "Collection",
+                group: "catalog.kbind.io",
+                installed: true,
+                items: vec![coll],
+            },
+            KindReport {
+                kind: "Grant",
+                group: "iam.kbind.io",
+                installed: true,
+                items: vec![grant("g1", Some("uid-1")), grant("g2", None)],
+            },
+        ],
+    };
+    let want = "Collection.catalog.kbind.io
+NAME   EXPORTS
+all    widgets,gadgets
+
+Grant.iam.kbind.io
+NAME   READY   CONSUMER   FOR              EXPIRES                CONSUMER-CLUSTER   REASON
+g1     True    team-a     export/widgets   2026-01-02T03:04:05Z   uid-1
+g2     True    team-a     collection/all   -                      not-pinned
+
+All kbind resources are Ready.
+";
+    assert_eq!(table(&report), want);
+}

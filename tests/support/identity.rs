@@ -1,4 +1,4 @@
-//! A pass identity built from a `deploy/rbac/<pass>.yaml` file: its ServiceAccount, its
+//! A pass identity built from a `deploy/components/<role>/<pass>-rbac.yaml` file: its ServiceAccount, its
 //! ClusterRole (minus what a test takes away) under a unique name with a binding, and its Roles
 //! (the Lease, and where the file has one, the credential Secrets) in the test's namespace,
 //! which stands for the install namespace. The "missing rule" tests use it to show each rule is needed, and

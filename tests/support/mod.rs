@@ -5,6 +5,7 @@
 pub mod claims_fx;
 pub mod fx;
 pub mod identity;
+pub mod issue_fx;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -170,6 +170,7 @@ fn connection_conditions(
             conds.set_condition(SECRET_VALID, S::True, "Valid", "", g, now);
         }
     }
+    rotation_condition(o, &mut st.conditions, now);
     let (connected, mut permission_denied) = connected_condition(o, st, now);
     ready = ready.and(connected);
     let conds = &mut st.conditions;
@@ -217,6 +218,48 @@ fn connection_conditions(
     ready
 }
 
+/// CredentialRotation, for a Secret that pulls from its Grant's Secret: True `Current` while in
+/// step (written or not this run: the reason stays so an unchanged run writes nothing), False
+/// with why the pull failed (the current credential stays in use). Absent for other Secrets.
+fn rotation_condition(o: &Observed, conds: &mut Vec<Condition>, now: Timestamp) {
+    let g = o.generation;
+    match &o.refresh {
+        None => {
+            conds.remove_condition(CREDENTIAL_ROTATION);
+        }
+        Some(Ok(Refreshed::Current | Refreshed::Updated)) => {
+            conds.set_condition(
+                CREDENTIAL_ROTATION,
+                S::True,
+                "Current",
+                "the kubeconfig is the one in the Grant's Secret on the provider",
+                g,
+                now,
+            );
+        }
+        Some(Ok(Refreshed::WouldUpdate)) => {
+            conds.set_condition(
+                CREDENTIAL_ROTATION,
+                S::False,
+                "PullPending",
+                "the Grant's Secret on the provider holds a re-issued kubeconfig not yet written",
+                g,
+                now,
+            );
+        }
+        Some(Err(e)) => {
+            conds.set_condition(
+                CREDENTIAL_ROTATION,
+                S::False,
+                e.reason(),
+                &e.to_string(),
+                g,
+                now,
+            );
+        }
+    }
+}
+
 /// Connected, from the provider's identity as read (once the credentials work); pins the
 /// identities on first contact. Returns why not Ready, and a PermissionDenied cause.
 fn connected_condition(
@@ -234,7 +277,7 @@ fn connected_condition(
                     permission_denied = Some(("IdentityForbidden", e.to_string()));
                     "IdentityForbidden"
                 }
-                IdentityError::Unauthorized(_) => "Unauthorized",
+                IdentityError::Unauthorized(_) => REASON_CREDENTIAL_REJECTED,
                 _ => "Unreachable",
             };
             st.conditions

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::core::{ExportedApi, SchemaPolicy};
+use crate::discovery::crdpull::Export;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -81,6 +82,7 @@ impl Case {
             policy: &self.policy,
             status: &self.status,
             credentials: Ok(()),
+            refresh: None,
             remote_uid: self.remote.clone(),
             local_uid: "local",
             discovery: Some(Ok(Discovered {
@@ -351,6 +353,77 @@ fn connection_conditions() {
         "True/DiscoveryForbidden"
     );
     assert_eq!(reason(&st.conditions, READY), "False/DiscoveryForbidden");
+}
+
+#[test]
+fn credential_rotation_is_a_condition_that_never_blocks_ready() {
+    use crate::connection::KubeconfigField;
+    use crate::connection::refresh::{RefreshError, Refreshed};
+    let refused = RefreshError::Refused {
+        from: "kbind-grants/g".into(),
+        source: CredentialError::FieldNotAllowed {
+            namespace: "n".into(),
+            name: "s".into(),
+            what: format!("cluster.proxy-url ({:?})", KubeconfigField::ProxyUrl),
+        },
+    };
+    // (pull outcome, CredentialRotation as status/reason, "" when absent)
+    let cases: Vec<(Option<Result<Refreshed, RefreshError>>, &str)> = vec![
+        (None, ""),
+        (Some(Ok(Refreshed::Current)), "True/Current"),
+        // Same reason as Current: the run after a pull changes no condition.
+        (Some(Ok(Refreshed::Updated)), "True/Current"),
+        (Some(Ok(Refreshed::WouldUpdate)), "False/PullPending"),
+        (Some(Err(refused)), "False/KubeconfigFieldNotAllowed"),
+    ];
+    for (refresh, want) in cases {
+        let case = Case::default();
+        let mut o = case.observed();
+        o.refresh = refresh.clone();
+        let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
+        assert_eq!(
+            reason(&st.conditions, CREDENTIAL_ROTATION),
+            want,
+            "{refresh:?}"
+        );
+        assert_eq!(reason(&st.conditions, READY), "True/Ready", "{refresh:?}");
+    }
+    // A Secret that lost its annotation loses the condition.
+    let mut case = Case::default();
+    case.status.conditions = plan_status(
+        &Observed {
+            refresh: Some(Ok(Refreshed::Current)),
+            ..case.observed()
+        },
+        &[],
+        &[],
+        AutoBindView::Off,
+        now(),
+    )
+    .connection
+    .conditions;
+    let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(reason(&st.conditions, CREDENTIAL_ROTATION), "");
+}
+
+#[test]
+fn a_rejected_credential_is_credential_rejected() {
+    let case = Case {
+        remote: Some(Err(IdentityError::Unauthorized(std::sync::Arc::new(
+            kube::Error::Api(
+                kube::core::Status::failure("Unauthorized", "Unauthorized")
+                    .with_code(401)
+                    .boxed(),
+            ),
+        )))),
+        ..Default::default()
+    };
+    let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).connection;
+    assert_eq!(
+        reason(&st.conditions, CONNECTED),
+        "False/CredentialRejected"
+    );
+    assert_eq!(reason(&st.conditions, READY), "False/CredentialRejected");
 }
 
 #[test]

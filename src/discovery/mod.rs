@@ -1,6 +1,13 @@
 //! Exported-API discovery on the provider, by source: labelled CRDs, or discovery plus
 //! `/openapi/v3` for CRD-less providers. `Auto` falls through to OpenAPI only after a
 //! *successful* empty CRD list: a failed list (Forbidden included) is an error, not a fallback.
+//!
+//! Shared by `kbind schema` (which installs consumer CRDs from what it finds) and `kbind bind`
+//! (which checks the APIs it binds are exported): `crdpull` turns a provider CRD into the
+//! consumer's, `openapi` synthesizes one for CRD-less providers.
+
+pub mod crdpull;
+pub mod openapi;
 
 use std::collections::BTreeMap;
 
@@ -8,13 +15,29 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use super::crdpull::{export_of, from_provider_crd};
-use super::openapi::{DiscoveredVersion, is_builtin_group, synthesize};
-use super::plan::{Discovered, DiscoveryError};
 use crate::api::core::SchemaSource;
 use crate::api::keys;
 use crate::pass::StatusCode;
 use crate::scrub::scrub;
+use crdpull::{Export, export_of, from_provider_crd};
+use openapi::{DiscoveredVersion, is_builtin_group, synthesize};
+
+/// Result of discovery on the provider.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Discovered {
+    pub source: SchemaSource,
+    /// Sorted by name.
+    pub exports: Vec<Export>,
+    /// Candidates that could not be exported, with why (e.g. no served version).
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Why discovery failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoveryError {
+    pub forbidden: bool,
+    pub message: String,
+}
 
 fn error(what: &str, e: &kube::Error) -> DiscoveryError {
     let forbidden = e.is_forbidden();

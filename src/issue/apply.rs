@@ -1,0 +1,214 @@
+//! The writes of `kbind issue`: server-side apply of what a Grant's plan says differs, a new
+//! token when one is due, and revocation (docs/issue.md).
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client};
+use serde_json::Value;
+
+use crate::pass::StatusCode;
+use crate::pass::writes::Writes;
+use crate::scrub::scrub;
+
+use super::plan::{Blocked, Config, GrantPlan, ISSUE_FAILED, PERMISSIONS_NOT_GRANTABLE, Token};
+use super::render::{self, Kind, object_name};
+
+fn resource(kind: Kind) -> ApiResource {
+    let (group, version) = match kind.api_version().split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", kind.api_version()),
+    };
+    let plural = match kind {
+        Kind::ServiceAccount => "serviceaccounts",
+        Kind::ClusterRole => "clusterroles",
+        Kind::Role => "roles",
+        Kind::ClusterRoleBinding => "clusterrolebindings",
+        Kind::RoleBinding => "rolebindings",
+        Kind::Policy => "validatingadmissionpolicies",
+        Kind::PolicyBinding => "validatingadmissionpolicybindings",
+    };
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, kind.as_str()),
+        plural,
+    )
+}
+
+fn api(client: &Client, kind: Kind, ns: &str) -> Api<DynamicObject> {
+    let ar = resource(kind);
+    if kind.namespaced() {
+        Api::namespaced_with(client.clone(), ns, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    }
+}
+
+fn target(kind: &str, ns: Option<&str>, name: &str) -> String {
+    match ns {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// What a Grant's writes came to.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Expiry of a token issued this run.
+    pub issued_until: Option<Timestamp>,
+    /// The ServiceAccount's UID (written or observed), for the Secret annotation.
+    pub sa_uid: Option<String>,
+}
+
+/// Why a write failed, as a Ready=False reason: a 403 on RBAC is the apiserver's escalation
+/// check (the issuer holds no `escalate`/`bind`): it does not hold what it would grant.
+fn blocked(kind: &str, is_rbac: bool, name: &str, e: &kube::Error) -> Blocked {
+    if is_rbac && e.is_forbidden() {
+        return Blocked {
+            reason: PERMISSIONS_NOT_GRANTABLE,
+            message: format!(
+                "the issuer may not grant what {kind} {name} holds (it can only grant permissions it holds itself): {}",
+                scrub(&e.to_string())
+            ),
+        };
+    }
+    Blocked {
+        reason: ISSUE_FAILED,
+        message: format!("writing {kind} {name}: {}", scrub(&e.to_string())),
+    }
+}
+
+/// Apply the plan's objects, then the token and Secret when due.
+pub async fn issue(
+    client: &Client,
+    manager: &str,
+    grant: &str,
+    plan: &GrantPlan,
+    observed_sa_uid: Option<&str>,
+    cfg: &Config,
+    writes: &mut Writes,
+) -> Result<Applied, Blocked> {
+    let pp = PatchParams::apply(manager).force();
+    let ns = cfg.namespace.as_str();
+    let mut out = Applied {
+        sa_uid: observed_sa_uid.map(String::from),
+        ..Default::default()
+    };
+    for d in &plan.writes {
+        if !writes.will(
+            "apply",
+            target(d.kind.as_str(), d.namespace.as_deref(), &d.name),
+            format!("for Grant {grant}"),
+        ) {
+            continue;
+        }
+        let written = api(client, d.kind, ns)
+            .patch(&d.name, &pp, &Patch::Apply(&d.body))
+            .await
+            .map_err(|e| blocked(d.kind.as_str(), d.kind.is_rbac(), &d.name, &e))?;
+        writes.data_done();
+        if d.kind == Kind::ServiceAccount {
+            out.sa_uid = written.metadata.uid;
+        }
+    }
+    let Token::Issue { why } = &plan.token else {
+        return Ok(out);
+    };
+    let name = object_name(grant);
+    if !writes.will(
+        "issue",
+        target("Secret", Some(ns), &name),
+        format!("new token for Grant {grant}: {why}"),
+    ) {
+        return Ok(out);
+    }
+    let sa_uid = match &out.sa_uid {
+        Some(u) => u.clone(),
+        None => {
+            return Err(Blocked {
+                reason: ISSUE_FAILED,
+                message: format!("ServiceAccount {ns}/{name} has no UID yet"),
+            });
+        }
+    };
+    let ttl = i64::try_from(plan.ttl.as_secs()).unwrap_or(i64::MAX);
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(ttl),
+            audiences: Vec::new(),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let tr = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(&name, &PostParams::default(), &tr)
+        .await
+        .map_err(|e| blocked("TokenRequest for ServiceAccount", false, &name, &e))?;
+    let Some(status) = tr.status else {
+        return Err(Blocked {
+            reason: ISSUE_FAILED,
+            message: format!("the TokenRequest for ServiceAccount {ns}/{name} returned no token"),
+        });
+    };
+    crate::scrub::register_secret(&status.token);
+    let expires = status.expiration_timestamp.0;
+    let kc = render::kubeconfig(&cfg.server, &cfg.ca_pem, &status.token, ns, grant);
+    let body = render::secret(ns, grant, &kc, &expires.to_string(), &sa_uid);
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(&name, &pp, &Patch::Apply(&body))
+        .await
+        .map_err(|e| blocked("Secret", false, &name, &e))?;
+    writes.data_done();
+    out.issued_until = Some(expires);
+    Ok(out)
+}
+
+/// Delete what is issued for `grant`: the kinds in `kinds` (revocation order) and the Secret
+/// when `secret`. Returns the first failure; what was deleted stays deleted.
+pub async fn revoke(
+    client: &Client,
+    grant: &str,
+    ns: &str,
+    kinds: &[Kind],
+    secret: bool,
+    writes: &mut Writes,
+) -> Result<(), String> {
+    let name = object_name(grant);
+    let dp = DeleteParams::background();
+    let mut steps: Vec<(String, Option<Kind>)> = kinds
+        .iter()
+        .map(|k| (k.as_str().to_string(), Some(*k)))
+        .collect();
+    if secret {
+        // Right after the ServiceAccount: the identity is gone, then its kubeconfig.
+        let at = usize::from(kinds.first() == Some(&Kind::ServiceAccount));
+        steps.insert(at, ("Secret".into(), None));
+    }
+    for (kind, k) in steps {
+        let namespaced = k.is_none_or(Kind::namespaced);
+        let t = target(&kind, namespaced.then_some(ns), &name);
+        if !writes.will("delete", t, format!("revoke Grant {grant}")) {
+            continue;
+        }
+        let r: Result<(), kube::Error> = match k {
+            Some(k) => api(client, k, ns).delete(&name, &dp).await.map(|_| ()),
+            None => Api::<Secret>::namespaced(client.clone(), ns)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        };
+        match r {
+            Ok(()) => writes.data_done(),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(format!("deleting {kind} {name}: {}", scrub(&e.to_string()))),
+        }
+    }
+    Ok(())
+}
+
+/// Body for a status write.
+pub fn status_body(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}

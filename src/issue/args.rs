@@ -1,0 +1,41 @@
+//! Flags of `kbind issue` (docs/issue.md "Flags").
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::pass::args::parse_duration;
+
+/// Where the in-cluster CA lives in every pod.
+pub const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct IssueArgs {
+    /// Namespace holding every issued ServiceAccount and kubeconfig Secret; the issued
+    /// kubeconfig's context namespace (the consumer's heartbeat Lease lives there).
+    #[arg(long, env = "KBIND_GRANTS_NAMESPACE", default_value = "kbind-grants")]
+    pub grants_namespace: String,
+    /// The provider API URL consumers reach (https://…): the issued kubeconfig's server.
+    /// Required, except with --print-kubeconfig.
+    #[arg(
+        long,
+        env = "KBIND_SERVER_URL",
+        required_unless_present = "print_kubeconfig"
+    )]
+    pub server_url: Option<String>,
+    /// PEM file of the CA that signs the provider's serving certificate, embedded in the issued
+    /// kubeconfig. Default: the in-cluster CA.
+    #[arg(long, default_value = IN_CLUSTER_CA)]
+    pub server_ca_file: PathBuf,
+    /// Re-issue a token when less than this is left before it expires. Default: a third of the
+    /// Grant's tokenTTL.
+    #[arg(long, value_parser = parse_duration)]
+    pub reissue_before: Option<Duration>,
+    /// Only Grants matching this label selector (e.g. `tier=gold`), for one-off runs; Exports
+    /// not named by them are left alone, and nothing of a deleted Grant is cleaned up.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// Print the kubeconfig issued for this Grant (for out-of-band hand-over) and exit; writes
+    /// nothing and takes no Lease.
+    #[arg(long, value_name = "GRANT")]
+    pub print_kubeconfig: Option<String>,
+}

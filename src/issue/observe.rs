@@ -1,0 +1,248 @@
+//! What `kbind issue` reads each run: Grants, the catalog, exported CRDs, and everything issued
+//! (found by the label `iam.kbind.io/grant`), in a fixed number of paginated LISTs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, ObjectMeta};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::api::catalog::{Collection, Export};
+use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HASH};
+use crate::api::keys::EXPORTED;
+use crate::pass::list;
+
+use super::IssueError;
+use super::plan::{Catalog, Issued, SecretObs};
+use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
+
+/// Everything one run works from.
+pub struct Observed {
+    pub grants: Vec<Grant>,
+    pub exports: Vec<Export>,
+    pub catalog: Catalog,
+    /// What is issued, by Grant name (including Grants that no longer exist).
+    pub issued: BTreeMap<String, Issued>,
+}
+
+fn listed(what: &str, ns: Option<&str>) -> impl Fn(kube::Error) -> IssueError {
+    let what = match ns {
+        Some(ns) => format!("{what} in {ns}"),
+        None => what.to_string(),
+    };
+    move |source| IssueError::List {
+        what: what.clone(),
+        source,
+    }
+}
+
+/// LIST every object of kind `K` labelled with a Grant, as (grant, metadata).
+async fn labelled<K>(
+    api: Api<K>,
+    what: &str,
+    ns: Option<&str>,
+) -> Result<Vec<(String, K)>, IssueError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let lp = ListParams::default().labels(GRANT_KEY);
+    let items = list::all(&api, &lp).await.map_err(listed(what, ns))?;
+    Ok(items
+        .into_iter()
+        .filter_map(|o| {
+            let g = o.meta().labels.as_ref()?.get(GRANT_KEY)?.clone();
+            Some((g, o))
+        })
+        .collect())
+}
+
+fn spec_hash(meta: &ObjectMeta) -> String {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(SPEC_HASH))
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn note<K: Resource>(issued: &mut BTreeMap<String, Issued>, kind: Kind, items: Vec<(String, K)>) {
+    for (g, o) in items {
+        // Only the object of the expected name counts (anything else labelled is not ours).
+        if o.meta().name.as_deref() != Some(&super::render::object_name(&g)) {
+            continue;
+        }
+        let entry = issued.entry(g).or_default();
+        entry.hashes.insert(kind, spec_hash(o.meta()));
+        if kind == Kind::ServiceAccount {
+            entry.sa_uid = o.meta().uid.clone();
+        }
+    }
+}
+
+/// The issued Secret's token, expiry and kubeconfig; the token is registered for scrubbing.
+pub fn secret_obs(s: &Secret) -> SecretObs {
+    let ann = s.metadata.annotations.clone().unwrap_or_default();
+    let kubeconfig =
+        crate::secrets::key_bytes(s, KUBECONFIG_KEY).and_then(|b| String::from_utf8(b).ok());
+    let token = kubeconfig.as_deref().and_then(|text| {
+        use secrecy::ExposeSecret;
+        let kc = kube::config::Kubeconfig::from_yaml(text).ok()?;
+        let t = kc
+            .auth_infos
+            .first()?
+            .auth_info
+            .as_ref()?
+            .token
+            .as_ref()?
+            .expose_secret()
+            .to_string();
+        crate::scrub::register_secret(&t);
+        Some(t)
+    });
+    SecretObs {
+        expires_at: ann
+            .get(EXPIRES_AT)
+            .and_then(|t| t.parse::<Timestamp>().ok()),
+        sa_uid: ann.get(SERVICE_ACCOUNT_UID).cloned().unwrap_or_default(),
+        token,
+        kubeconfig,
+    }
+}
+
+pub async fn observe(
+    client: &Client,
+    ns: &str,
+    selector: Option<&str>,
+) -> Result<Observed, IssueError> {
+    let lp = ListParams::default();
+    let glp = match selector {
+        Some(s) => ListParams::default().labels(s),
+        None => ListParams::default(),
+    };
+    let grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
+        .await
+        .map_err(listed("Grants", None))?;
+    let exports = list::all(&Api::<Export>::all(client.clone()), &lp)
+        .await
+        .map_err(listed("Exports", None))?;
+    let collections = list::all(&Api::<Collection>::all(client.clone()), &lp)
+        .await
+        .map_err(listed("Collections", None))?;
+    let crd_lp = ListParams::default().labels(&format!("{EXPORTED}=true"));
+    let exported = list::map_all(
+        &Api::<CustomResourceDefinition>::all(client.clone()),
+        &crd_lp,
+        |c| ResolvedApi {
+            name: format!("{}.{}", c.spec.names.plural, c.spec.group),
+            group: c.spec.group,
+            plural: c.spec.names.plural,
+        },
+    )
+    .await
+    .map_err(listed("exported CRDs", None))?;
+    let catalog = Catalog {
+        exports: exports
+            .iter()
+            .filter_map(|e| Some((e.metadata.name.clone()?, e.spec.clone())))
+            .collect(),
+        collections: collections
+            .into_iter()
+            .filter_map(|c| Some((c.metadata.name?, c.spec)))
+            .collect(),
+        exported: exported.into_iter().map(|a| (a.name.clone(), a)).collect(),
+    };
+
+    let mut issued: BTreeMap<String, Issued> = BTreeMap::new();
+    let c = client;
+    note(
+        &mut issued,
+        Kind::ServiceAccount,
+        labelled(
+            Api::<ServiceAccount>::namespaced(c.clone(), ns),
+            "ServiceAccounts",
+            Some(ns),
+        )
+        .await?,
+    );
+    note(
+        &mut issued,
+        Kind::Role,
+        labelled(Api::<Role>::namespaced(c.clone(), ns), "Roles", Some(ns)).await?,
+    );
+    note(
+        &mut issued,
+        Kind::RoleBinding,
+        labelled(
+            Api::<RoleBinding>::namespaced(c.clone(), ns),
+            "RoleBindings",
+            Some(ns),
+        )
+        .await?,
+    );
+    note(
+        &mut issued,
+        Kind::ClusterRole,
+        labelled(Api::<ClusterRole>::all(c.clone()), "ClusterRoles", None).await?,
+    );
+    note(
+        &mut issued,
+        Kind::ClusterRoleBinding,
+        labelled(
+            Api::<ClusterRoleBinding>::all(c.clone()),
+            "ClusterRoleBindings",
+            None,
+        )
+        .await?,
+    );
+    note(
+        &mut issued,
+        Kind::Policy,
+        labelled(
+            Api::<ValidatingAdmissionPolicy>::all(c.clone()),
+            "ValidatingAdmissionPolicies",
+            None,
+        )
+        .await?,
+    );
+    note(
+        &mut issued,
+        Kind::PolicyBinding,
+        labelled(
+            Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
+            "ValidatingAdmissionPolicyBindings",
+            None,
+        )
+        .await?,
+    );
+    for (g, s) in labelled(
+        Api::<Secret>::namespaced(c.clone(), ns),
+        "Secrets",
+        Some(ns),
+    )
+    .await?
+    {
+        if s.metadata.name.as_deref() == Some(&super::render::object_name(&g)) {
+            issued.entry(g).or_default().secret = Some(secret_obs(&s));
+        }
+    }
+    for (g, l) in labelled(Api::<Lease>::namespaced(c.clone(), ns), "Leases", Some(ns)).await? {
+        if let (Some(name), Some(created)) = (l.metadata.name, l.metadata.creation_timestamp) {
+            // Only attach Leases to Grants that exist or have something issued: a heartbeat
+            // alone does not make a Grant.
+            issued.entry(g).or_default().leases.push((created.0, name));
+        }
+    }
+    Ok(Observed {
+        grants,
+        exports,
+        catalog,
+        issued,
+    })
+}

@@ -1,0 +1,354 @@
+//! What `kbind issue` writes for one Grant, built purely from the Grant, its resolved APIs and
+//! the flags (docs/issue.md "What a Grant gets"). Every object carries the label
+//! `iam.kbind.io/grant: <grant>` (how the issuer finds them again) and an annotation with the
+//! hash of its own content (how the issuer tells "unchanged" without comparing defaulted fields).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use serde_json::{Value, json};
+use sha2::Digest;
+
+use crate::api::iam::{GRANT_KEY, SPEC_HASH};
+use crate::api::keys;
+
+/// The data key of the issued kubeconfig: the Connection Secret's default key.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// Every verb the issued identity has on an exported API's objects and their status.
+pub const OBJECT_VERBS: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// One exported API a Grant gives access to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ResolvedApi {
+    /// `<plural>.<group>` (also the CRD's name).
+    pub name: String,
+    pub group: String,
+    pub plural: String,
+}
+
+/// What a Grant resolves to: its APIs (sorted, deduplicated) and extra rules.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolved {
+    pub apis: Vec<ResolvedApi>,
+    pub permissions: Vec<PolicyRule>,
+}
+
+/// The name of every object issued for `grant` (a Grant's name is a DNS label, so this is too
+/// short to need truncating: at most 75 characters).
+pub fn object_name(grant: &str) -> String {
+    format!("kbind-grant-{grant}")
+}
+
+/// `system:serviceaccount:<ns>:<name>`, the issued identity's user name.
+pub fn username(namespace: &str, grant: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{}", object_name(grant))
+}
+
+/// The kinds issued per Grant, in the order they are written (the policy before any token, so
+/// the identity is never unconfined) — and revoked in the reverse order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    ServiceAccount,
+    ClusterRole,
+    Role,
+    ClusterRoleBinding,
+    RoleBinding,
+    Policy,
+    PolicyBinding,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [
+        Kind::ServiceAccount,
+        Kind::ClusterRole,
+        Kind::Role,
+        Kind::ClusterRoleBinding,
+        Kind::RoleBinding,
+        Kind::Policy,
+        Kind::PolicyBinding,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::ClusterRole => "ClusterRole",
+            Kind::Role => "Role",
+            Kind::ClusterRoleBinding => "ClusterRoleBinding",
+            Kind::RoleBinding => "RoleBinding",
+            Kind::Policy => "ValidatingAdmissionPolicy",
+            Kind::PolicyBinding => "ValidatingAdmissionPolicyBinding",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::ServiceAccount => "v1",
+            Kind::ClusterRole | Kind::Role | Kind::ClusterRoleBinding | Kind::RoleBinding => {
+                "rbac.authorization.k8s.io/v1"
+            }
+            Kind::Policy | Kind::PolicyBinding => "admissionregistration.k8s.io/v1",
+        }
+    }
+
+    pub fn namespaced(self) -> bool {
+        matches!(self, Kind::ServiceAccount | Kind::Role | Kind::RoleBinding)
+    }
+
+    /// RBAC objects: a 403 writing them means the issuer does not hold what they grant.
+    pub fn is_rbac(self) -> bool {
+        matches!(
+            self,
+            Kind::ClusterRole | Kind::Role | Kind::ClusterRoleBinding | Kind::RoleBinding
+        )
+    }
+}
+
+/// One object to write, with the hash of its content.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    pub kind: Kind,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub hash: String,
+    /// The whole object, hash annotation included, ready for server-side apply.
+    pub body: Value,
+}
+
+/// Hash of a JSON value (serde_json writes maps in key order: stable).
+pub fn hash(v: &Value) -> String {
+    hex::encode(&sha2::Sha256::digest(v.to_string().as_bytes())[..12])
+}
+
+fn labels(grant: &str) -> Value {
+    json!({GRANT_KEY: grant, MANAGED_BY: "kbind"})
+}
+
+fn desired(kind: Kind, grant: &str, namespace: &str, mut content: Value) -> Desired {
+    let name = object_name(grant);
+    let h = hash(&content);
+    let mut metadata = json!({
+        "name": name,
+        "labels": labels(grant),
+        "annotations": {SPEC_HASH: h},
+    });
+    if kind.namespaced() {
+        metadata["namespace"] = json!(namespace);
+    }
+    content["apiVersion"] = json!(kind.api_version());
+    content["kind"] = json!(kind.as_str());
+    content["metadata"] = metadata;
+    Desired {
+        kind,
+        name,
+        namespace: kind.namespaced().then(|| namespace.to_string()),
+        hash: h,
+        body: content,
+    }
+}
+
+/// The cluster-wide rules of the issued identity, exactly (docs/issue.md lists them).
+pub fn cluster_rules(r: &Resolved) -> Vec<Value> {
+    let crds: Vec<&str> = r.apis.iter().map(|a| a.name.as_str()).collect();
+    let mut rules = vec![
+        // `kbind schema` lists exported CRDs by label: a LIST cannot be narrowed by name.
+        json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list"]}),
+        json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": crds, "verbs": ["get"]}),
+    ];
+    for a in &r.apis {
+        rules.push(json!({
+            "apiGroups": [a.group],
+            "resources": [a.plural, format!("{}/status", a.plural)],
+            "verbs": OBJECT_VERBS,
+        }));
+    }
+    // resync creates a provider namespace an object needs; the identity read.
+    rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]}));
+    rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}));
+    // On a provider serving kcp's LogicalCluster API, the identity is that object's UID
+    // (docs/schema.md): without this, kbind bind and kbind schema stop at the identity read.
+    rules.push(json!({"apiGroups": ["core.kcp.io"], "resources": ["logicalclusters"], "resourceNames": ["cluster"], "verbs": ["get"]}));
+    for p in &r.permissions {
+        rules.push(serde_json::to_value(p).unwrap_or(Value::Null));
+    }
+    rules.retain(|v| !v.is_null());
+    rules
+}
+
+/// The rules in the grants namespace: the heartbeat Lease, and its own kubeconfig Secret.
+pub fn namespace_rules(grant: &str) -> Vec<Value> {
+    vec![
+        // Heartbeat Lease (server-side apply: get, patch, create; update for older clients).
+        // No list: Lease names carry other consumers' cluster UIDs.
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"]}),
+        // Rotation by pull: the consumer reads its own new kubeconfig with its current token.
+        json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": [object_name(grant)], "verbs": ["get"]}),
+    ]
+}
+
+/// A CEL string literal of a value already checked to hold no quote or backslash.
+fn lit(s: &str) -> String {
+    format!("'{s}'")
+}
+
+/// The per-Grant ValidatingAdmissionPolicy (docs/issue.md "Confinement"): requests of the
+/// Grant's ServiceAccount on the Export's objects (and status), on namespaces (create) and on
+/// Leases must keep to its own consumer cluster and Grant. `pinned` is the consumer-cluster
+/// value once known; until then every object write is refused.
+pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>) -> Value {
+    let mut rules: Vec<Value> = r
+        .apis
+        .iter()
+        .map(|a| {
+            json!({
+                "apiGroups": [a.group],
+                "apiVersions": ["*"],
+                "resources": [a.plural, format!("{}/status", a.plural)],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+            })
+        })
+        .collect();
+    rules.push(json!({"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["CREATE"]}));
+    rules.push(json!({"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE", "DELETE"]}));
+    let label = |obj: &str, key: &str| {
+        format!(
+            "({obj} == null || !has({obj}.metadata.labels) || !({k} in {obj}.metadata.labels) ? '' : {obj}.metadata.labels[{k}])",
+            k = lit(key)
+        )
+    };
+    json!({
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": rules},
+        "matchConditions": [{
+            "name": "issued-identity",
+            "expression": format!("request.userInfo.username == {}", lit(&username(namespace, grant))),
+        }],
+        "variables": [
+            {"name": "isLease", "expression": "request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases'"},
+            {"name": "pinned", "expression": lit(pinned.unwrap_or(""))},
+            {"name": "newCluster", "expression": label("object", keys::CONSUMER_CLUSTER)},
+            {"name": "oldCluster", "expression": label("oldObject", keys::CONSUMER_CLUSTER)},
+            {"name": "newGrant", "expression": label("object", GRANT_KEY)},
+            {"name": "oldGrant", "expression": label("oldObject", GRANT_KEY)},
+        ],
+        "validations": [
+            {
+                "expression": format!("!variables.isLease || ((object == null || variables.newGrant == {g}) && (oldObject == null || variables.oldGrant == {g}))", g = lit(grant)),
+                "message": format!("this identity may only write Leases labelled {GRANT_KEY}={grant}"),
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "variables.isLease || variables.pinned != ''",
+                "message": format!("the consumer cluster of Grant {grant} is not pinned yet: kbind resync's heartbeat pins it at the next kbind issue run, then writes are allowed"),
+                "reason": "Forbidden",
+            },
+            {
+                "expression": format!("variables.isLease || ((object == null || variables.newCluster == variables.pinned || (request.operation == 'UPDATE' && variables.newCluster == '')) && (oldObject == null || variables.oldCluster == variables.pinned))"),
+                "messageExpression": format!("'Grant {grant} may only write objects labelled {}=' + variables.pinned", keys::CONSUMER_CLUSTER),
+                "reason": "Forbidden",
+            },
+        ],
+    })
+}
+
+/// Everything issued for a Grant except the Secret, in write order.
+pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>) -> Vec<Desired> {
+    let name = object_name(grant);
+    let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]);
+    let role_ref =
+        |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
+    vec![
+        desired(Kind::ServiceAccount, grant, namespace, json!({})),
+        desired(
+            Kind::ClusterRole,
+            grant,
+            namespace,
+            json!({"rules": cluster_rules(r)}),
+        ),
+        desired(
+            Kind::Role,
+            grant,
+            namespace,
+            json!({"rules": namespace_rules(grant)}),
+        ),
+        desired(
+            Kind::ClusterRoleBinding,
+            grant,
+            namespace,
+            json!({"roleRef": role_ref("ClusterRole"), "subjects": subject}),
+        ),
+        desired(
+            Kind::RoleBinding,
+            grant,
+            namespace,
+            json!({"roleRef": role_ref("Role"), "subjects": subject}),
+        ),
+        desired(
+            Kind::Policy,
+            grant,
+            namespace,
+            json!({"spec": policy_spec(r, namespace, grant, pinned)}),
+        ),
+        desired(
+            Kind::PolicyBinding,
+            grant,
+            namespace,
+            json!({"spec": {"policyName": name, "validationActions": ["Deny"]}}),
+        ),
+    ]
+}
+
+/// Base64, as Kubernetes serializes bytes.
+fn b64(bytes: &[u8]) -> Value {
+    serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())).unwrap_or(Value::Null)
+}
+
+/// The issued kubeconfig: self-contained (server, embedded CA, token), context namespace the
+/// grants namespace. YAML text.
+pub fn kubeconfig(
+    server: &str,
+    ca_pem: &[u8],
+    token: &str,
+    namespace: &str,
+    grant: &str,
+) -> String {
+    let ca = b64(ca_pem);
+    let v = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "provider", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": grant, "user": {"token": token}}],
+        "contexts": [{"name": grant, "context": {"cluster": "provider", "user": grant, "namespace": namespace}}],
+        "current-context": grant,
+    });
+    serde_saphyr::to_string(&v).unwrap_or_else(|_| v.to_string())
+}
+
+/// The issued Secret.
+pub fn secret(
+    namespace: &str,
+    grant: &str,
+    kubeconfig: &str,
+    expires_at: &str,
+    sa_uid: &str,
+) -> Value {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(crate::api::iam::EXPIRES_AT, expires_at.to_string());
+    annotations.insert(GRANT_KEY, grant.to_string());
+    annotations.insert(crate::api::iam::SERVICE_ACCOUNT_UID, sa_uid.to_string());
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": object_name(grant),
+            "namespace": namespace,
+            "labels": labels(grant),
+            "annotations": annotations,
+        },
+        "type": "Opaque",
+        "data": {KUBECONFIG_KEY: b64(kubeconfig.as_bytes())},
+    })
+}

@@ -1,0 +1,776 @@
+//! `kbind issue` against the provider apiserver, run as the real binary: what a Grant gets, what
+//! its kubeconfig may and may not do, re-issue, a second run writing nothing, revocation, and
+//! the issuer running as the identity deploy/components/provider/issue-rbac.yaml describes. Each test uses its own
+//! API group, grants namespace (also its Lease namespace) and a Grant label passed as
+//! --selector, so tests run in parallel on the shared servers.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kbind::api::iam::Grant;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::issue_fx::{Ix, api_of, client_of, ready, status_code, token_of, until_code, widget};
+
+/// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`.
+fn heartbeat(uid: &str, grant: &str) -> Lease {
+    serde_json::from_value(json!({"metadata": {"name": format!("consumer-{uid}"), "labels": {"iam.kbind.io/grant": grant}},
+        "spec": {"holderIdentity": format!("kbind-resync/{uid}")}})).unwrap()
+}
+
+#[tokio::test]
+async fn a_grant_is_issued_confined_reissued_and_revoked() {
+    let Some(ix) = Ix::new("issue").await else {
+        return;
+    };
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    ix.fx
+        .provider_crd("gizmos", "Namespaced", Some("true"), None)
+        .await;
+    let group = ix.fx.group.clone();
+    let export = format!("{}-w", ix.fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    let (a, b) = (format!("{}-a", ix.fx.label), format!("{}-b", ix.fx.label));
+    ix.grant(&a, &export, "10m").await;
+    ix.grant(&b, &export, "10m").await;
+
+    let s = ix.run(&[]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    // Per Grant: SA, ClusterRole, Role, two bindings, policy and its binding, the Secret.
+    assert_eq!(s["data_writes"], 16, "{s}");
+    let p = ix.fx.provider.clone();
+    for g in [&a, &b] {
+        let n = format!("kbind-grant-{g}");
+        Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+            .get(&n)
+            .await
+            .unwrap();
+        Api::<Role>::namespaced(p.clone(), &ix.ns)
+            .get(&n)
+            .await
+            .unwrap();
+        Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
+            .get(&n)
+            .await
+            .unwrap();
+        Api::<ClusterRole>::all(p.clone()).get(&n).await.unwrap();
+        Api::<ClusterRoleBinding>::all(p.clone())
+            .get(&n)
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicy>::all(p.clone())
+            .get(&n)
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
+            .get(&n)
+            .await
+            .unwrap();
+        let sec = ix.secret(g).await;
+        let ann = sec.metadata.annotations.unwrap();
+        assert_eq!(ann["iam.kbind.io/grant"], **g);
+        let expires: k8s_openapi::jiff::Timestamp = ann["iam.kbind.io/expires-at"].parse().unwrap();
+        let left = expires.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
+        assert!((500..=610).contains(&left), "a 10m token: {left}s left");
+        let st = ix.get_grant(g).await;
+        assert_eq!(
+            ready(&st),
+            ("True".into(), "Issued".into()),
+            "{:?}",
+            st.status
+        );
+        let status = st.status.unwrap();
+        assert_eq!(status.secret_ref.unwrap().name, n);
+        assert_eq!(status.service_account.unwrap(), format!("{}/{n}", ix.ns));
+        assert_eq!(status.granted_apis, vec![widgets.clone()]);
+        assert!(
+            st.metadata
+                .finalizers
+                .unwrap()
+                .contains(&"iam.kbind.io/revoke".to_string())
+        );
+    }
+
+    let kc_a = ix.kubeconfig(&a).await;
+    let ca = client_of(&kc_a).await;
+    let cb = client_of(&ix.kubeconfig(&b).await).await;
+    let ns = support::namespace(&p, "objs").await;
+    // Read the Export's objects: yes. Another exported API: 403. Its own Secret only.
+    until_code("list widgets", 200, || async {
+        status_code(
+            api_of(&ca, &group, "widgets", None)
+                .list(&Default::default())
+                .await,
+        )
+    })
+    .await;
+    assert_eq!(
+        status_code(
+            api_of(&ca, &group, "gizmos", None)
+                .list(&Default::default())
+                .await
+        ),
+        403
+    );
+    let secrets = Api::<Secret>::namespaced(ca.clone(), &ix.ns);
+    assert_eq!(
+        status_code(secrets.get(&format!("kbind-grant-{a}")).await),
+        200
+    );
+    assert_eq!(
+        status_code(secrets.get(&format!("kbind-grant-{b}")).await),
+        403
+    );
+    assert_eq!(status_code(secrets.list(&Default::default()).await), 403);
+    // Not pinned yet: every object write is refused.
+    let wa = api_of(&ca, &group, "widgets", Some(&ns));
+    until_code("write before the pin", 403, || async {
+        status_code(
+            wa.create(
+                &PostParams::default(),
+                &widget(&group, "early", Some("uid-a")),
+            )
+            .await,
+        )
+    })
+    .await;
+
+    // Heartbeats (as kbind resync writes them); another Grant's label is refused.
+    let la = Api::<Lease>::namespaced(ca.clone(), &ix.ns);
+    let lb = Api::<Lease>::namespaced(cb.clone(), &ix.ns);
+    assert_eq!(
+        status_code(
+            la.create(&PostParams::default(), &heartbeat("uid-x", &b))
+                .await
+        ),
+        403
+    );
+    la.create(&PostParams::default(), &heartbeat("uid-a", &a))
+        .await
+        .unwrap();
+    lb.create(&PostParams::default(), &heartbeat("uid-b", &b))
+        .await
+        .unwrap();
+    // B may not take over A's heartbeat.
+    let mut stolen = heartbeat("uid-a", &b);
+    stolen.metadata.resource_version = None;
+    assert_eq!(
+        status_code(
+            lb.patch(
+                "consumer-uid-a",
+                &PatchParams::apply("x").force(),
+                &Patch::Apply(&stolen)
+            )
+            .await
+        ),
+        403
+    );
+
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 2, "the two policies change: {s}");
+    assert_eq!(
+        ix.get_grant(&a)
+            .await
+            .status
+            .unwrap()
+            .consumer_cluster
+            .as_deref(),
+        Some("uid-a")
+    );
+    assert_eq!(
+        ix.get_grant(&b)
+            .await
+            .status
+            .unwrap()
+            .consumer_cluster
+            .as_deref(),
+        Some("uid-b")
+    );
+
+    // Own consumer cluster: allowed. Another's: refused, both ways.
+    until_code("write own object", 200, || async {
+        status_code(
+            wa.create(
+                &PostParams::default(),
+                &widget(&group, "mine", Some("uid-a")),
+            )
+            .await,
+        )
+    })
+    .await;
+    assert_eq!(
+        status_code(
+            wa.create(
+                &PostParams::default(),
+                &widget(&group, "theirs", Some("uid-b"))
+            )
+            .await
+        ),
+        403
+    );
+    let wb = api_of(&cb, &group, "widgets", Some(&ns));
+    let mut steal = widget(&group, "mine", Some("uid-b"));
+    steal.metadata.resource_version = None;
+    assert_eq!(
+        status_code(
+            wb.patch(
+                "mine",
+                &PatchParams::apply("x").force(),
+                &Patch::Apply(&steal)
+            )
+            .await
+        ),
+        403
+    );
+    assert_eq!(
+        status_code(wb.delete("mine", &Default::default()).await),
+        403
+    );
+    // Unlabelled (a provider object kbind does not own): refused too (no adoption).
+    assert_eq!(
+        status_code(
+            wa.create(&PostParams::default(), &widget(&group, "bare", None))
+                .await
+        ),
+        403
+    );
+
+    // An unchanged pass writes nothing: no data, no status.
+    let rv = ix.get_grant(&a).await.metadata.resource_version;
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
+    assert_eq!(ix.get_grant(&a).await.metadata.resource_version, rv);
+
+    // --reissue-before as long as the TTL: a new token every run; the old one still works.
+    let s = ix.run(&["--reissue-before", "10m"]);
+    assert_eq!(s["counts"]["tokensIssued"], 2, "{s}");
+    let kc_a2 = ix.kubeconfig(&a).await;
+    assert_ne!(token_of(&kc_a), token_of(&kc_a2));
+    let ca2 = client_of(&kc_a2).await;
+    assert_eq!(
+        status_code(
+            api_of(&ca2, &group, "widgets", None)
+                .list(&Default::default())
+                .await
+        ),
+        200
+    );
+    assert_eq!(
+        status_code(
+            api_of(&ca, &group, "widgets", None)
+                .list(&Default::default())
+                .await
+        ),
+        200
+    );
+
+    // --print-kubeconfig hands the current kubeconfig over.
+    let admin = ix.fx.env.provider.to_str().unwrap().to_string();
+    let out = support::kbind_command(&["issue", "--kubeconfig", &admin, "--print-kubeconfig", &a])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), kc_a2);
+
+    // Deleting the Grant revokes everything; its tokens stop working.
+    Api::<Grant>::all(p.clone())
+        .delete(&a, &Default::default())
+        .await
+        .unwrap();
+    let s = ix.run(&[]);
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
+    let n = format!("kbind-grant-{a}");
+    assert!(
+        Api::<Grant>::all(p.clone())
+            .get_opt(&a)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Secret>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Role>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ClusterRole>::all(p.clone())
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(p.clone())
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(p.clone())
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
+            .get_opt(&n)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for c in [&ca, &ca2] {
+        until_code("revoked token", 401, || async {
+            status_code(
+                api_of(c, &group, "widgets", None)
+                    .list(&Default::default())
+                    .await,
+            )
+        })
+        .await;
+    }
+    // B is untouched.
+    assert_eq!(
+        status_code(
+            api_of(&cb, &group, "widgets", None)
+                .list(&Default::default())
+                .await
+        ),
+        200
+    );
+    Api::<Grant>::all(p.clone())
+        .delete(&b, &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+}
+
+#[tokio::test]
+async fn a_grant_that_does_not_resolve_is_not_ready_and_gets_nothing() {
+    let Some(ix) = Ix::new("issuebad").await else {
+        return;
+    };
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-x", ix.fx.label);
+    let missing = format!("nothere.{}", ix.fx.group);
+    ix.export(&export, &[&widgets, &missing], json!([])).await;
+    let (g1, g2) = (format!("{}-1", ix.fx.label), format!("{}-2", ix.fx.label));
+    ix.grant(&g1, &export, "24h").await;
+    ix.grant(&g2, &format!("{}-absent", ix.fx.label), "24h")
+        .await;
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    let st = ix.get_grant(&g1).await;
+    assert_eq!(ready(&st).1, "APINotExported");
+    let msg = &st.status.unwrap().conditions[0].message;
+    assert!(msg.contains(&missing), "{msg}");
+    assert_eq!(ready(&ix.get_grant(&g2).await).1, "ExportNotFound");
+    let e = Api::<kbind::api::catalog::Export>::all(ix.fx.provider.clone())
+        .get(&export)
+        .await
+        .unwrap();
+    assert_eq!(e.status.unwrap().missing_apis, vec![missing.clone()]);
+    for g in [&g1, &g2] {
+        let n = format!("kbind-grant-{g}");
+        assert!(
+            Api::<ServiceAccount>::namespaced(ix.fx.provider.clone(), &ix.ns)
+                .get_opt(&n)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        Api::<Grant>::all(ix.fx.provider.clone())
+            .delete(g, &Default::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
+    let Some(ix) = Ix::new("issuerbac").await else {
+        return;
+    };
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let group = ix.fx.group.clone();
+    let identity = support::identity::pass_identity(
+        &ix.fx.env.provider,
+        "deploy/components/provider/issue-rbac.yaml",
+        &ix.ns,
+        support::identity::Without::Nothing,
+    )
+    .await;
+    // What the provider admin adds per exported API (deploy/components/provider/issue-rbac.yaml, aggregated into
+    // kbind-issue-grantable; bound directly here so the test does not wait for aggregation).
+    let grantable = support::unique("grantable");
+    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": grantable, "labels": {"iam.kbind.io/grantable": "true"}},
+        "rules": [{"apiGroups": [group], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})).unwrap();
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .create(&PostParams::default(), &cr)
+        .await
+        .unwrap();
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": grantable},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grantable},
+        "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": ix.ns}]})).unwrap();
+    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
+
+    let ok = format!("{}-ok", ix.fx.label);
+    let greedy = format!("{}-greedy", ix.fx.label);
+    ix.export(&ok, &[&widgets], json!([])).await;
+    // Reading every Secret: the issuer does not hold it, so it cannot grant it.
+    ix.export(
+        &greedy,
+        &[&widgets],
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]),
+    )
+    .await;
+    let (g1, g2) = (format!("{}-1", ix.fx.label), format!("{}-2", ix.fx.label));
+    ix.grant(&g1, &ok, "1h").await;
+    ix.grant(&g2, &greedy, "1h").await;
+    let kc = identity.kubeconfig();
+    let run = || {
+        let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    };
+    let s = run();
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let st = ix.get_grant(&g1).await;
+    assert_eq!(
+        ready(&st),
+        ("True".into(), "Issued".into()),
+        "{:?}",
+        st.status
+    );
+    let st = ix.get_grant(&g2).await;
+    assert_eq!(ready(&st).1, "PermissionsNotGrantable", "{:?}", st.status);
+    // The issued identity works.
+    let c = client_of(&ix.kubeconfig(&g1).await).await;
+    until_code("list widgets", 200, || async {
+        status_code(
+            api_of(&c, &group, "widgets", None)
+                .list(&Default::default())
+                .await,
+        )
+    })
+    .await;
+    // Revocation works with the same role.
+    for g in [&g1, &g2] {
+        Api::<Grant>::all(ix.fx.provider.clone())
+            .delete(g, &Default::default())
+            .await
+            .unwrap();
+    }
+    let s = run();
+    assert_eq!(s["counts"]["revoked"], 2, "{s}");
+    for g in [&g1, &g2] {
+        assert!(
+            Api::<Grant>::all(ix.fx.provider.clone())
+                .get_opt(g)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let n = format!("kbind-grant-{g}");
+        assert!(
+            Api::<ClusterRole>::all(ix.fx.provider.clone())
+                .get_opt(&n)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let _ = Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .delete(&grantable, &Default::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .delete(&grantable, &Default::default())
+        .await;
+    identity.remove().await;
+}
+
+/// The issuer's own RBAC: no wildcard, and never `escalate`, `bind` or `impersonate` (it may
+/// only grant what it holds).
+#[test]
+fn the_issuer_role_holds_no_escalate_bind_or_wildcard() {
+    let docs = support::identity::rbac_documents("deploy/components/provider/issue-rbac.yaml");
+    let mut rules = 0;
+    for d in &docs {
+        for r in d["rules"].as_array().into_iter().flatten() {
+            rules += 1;
+            for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                for v in r[field].as_array().into_iter().flatten() {
+                    let v = v.as_str().unwrap();
+                    assert!(!v.contains('*'), "{field} wildcard in {r}");
+                    assert!(
+                        !["escalate", "bind", "impersonate"].contains(&v),
+                        "{v} in {r}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(rules >= 10, "{rules}");
+}
+
+/// The consumer side, by hand (what `kbind bind` automates): the issued kubeconfig as a
+/// Connection Secret carrying `iam.kbind.io/grant`, then `kbind schema` and `kbind resync`. The
+/// heartbeat is labelled with the Grant, the next issue run pins the consumer's cluster, and
+/// the consumer's object then reaches the provider — refused before the pin.
+#[tokio::test]
+async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
+    let Some(ix) = Ix::new("issuee2e").await else {
+        return;
+    };
+    let fx = &ix.fx;
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    let g = format!("{}-g", fx.label);
+    ix.grant(&g, &export, "1h").await;
+    ix.run(&[]);
+
+    let kc = ix.kubeconfig(&g).await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": g}},
+        "stringData": {"kubeconfig": kc}}))
+    .unwrap();
+    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .patch(
+            "issued",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+    let conn = fx
+        .connection("p", "issued", json!({"source": "CRD"}), false)
+        .await;
+    fx.binding("b", &conn, &[&widgets]).await;
+    let s = fx.run(&[]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let local = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.consumer.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    // The consumer CRD is installed by schema; then a consumer object.
+    support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
+    api_of(&fx.consumer, &fx.group, "widgets", Some(&fx.ns))
+        .create(&PostParams::default(), &widget(&fx.group, "w1", None))
+        .await
+        .unwrap();
+    let provider_widgets = api_of(&fx.provider, &fx.group, "widgets", Some(&fx.ns));
+    // Before the pin: the heartbeat is written, the object refused.
+    let s = fx.pass("resync", &[]);
+    assert!(
+        provider_widgets
+            .get_opt("w1")
+            .await
+            .unwrap_or(None)
+            .is_none(),
+        "{s}"
+    );
+    let lease = Api::<Lease>::namespaced(fx.provider.clone(), &ix.ns)
+        .get(&format!("consumer-{local}"))
+        .await
+        .unwrap();
+    assert_eq!(lease.metadata.labels.unwrap()["iam.kbind.io/grant"], g);
+
+    ix.run(&[]);
+    let st = ix.get_grant(&g).await.status.unwrap();
+    assert_eq!(st.consumer_cluster.as_deref(), Some(local.as_str()));
+    let mut synced = None;
+    for _ in 0..20 {
+        fx.pass("resync", &[]);
+        if let Some(w) = provider_widgets.get_opt("w1").await.unwrap_or(None) {
+            synced = Some(w);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let w = synced.expect("the consumer object reaches the provider after the pin");
+    assert_eq!(
+        w.metadata.labels.unwrap()["core.kbind.io/consumer-cluster"],
+        local
+    );
+}
+
+/// A run killed after each data write of a cold issue (and of a revocation) is finished by the
+/// next: the Grant ends Ready with everything issued, and a further run writes nothing.
+#[tokio::test]
+async fn a_killed_issue_run_is_finished_by_the_next() {
+    let Some(ix) = Ix::new("issuecrash").await else {
+        return;
+    };
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", ix.fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    let admin = ix.fx.env.provider.to_str().unwrap().to_string();
+    let fast = ["--lease-duration", "1s"];
+    let crashed = |n: u64| {
+        let out = support::kbind_command(&ix.args(&admin, &fast))
+            .env("KBIND_CRASH_AFTER_WRITES", n.to_string())
+            .output()
+            .unwrap();
+        support::keep_emitted(&out);
+        assert!(!out.status.success(), "crash point {n} was not reached");
+    };
+    let mut tally = support::Tally::new("issue", "cold");
+    // 7 objects and the Secret.
+    for n in support::crash_points("issue-cold", 8) {
+        let g = format!("{}-c{n}", ix.fx.label);
+        ix.grant(&g, &export, "1h").await;
+        crashed(n);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        ix.run(&fast);
+        let s = ix.run(&fast);
+        let st = ix.get_grant(&g).await;
+        let want = ("True".to_string(), "Issued".to_string());
+        let got = ready(&st);
+        let all: std::collections::BTreeSet<String> = (0..8).map(|i| i.to_string()).collect();
+        let mut have = std::collections::BTreeSet::new();
+        let p = ix.fx.provider.clone();
+        let name = format!("kbind-grant-{g}");
+        let present = [
+            Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<ClusterRole>::all(p.clone())
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<Role>::namespaced(p.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<ClusterRoleBinding>::all(p.clone())
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<ValidatingAdmissionPolicy>::all(p.clone())
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<Secret>::namespaced(p.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+        ];
+        for (i, ok) in present.iter().enumerate() {
+            if *ok {
+                have.insert(i.to_string());
+            }
+        }
+        let quiet = (s["data_writes"] == 0, s["data_writes"].clone());
+        tally.point(
+            &format!("after write {n}"),
+            &(want, true),
+            &(got, quiet.0),
+            &all,
+            &have,
+        );
+    }
+    tally.finish();
+
+    // Revocation killed after its first delete (the ServiceAccount): the next run finishes.
+    let g = format!("{}-c1", ix.fx.label);
+    Api::<Grant>::all(ix.fx.provider.clone())
+        .delete(&g, &Default::default())
+        .await
+        .unwrap();
+    crashed(1);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    ix.run(&fast);
+    assert!(
+        Api::<Grant>::all(ix.fx.provider.clone())
+            .get_opt(&g)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let name = format!("kbind-grant-{g}");
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(ix.fx.provider.clone())
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for n in support::crash_points("issue-cold", 8) {
+        let g = format!("{}-c{n}", ix.fx.label);
+        let _ = Api::<Grant>::all(ix.fx.provider.clone())
+            .delete(&g, &Default::default())
+            .await;
+    }
+    ix.run(&fast);
+}

@@ -1,0 +1,220 @@
+//! The issuer's side of a test: `kbind issue` run as the admin against the provider, with its
+//! own grants namespace and a Grant label passed as --selector (tests run in parallel on the
+//! shared servers), and the Export/Grant objects it works from.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kbind::api::iam::Grant;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+use super::fx::Fx;
+
+pub struct Ix {
+    pub fx: Fx,
+    /// Grants namespace and Lease namespace.
+    pub ns: String,
+    pub ca_file: std::path::PathBuf,
+    pub server: String,
+    /// `kbind-test=<fixture label>`: only this test's Grants.
+    pub selector: String,
+}
+
+impl Ix {
+    pub async fn new(prefix: &str) -> Option<Self> {
+        let fx = Fx::new(prefix).await?;
+        super::kbind_crds(&fx.provider).await;
+        let ns = super::namespace(&fx.provider, "grants").await;
+        let admin = fx.provider_kubeconfig();
+        let kc = Kubeconfig::from_yaml(&admin).unwrap();
+        let cluster = kc.clusters[0].cluster.clone().unwrap();
+        let ca = cluster.certificate_authority_data.clone().unwrap();
+        let pem: k8s_openapi::ByteString = serde_json::from_value(json!(ca)).unwrap();
+        let ca_file = super::temp_file("issue-ca", &String::from_utf8(pem.0).unwrap());
+        Some(Self {
+            selector: format!("kbind-test={}", fx.label),
+            server: cluster.server.clone().unwrap(),
+            fx,
+            ns,
+            ca_file,
+        })
+    }
+
+    pub fn args<'a>(&'a self, kubeconfig: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec![
+            "issue",
+            "--kubeconfig",
+            kubeconfig,
+            "--lease-namespace",
+            &self.ns,
+            "--grants-namespace",
+            &self.ns,
+            "--server-url",
+            &self.server,
+            "--server-ca-file",
+            self.ca_file.to_str().unwrap(),
+            "--selector",
+            &self.selector,
+            "-o",
+            "json",
+        ];
+        a.extend_from_slice(extra);
+        a
+    }
+
+    /// Run the issuer as the admin; returns the summary.
+    pub fn run(&self, extra: &[&str]) -> Value {
+        let admin = self.fx.env.provider.to_str().unwrap().to_string();
+        let (code, s, err) = super::kbind(&self.args(&admin, extra));
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    }
+
+    pub async fn export(&self, name: &str, apis: &[&str], permissions: Value) {
+        let e = json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
+            "metadata": {"name": name},
+            "spec": {"description": "test", "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>(), "permissions": permissions}});
+        apply(
+            &self.fx.provider,
+            "catalog.kbind.io",
+            "Export",
+            "exports",
+            &e,
+        )
+        .await;
+    }
+
+    pub async fn grant(&self, name: &str, export: &str, ttl: &str) {
+        let g = json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
+            "metadata": {"name": name, "labels": {"kbind-test": self.fx.label}},
+            "spec": {"export": export, "consumer": "team", "tokenTTL": ttl}});
+        apply(&self.fx.provider, "iam.kbind.io", "Grant", "grants", &g).await;
+    }
+
+    pub async fn get_grant(&self, name: &str) -> Grant {
+        Api::<Grant>::all(self.fx.provider.clone())
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    pub async fn secret(&self, grant: &str) -> Secret {
+        Api::<Secret>::namespaced(self.fx.provider.clone(), &self.ns)
+            .get(&format!("kbind-grant-{grant}"))
+            .await
+            .unwrap()
+    }
+
+    /// The issued kubeconfig of `grant` (text), validated as a Connection Secret would be.
+    pub async fn kubeconfig(&self, grant: &str) -> String {
+        let s = self.secret(grant).await;
+        let policy = kbind::connection::CredentialPolicy::new(&Default::default(), self.ns.clone());
+        let pk = kbind::connection::kubeconfig::kubeconfig_from_secret(
+            Some(&s),
+            &self.ns,
+            &format!("kbind-grant-{grant}"),
+            "kubeconfig",
+            &policy,
+        )
+        .expect("the issued kubeconfig passes kbind's Connection validation");
+        assert_eq!(pk.default_namespace, self.ns);
+        String::from_utf8(s.data.unwrap()["kubeconfig"].0.clone()).unwrap()
+    }
+}
+
+pub async fn apply(c: &Client, group: &str, kind: &str, plural: &str, body: &Value) {
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1alpha1", kind), plural);
+    let name = body["metadata"]["name"].as_str().unwrap();
+    Api::<DynamicObject>::all_with(c.clone(), &ar)
+        .patch(
+            name,
+            &PatchParams::apply("kbind-tests").force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+}
+
+pub async fn client_of(kubeconfig: &str) -> Client {
+    let kc = Kubeconfig::from_yaml(kubeconfig).unwrap();
+    Client::try_from(
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+pub fn token_of(kubeconfig: &str) -> String {
+    use secrecy::ExposeSecret;
+    let kc = Kubeconfig::from_yaml(kubeconfig).unwrap();
+    kc.auth_infos[0]
+        .auth_info
+        .as_ref()
+        .unwrap()
+        .token
+        .as_ref()
+        .unwrap()
+        .expose_secret()
+        .to_string()
+}
+
+pub fn api_of(c: &Client, group: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
+    let kind = format!(
+        "{}{}",
+        plural[..1].to_uppercase(),
+        &plural[1..plural.len() - 1]
+    );
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", &kind), plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(c.clone(), ns, &ar),
+        None => Api::all_with(c.clone(), &ar),
+    }
+}
+
+pub fn widget(group: &str, name: &str, cluster: Option<&str>) -> DynamicObject {
+    let mut w = json!({"apiVersion": format!("{group}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": 1}});
+    if let Some(c) = cluster {
+        w["metadata"]["labels"] = json!({"core.kbind.io/consumer-cluster": c});
+    }
+    serde_json::from_value(w).unwrap()
+}
+
+pub fn status_code(r: Result<impl std::fmt::Debug, kube::Error>) -> u16 {
+    match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("not an API error: {e}"),
+    }
+}
+
+/// Poll until `f` gives `want` (admission policies and RBAC take effect a moment after they
+/// are written), for up to ~20 s; returns the last code.
+pub async fn until_code<F, Fut>(what: &str, want: u16, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = u16>,
+{
+    let mut last = 0;
+    for _ in 0..100 {
+        last = f().await;
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what}: wanted {want}, last got {last}");
+}
+
+pub fn ready(g: &Grant) -> (String, String) {
+    let c = g
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    c.map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default()
+}
