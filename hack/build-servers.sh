@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB) from Go
-# modules into a version-keyed cache outside the repo, and extracts kcp's published CRDs from its
-# module. Anything already in the cache is reused.
+# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB) and the
+# test tool helm (tests/install.rs renders and lints charts/kbind) from Go modules into a
+# version-keyed cache outside the repo, and extracts kcp's published CRDs from its module.
+# Anything already in the cache is reused.
 # Usage: hack/build-servers.sh                 (all)
 #        hack/build-servers.sh --print-dir      (print the cache dir and exit)
+#        hack/build-servers.sh --print-helm     (print the helm binary's path)
 #        hack/build-servers.sh --print-kcp-crds (print where kcp's published CRDs are kept)
 #        hack/build-servers.sh --with-kcp       (also build kcp itself: not needed by the test suite;
 #                                                hack/kcp-claims.sh uses it; ~36 min cold on 2 cores)
@@ -13,6 +15,7 @@ KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 SPICEDB_VERSION=v1.56.2
 KCP_VERSION=v0.31.2
+HELM_VERSION=v3.22.0
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KBIND_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kbind/bin}
@@ -20,6 +23,7 @@ mkdir -p "$cache"
 
 if [ "${1:-}" = "--print-dir" ]; then echo "$cache"; exit 0; fi
 if [ "${1:-}" = "--print-kcp-crds" ]; then echo "$cache/kcp-crds-$KCP_VERSION"; exit 0; fi
+if [ "${1:-}" = "--print-helm" ]; then echo "$cache/helm-$HELM_VERSION"; exit 0; fi
 if [ "${1:-}" = "--print-kcp" ]; then echo "$cache/kcp-$KCP_VERSION"; exit 0; fi
 if ! command -v go >/dev/null 2>&1; then
   echo "build-servers: Go is needed to build the test servers (only Go; nothing is downloaded but modules)" >&2
@@ -55,6 +59,8 @@ build kube-apiserver "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-apiserver "
 build kube-controller-manager "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags)"
 build spicedb "$SPICEDB_VERSION" spicedb github.com/authzed/spicedb/cmd/spicedb \
   "-X github.com/jzelinskie/cobrautil/v2.Version=$SPICEDB_VERSION"
+build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 
 # kcp's own published CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster), taken
 # from its Go module (nothing vendored), so a test checks the objects kbind writes against them.

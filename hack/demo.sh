@@ -26,7 +26,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "install kbind's CRDs on the consumer, and the job namespaces (kbind-system; kbind-relsync for relsync)"
 "$kbind" crds | "${consumer[@]}" apply --server-side -f - >/dev/null
-"${consumer[@]}" apply -f deploy/namespace.yaml >/dev/null
+"${consumer[@]}" apply -f deploy/base/namespace.yaml -f deploy/components/directory/namespace.yaml >/dev/null
 "${consumer[@]}" wait --for condition=Established crd --all --timeout=60s >/dev/null
 
 step "provider: export an API (label core.kbind.io/exported=true)"
@@ -129,8 +129,8 @@ spec:
   auth: {agentIdentity: directory-sync, credential: scim}
 YAML
 
-step "relsync's identity (deploy/rbac/relsync.yaml): its own namespace kbind-relsync, no Secret access anywhere yet"
-"${consumer[@]}" apply -f deploy/rbac/relsync.yaml >/dev/null
+step "relsync's identity (deploy/components/directory/relsync-rbac.yaml): its own namespace kbind-relsync, no Secret access anywhere yet"
+"${consumer[@]}" apply -f deploy/components/directory/relsync-rbac.yaml >/dev/null
 relsync_kc="$dir/relsync.kubeconfig"
 cp "$KBIND_TEST_CONSUMER_KUBECONFIG" "$relsync_kc"
 kc_user=$(kubectl --kubeconfig "$relsync_kc" config view -o jsonpath='{.contexts[0].context.user}')
@@ -148,8 +148,8 @@ step "kbind relsync as kbind-relsync/kbind-relsync: team-a has not granted it it
 "${relsync[@]}"
 show_ready
 
-step "team-a grants it (deploy/rbac/relsync-credentials-example.yaml); kbind relsync: memberships into SpiceDB"
-"${consumer[@]}" apply -f deploy/rbac/relsync-credentials-example.yaml >/dev/null
+step "team-a grants it (deploy/components/directory/relsync-credentials-example.yaml); kbind relsync: memberships into SpiceDB"
+"${consumer[@]}" apply -f deploy/components/directory/relsync-credentials-example.yaml >/dev/null
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   "${consumer[@]}" auth can-i get secrets -n team-a --as system:serviceaccount:kbind-relsync:kbind-relsync >/dev/null 2>&1 && break
   sleep 0.5
@@ -169,6 +169,45 @@ done
 
 step "kbind relsync again: not due before its interval, nothing written"
 "${relsync[@]}"
+
+step "service layer, provider side: a second exported API, an Export of it, a Grant for team-b's cluster; kbind issue"
+"${provider[@]}" apply -f config/demo/service.yaml
+"${provider[@]}" wait --for condition=Established crd caches.demo.kbind.io --timeout=60s >/dev/null
+issue=("$kbind" issue --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG" --lease-namespace kbind-system
+  --server-url "$KBIND_TEST_PROVIDER_URL" --server-ca-file "$dir/pki/ca.crt" -o text)
+"${issue[@]}"
+"${provider[@]}" get grants.iam.kbind.io team-b
+"${provider[@]}" -n kbind-grants get serviceaccount,secret kbind-grant-team-b
+
+step "the provider admin hands the kubeconfig over (kbind issue --print-kubeconfig); on the consumer, kbind bind"
+"$kbind" issue --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG" --print-kubeconfig team-b > "$dir/team-b.kubeconfig"
+"$kbind" bind --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --provider-kubeconfig "$dir/team-b.kubeconfig" \
+  --name caches --apis caches.demo.kbind.io --grant-secret kbind-grants/kbind-grant-team-b -o text
+"$kbind" schema --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
+"${consumer[@]}" wait --for condition=Established crd caches.demo.kbind.io --timeout=60s >/dev/null
+
+step "a Cache on the consumer; resync's heartbeat names the Grant, the issuer pins this consumer cluster, then the Cache syncs"
+cat <<'YAML' | "${consumer[@]}" apply -f -
+apiVersion: demo.kbind.io/v1
+kind: Cache
+metadata: {name: sessions, namespace: team-a}
+spec: {memoryMB: 256}
+YAML
+"$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text || true
+"${issue[@]}"
+"${provider[@]}" get grants.iam.kbind.io team-b -o jsonpath='pinned consumer cluster: {.status.consumerCluster}{"\n"}'
+# (The apiserver applies the policy's new parameter a moment after the issuer wrote it.)
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  "$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
+  "${provider[@]}" get cache sessions -n team-a >/dev/null 2>&1 && break
+  sleep 1
+done
+"${provider[@]}" get caches -n team-a -L core.kbind.io/consumer-cluster
+
+step "rotation: the issuer re-issues (forced: --reissue-before 10m), the consumer's next kbind schema pulls it"
+"${issue[@]}" --reissue-before 10m
+"$kbind" schema --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
+"${consumer[@]}" get connection caches -o jsonpath='{range .status.conditions[?(@.type=="CredentialRotation")]}{.type}={.status} ({.reason}){"\n"}{end}'
 
 step "kbind status: every kbind resource on the consumer, read-only (exit 3 if something is not Ready)"
 "$kbind" status --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" || echo "(kbind status exit code $?)"

@@ -1,6 +1,6 @@
-//! The deployment manifests (deploy/, jobs/) against the real consumer apiserver: they render and
-//! apply, the schema pass succeeds with exactly the RBAC in deploy/rbac/schema.yaml, the resync
-//! pass with exactly deploy/rbac/resync.yaml (plus the example instance role for its test group),
+//! The deployment manifests (deploy/: base, components per role, overlays) against the real consumer apiserver: they render and
+//! apply, the schema pass succeeds with exactly the RBAC in deploy/components/consumer/schema-rbac.yaml, the resync
+//! pass with exactly deploy/components/consumer/resync-rbac.yaml (plus the example instance role for its test group),
 //! a missing rule is reported as a condition, the job command lines only use flags the binary
 //! has, and (asked of the apiserver's own authorizer) no pass can read another pass's credentials.
 //!
@@ -33,15 +33,23 @@ const NAMESPACE: &str = "kbind-system";
 /// relsync's own namespace (its ServiceAccount, Lease and the SpiceDB key Secret).
 const RELSYNC_NAMESPACE: &str = "kbind-relsync";
 /// The RoleBinding a team creates so relsync may read its sources' credential Secrets.
-const RELSYNC_CREDENTIALS_EXAMPLE: &str = "deploy/rbac/relsync-credentials-example.yaml";
+const RELSYNC_CREDENTIALS_EXAMPLE: &str =
+    "deploy/components/directory/relsync-credentials-example.yaml";
 const SERVICE_ACCOUNT: &str = "kbind-schema";
 const RESYNC_SERVICE_ACCOUNT: &str = "kbind-resync";
+/// The namespaces: kbind-system (deploy/base), kbind-relsync (the directory component) and
+/// kbind-grants (the provider component).
+const NAMESPACE_FILES: [&str; 3] = [
+    "deploy/base/namespace.yaml",
+    "deploy/components/directory/namespace.yaml",
+    "deploy/components/provider/grants-namespace.yaml",
+];
 /// The RBAC manifests, one per pass.
 const RBAC_FILES: [&str; 4] = [
-    "deploy/rbac/schema.yaml",
-    "deploy/rbac/resync.yaml",
-    "deploy/rbac/claims.yaml",
-    "deploy/rbac/relsync.yaml",
+    "deploy/components/consumer/schema-rbac.yaml",
+    "deploy/components/consumer/resync-rbac.yaml",
+    "deploy/components/hub/claims-rbac.yaml",
+    "deploy/components/directory/relsync-rbac.yaml",
 ];
 
 fn repo(path: &str) -> PathBuf {
@@ -96,6 +104,13 @@ fn kubectl_ok(kubeconfig: Option<&Path>, args: &[&str], stdin: Option<&str>) -> 
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Server-side apply both namespaces for real.
+fn apply_namespaces(env: &support::Env) {
+    for file in NAMESPACE_FILES {
+        apply_for_real(env, file);
+    }
 }
 
 /// Server-side apply `file` for real (idempotent: shared by every test and run).
@@ -263,15 +278,105 @@ where
     last
 }
 
-/// a. `kubectl kustomize deploy/` renders; every document, and the one-off Job templates (schema
-/// one-off, sharded resync Indexed Job), passes a server-side dry-run apply on the consumer
-/// apiserver.
+/// The installable kustomizations and the roles (components) each installs. `deploy/` is the
+/// consumer side only: a team wanting schema and resync gets no claims or relsync job failing
+/// for want of their settings.
+const OVERLAYS: [(&str, &[&str]); 7] = [
+    ("deploy", &["consumer"]),
+    ("deploy/base", &[]),
+    ("deploy/consumer", &["consumer"]),
+    ("deploy/hub", &["hub"]),
+    ("deploy/directory", &["directory"]),
+    ("deploy/all", &["consumer", "hub", "directory"]),
+    // On the provider cluster: the service layer's issuer.
+    ("deploy/provider", &["provider"]),
+];
+
+/// The passes (`app.kubernetes.io/component`) of a role.
+fn role_passes(role: &str) -> &'static [&'static str] {
+    match role {
+        "consumer" => &["schema", "resync"],
+        "hub" => &["claims"],
+        "directory" => &["relsync"],
+        "provider" => &["issue"],
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// `kubectl kustomize <dir>` (kubectl's built-in kustomize).
+fn kustomize(dir: &str) -> String {
+    kubectl_ok(None, &["kustomize", &repo(dir).to_string_lossy()], None)
+}
+
+/// a. Every kustomization renders; each installs exactly its roles' passes on top of the base
+/// (CRDs and kbind-system, nothing that runs); `deploy/` is the consumer side; every rendering,
+/// and the one-off Job templates (schema one-off, sharded resync Indexed Job), passes a
+/// server-side dry-run apply on the consumer apiserver.
 #[tokio::test]
 async fn manifests_render_and_pass_server_dry_run() {
     let Some(env) = support::env() else { return };
-    let deploy = repo("deploy").to_string_lossy().to_string();
-    let rendered = kubectl_ok(None, &["kustomize", &deploy], None);
-    let docs = documents(&rendered, "kubectl kustomize deploy/");
+    let base = documents(&kustomize("deploy/base"), "deploy/base");
+    let crds = base
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .count();
+    assert_eq!(
+        crds,
+        kbind::crds::kbind_crds().len(),
+        "deploy/base installs every CRD"
+    );
+    assert!(
+        base.iter()
+            .all(|d| d["kind"] == "CustomResourceDefinition" || d["kind"] == "Namespace"),
+        "deploy/base must hold nothing that runs"
+    );
+    let mut rendered_overlays = Vec::new();
+    for (dir, roles) in OVERLAYS {
+        let rendered = kustomize(dir);
+        let docs = documents(&rendered, dir);
+        // The base is in every installation.
+        for b in &base {
+            assert!(
+                docs.iter()
+                    .any(|d| d["kind"] == b["kind"]
+                        && d["metadata"]["name"] == b["metadata"]["name"]),
+                "{dir}: no {} {} (deploy/base)",
+                b["kind"],
+                b["metadata"]["name"]
+            );
+        }
+        // Exactly the passes of its roles.
+        let mut passes: Vec<&str> = docs
+            .iter()
+            .filter_map(|d| d["metadata"]["labels"]["app.kubernetes.io/component"].as_str())
+            .collect();
+        passes.sort_unstable();
+        passes.dedup();
+        let mut want: Vec<&str> = roles.iter().flat_map(|r| role_passes(r)).copied().collect();
+        want.sort_unstable();
+        assert_eq!(passes, want, "{dir}: the passes it installs");
+        for pass in &want {
+            assert!(
+                docs.iter()
+                    .any(|d| d["kind"] == "CronJob"
+                        && d["metadata"]["name"] == format!("kbind-{pass}")),
+                "{dir}: no CronJob kbind-{pass}"
+            );
+        }
+        assert!(
+            !docs.iter().any(|d| d["kind"] == "Job"),
+            "{dir}: a kustomization must not create a Job (it would run at once)"
+        );
+        rendered_overlays.push((dir, rendered, docs));
+    }
+    assert_eq!(
+        rendered_overlays[0].1, rendered_overlays[2].1,
+        "deploy/ installs what deploy/consumer does"
+    );
+    let (_, _, docs) = rendered_overlays
+        .iter()
+        .find(|(dir, _, _)| *dir == "deploy/all")
+        .expect("deploy/all rendered");
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     for kind in [
         "Namespace",
@@ -283,15 +388,8 @@ async fn manifests_render_and_pass_server_dry_run() {
         "RoleBinding",
         "CronJob",
     ] {
-        assert!(
-            kinds.contains(&kind),
-            "no {kind} in the rendered kustomization: {kinds:?}"
-        );
+        assert!(kinds.contains(&kind), "no {kind} in deploy/all: {kinds:?}");
     }
-    assert!(
-        !kinds.contains(&"Job"),
-        "the kustomization must not create a Job (it would run at once): {kinds:?}"
-    );
     for (kind, name) in [
         ("Namespace", "kbind-system"),
         ("Namespace", RELSYNC_NAMESPACE),
@@ -315,7 +413,7 @@ async fn manifests_render_and_pass_server_dry_run() {
         assert!(
             docs.iter()
                 .any(|d| d["kind"] == kind && d["metadata"]["name"] == name),
-            "no {kind} {name} in the rendered kustomization"
+            "no {kind} {name} in deploy/all"
         );
     }
 
@@ -338,7 +436,7 @@ async fn manifests_render_and_pass_server_dry_run() {
     }
 
     // Namespaced objects need their namespace to exist even in a dry run.
-    apply_for_real(&env, "deploy/namespace.yaml");
+    apply_namespaces(&env);
     // The namespaces now carry `pod-security.kubernetes.io/warn: restricted`: the apiserver
     // warns about every pod template in them that would violate `restricted`.
     let dry_run = |input: &str, what: &str, count: usize| {
@@ -364,10 +462,12 @@ async fn manifests_render_and_pass_server_dry_run() {
             "{what}: pods must meet Pod Security restricted:\n{err}"
         );
     };
-    dry_run(&rendered, "deploy/", docs.len());
+    for (dir, rendered, docs) in &rendered_overlays {
+        dry_run(rendered, dir, docs.len());
+    }
     for file in [
-        "jobs/schema-oneoff-job.yaml",
-        "jobs/resync-indexed-job.yaml",
+        "deploy/components/consumer/schema-oneoff-job.yaml",
+        "deploy/components/consumer/resync-indexed-job.yaml",
     ] {
         let job = read(file);
         dry_run(&job, file, documents(&job, file).len());
@@ -378,7 +478,7 @@ async fn manifests_render_and_pass_server_dry_run() {
     dry_run(&example, RELSYNC_CREDENTIALS_EXAMPLE, 1);
 }
 
-/// b. The pass, run as kbind-system/kbind-schema with exactly deploy/rbac/schema.yaml, succeeds:
+/// b. The pass, run as kbind-system/kbind-schema with exactly deploy/components/consumer/schema-rbac.yaml, succeeds:
 /// Connection Ready, consumer CRD installed, finalizers held, statuses written.
 #[tokio::test]
 async fn schema_pass_runs_as_its_service_account() {
@@ -386,11 +486,16 @@ async fn schema_pass_runs_as_its_service_account() {
     let consumer = env.consumer().await;
     // kbind's CRDs come from the binary (like every other test) rather than deploy/crds: the
     // `crds` test keeps the two equal.
-    apply_for_real(&env, "deploy/namespace.yaml");
-    apply_for_real(&env, "deploy/rbac/schema.yaml");
+    apply_namespaces(&env);
+    apply_for_real(&env, "deploy/components/consumer/schema-rbac.yaml");
     let s = setup(&env, &consumer, "deploy-sa").await;
     // The test's Secret lives in its own namespace: a further credential namespace.
-    credential_namespace(&consumer, "deploy/rbac/schema.yaml", &s.ns).await;
+    credential_namespace(
+        &consumer,
+        "deploy/components/consumer/schema-rbac.yaml",
+        &s.ns,
+    )
+    .await;
     let kubeconfig = token_kubeconfig(&env, NAMESPACE, SERVICE_ACCOUNT).await;
     let kc = kubeconfig.to_string_lossy().to_string();
     let selector = format!("kbind-test={}", s.label);
@@ -476,17 +581,22 @@ async fn schema_pass_runs_as_its_service_account() {
     assert!(has_cleanup_finalizer(&secret), "Secret finalizer");
 }
 
-/// b2. The resync pass, run as kbind-system/kbind-resync with exactly deploy/rbac/resync.yaml
+/// b2. The resync pass, run as kbind-system/kbind-resync with exactly deploy/components/consumer/resync-rbac.yaml
 /// plus its example instance role adapted to this test's group, succeeds and creates the
 /// provider copy of a consumer object.
 #[tokio::test]
 async fn resync_pass_runs_as_its_service_account() {
     let Some(env) = support::env() else { return };
     let consumer = env.consumer().await;
-    apply_for_real(&env, "deploy/namespace.yaml");
-    apply_for_real(&env, "deploy/rbac/resync.yaml");
+    apply_namespaces(&env);
+    apply_for_real(&env, "deploy/components/consumer/resync-rbac.yaml");
     let s = setup(&env, &consumer, "deploy-resync").await;
-    credential_namespace(&consumer, "deploy/rbac/resync.yaml", &s.ns).await;
+    credential_namespace(
+        &consumer,
+        "deploy/components/consumer/resync-rbac.yaml",
+        &s.ns,
+    )
+    .await;
     let selector = format!("kbind-test={}", s.label);
     let group = s
         .crd
@@ -544,7 +654,10 @@ async fn resync_pass_runs_as_its_service_account() {
         .expect("label ClusterBinding");
 
     // The example instance role, adapted to this test's group, under a unique name.
-    let rbac = documents(&read("deploy/rbac/resync.yaml"), "deploy/rbac/resync.yaml");
+    let rbac = documents(
+        &read("deploy/components/consumer/resync-rbac.yaml"),
+        "deploy/components/consumer/resync-rbac.yaml",
+    );
     let role_name = format!("{}-instances", s.label);
     let mut instance_role = rbac
         .iter()
@@ -552,7 +665,7 @@ async fn resync_pass_runs_as_its_service_account() {
             d["kind"] == "ClusterRole" && d["metadata"]["name"] == "kbind-resync-instances-example"
         })
         .cloned()
-        .expect("no ClusterRole kbind-resync-instances-example in deploy/rbac/resync.yaml");
+        .expect("no ClusterRole kbind-resync-instances-example in deploy/components/consumer/resync-rbac.yaml");
     instance_role["metadata"] = json!({"name": role_name});
     for rule in instance_role["rules"]
         .as_array_mut()
@@ -663,7 +776,7 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
     let s = setup(&env, &consumer, "deploy-rbac").await;
     let identity = pass_identity(
         &env.consumer,
-        "deploy/rbac/schema.yaml",
+        "deploy/components/consumer/schema-rbac.yaml",
         &s.ns,
         Without::Verb {
             resource: "customresourcedefinitions",
@@ -743,16 +856,29 @@ async fn missing_crd_create_rule_is_reported_as_permission_denied() {
     identity.remove().await;
 }
 
-/// The containers of every Job and CronJob in jobs/*.yaml, with the Job spec holding them.
+/// Every `*.yaml` file under `dir`, recursively, sorted.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
+    out.sort();
+    out
+}
+
+/// The containers of every Job and CronJob under deploy/components/, with the Job spec holding
+/// them.
 fn job_containers() -> Vec<(String, Value, Value)> {
     let mut out = Vec::new();
-    let dir = repo("jobs");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("read jobs/")
-        .map(|e| e.expect("jobs/ entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
+    let files = yaml_files(&repo("deploy/components"));
     for file in files {
         let text = std::fs::read_to_string(&file).expect("read job manifest");
         for doc in documents(&text, &file.display().to_string()) {
@@ -853,10 +979,13 @@ fn job_command_lines_match_the_binary() {
             deadline.as_secs()
         );
     }
-    assert!(resync_checked, "no job in jobs/ runs `kbind resync`");
+    assert!(
+        resync_checked,
+        "no job in deploy/components/ runs `kbind resync`"
+    );
     assert!(
         shard_checked,
-        "no job in jobs/ passes --shard (jobs/resync-indexed-job.yaml)"
+        "no job in deploy/components/ passes --shard (deploy/components/consumer/resync-indexed-job.yaml)"
     );
 }
 
@@ -864,7 +993,7 @@ fn job_command_lines_match_the_binary() {
 #[test]
 fn resync_indexed_job_shards_by_completion_index() {
     let docs = documents(
-        &read("jobs/resync-indexed-job.yaml"),
+        &read("deploy/components/consumer/resync-indexed-job.yaml"),
         "resync-indexed-job.yaml",
     );
     let job = docs.iter().find(|d| d["kind"] == "Job").expect("Job");
@@ -884,9 +1013,12 @@ fn resync_indexed_job_shards_by_completion_index() {
 /// The one-off Job template runs exactly what the CronJob runs.
 #[test]
 fn oneoff_job_has_the_cronjob_pod_spec() {
-    let cron = documents(&read("jobs/schema-cronjob.yaml"), "schema-cronjob.yaml");
+    let cron = documents(
+        &read("deploy/components/consumer/schema-cronjob.yaml"),
+        "schema-cronjob.yaml",
+    );
     let job = documents(
-        &read("jobs/schema-oneoff-job.yaml"),
+        &read("deploy/components/consumer/schema-oneoff-job.yaml"),
         "schema-oneoff-job.yaml",
     );
     let cron_job = cron
@@ -916,7 +1048,7 @@ fn rbac_has_no_wildcards() {
 
 fn rbac_file_has_no_wildcards(file: &str) {
     // Only schema patches Secrets (the cleanup finalizer); resync and relsync only read them.
-    let resync = !file.ends_with("schema.yaml");
+    let resync = !file.ends_with("schema-rbac.yaml");
     for doc in documents(&read(file), file) {
         let Some(rules) = doc["rules"].as_array() else {
             continue;
@@ -947,7 +1079,7 @@ fn rbac_file_has_no_wildcards(file: &str) {
 }
 
 /// The claims pass (single-cluster mode) run as a ServiceAccount holding exactly the rules of
-/// deploy/rbac/claims.yaml (`without` removes one resource from its rules), in a namespace
+/// deploy/components/hub/claims-rbac.yaml (`without` removes one resource from its rules), in a namespace
 /// of its own. Returns the CatalogEntry's Ready condition and the binding's claim states.
 async fn claims_as_service_account(
     env: &support::Env,
@@ -960,7 +1092,7 @@ async fn claims_as_service_account(
     let ns = support::namespace(&consumer, prefix).await;
     let identity = pass_identity(
         &env.consumer,
-        "deploy/rbac/claims.yaml",
+        "deploy/components/hub/claims-rbac.yaml",
         &ns,
         without.map_or(Without::Nothing, Without::Resource),
     )
@@ -1066,7 +1198,7 @@ async fn claims_as_service_account(
     )
 }
 
-/// The claims pass succeeds with exactly deploy/rbac/claims.yaml.
+/// The claims pass succeeds with exactly deploy/components/hub/claims-rbac.yaml.
 #[tokio::test]
 async fn claims_pass_runs_as_its_service_account() {
     let Some(env) = support::env() else { return };
@@ -1127,7 +1259,7 @@ async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
 
     let identity = pass_identity(
         &env.consumer,
-        "deploy/rbac/resync.yaml",
+        "deploy/components/consumer/resync-rbac.yaml",
         &s.ns,
         Without::Resource("secrets"),
     )
@@ -1248,7 +1380,7 @@ fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
                     // Only relsync's per-namespace credentials role, which nothing binds
                     // cluster-wide (checked in manifests_render_and_pass_server_dry_run).
                     assert!(
-                        file.ends_with("relsync.yaml") && name == "kbind-relsync-credentials",
+                        file.ends_with("relsync-rbac.yaml") && name == "kbind-relsync-credentials",
                         "{file}: {name} reads Secrets cluster-wide: {rule}"
                     );
                 }
@@ -1303,20 +1435,23 @@ async fn may_secrets(
 /// - the Connection Secrets (the credential namespace kbind-system, and a further credential
 ///   namespace set up as docs/operations.md says) are readable by schema and resync only;
 /// - a source's credential Secret is readable by relsync only, and only in a namespace whose team
-///   created the example RoleBinding (deploy/rbac/relsync-credentials-example.yaml);
+///   created the example RoleBinding (deploy/components/directory/relsync-credentials-example.yaml);
 /// - no pass may list or watch Secrets anywhere, nor read them in a namespace it was not given.
 #[tokio::test]
 async fn no_pass_can_read_another_pass_credentials() {
     let Some(env) = support::env() else { return };
     let consumer = env.consumer().await;
-    apply_for_real(&env, "deploy/namespace.yaml");
+    apply_namespaces(&env);
     for file in RBAC_FILES {
         apply_for_real(&env, file);
     }
     // A further credential namespace for schema and resync, and two team namespaces holding
     // RelationshipSources: one granted relsync's credentials role, one not.
     let credentials = support::namespace(&consumer, "deploy-creds").await;
-    for file in ["deploy/rbac/schema.yaml", "deploy/rbac/resync.yaml"] {
+    for file in [
+        "deploy/components/consumer/schema-rbac.yaml",
+        "deploy/components/consumer/resync-rbac.yaml",
+    ] {
         credential_namespace(&consumer, file, &credentials).await;
     }
     let granted = support::namespace(&consumer, "deploy-team-granted").await;
@@ -1666,7 +1801,7 @@ async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
     });
     let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
     support::apply_crds(&env.consumer().await, &[crd]).await;
-    apply_for_real(&env, "deploy/namespace.yaml");
+    apply_namespaces(&env);
     for (file, count) in [
         ("deploy/monitoring/prometheusrule.yaml", 1),
         ("deploy/monitoring/kube-state-metrics-rbac.yaml", 2),
@@ -1691,23 +1826,11 @@ async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
     }
 }
 
-/// Every Namespace kbind ships (deploy/, jobs/) has Pod Security `restricted` enforced, warned
-/// and audited.
+/// Every Namespace kbind ships (deploy/) has Pod Security `restricted` enforced, warned and
+/// audited.
 #[test]
 fn namespaces_enforce_pod_security_restricted() {
-    fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).expect("read dir") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                yaml_files(&p, out);
-            } else if p.extension().is_some_and(|e| e == "yaml") {
-                out.push(p);
-            }
-        }
-    }
-    let mut files = Vec::new();
-    yaml_files(&repo("deploy"), &mut files);
-    yaml_files(&repo("jobs"), &mut files);
+    let files = yaml_files(&repo("deploy"));
     let mut namespaces = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).expect("read manifest");
@@ -1735,10 +1858,13 @@ fn namespaces_enforce_pod_security_restricted() {
         }
     }
     namespaces.sort();
-    assert_eq!(namespaces, ["kbind-relsync", "kbind-system"]);
+    assert_eq!(
+        namespaces,
+        ["kbind-grants", "kbind-relsync", "kbind-system"]
+    );
 }
 
-/// Every Job and CronJob in jobs/ fails at once on exit code 2 (a configuration error: retrying
+/// Every Job and CronJob under deploy/components/ fails at once on exit code 2 (a configuration error: retrying
 /// will not help) and keeps its retries for other failures, and its pod meets Pod Security
 /// `restricted` field by field (the server-side check is in
 /// manifests_render_and_pass_server_dry_run).

@@ -821,19 +821,21 @@ async fn a_pass_killed_or_terminated_at_any_moment_converges_on_the_next_run() {
     tally.finish();
 }
 
-/// The operator's per-namespace step (deploy/rbac/relsync-credentials-example.yaml): a
+/// The operator's per-namespace step (deploy/components/directory/relsync-credentials-example.yaml): a
 /// RoleBinding in `ns` to the ClusterRole kbind-relsync-credentials for the ServiceAccount
 /// `kbind-relsync` of `sa_namespace`.
 async fn grant_credentials(rx: &Rx, ns: &str, sa_namespace: &str) {
     use k8s_openapi::api::rbac::v1::RoleBinding;
-    // The ClusterRole the RoleBinding names ships in deploy/rbac/relsync.yaml: apply it here, so
+    // The ClusterRole the RoleBinding names ships in deploy/components/directory/relsync-rbac.yaml: apply it here, so
     // no test depends on another having installed it first (server-side apply: idempotent).
-    rx.kubectl_apply("deploy/namespace.yaml");
-    rx.kubectl_apply("deploy/rbac/relsync.yaml");
-    let mut rb = support::identity::rbac_documents("deploy/rbac/relsync-credentials-example.yaml")
-        .into_iter()
-        .find(|d| d["kind"] == "RoleBinding")
-        .expect("the example RoleBinding");
+    rx.kubectl_apply("deploy/components/directory/namespace.yaml");
+    rx.kubectl_apply("deploy/components/directory/relsync-rbac.yaml");
+    let mut rb = support::identity::rbac_documents(
+        "deploy/components/directory/relsync-credentials-example.yaml",
+    )
+    .into_iter()
+    .find(|d| d["kind"] == "RoleBinding")
+    .expect("the example RoleBinding");
     rb["metadata"]["namespace"] = json!(ns);
     rb["subjects"][0]["namespace"] = json!(sa_namespace);
     let rb: RoleBinding = serde_json::from_value(rb).expect("RoleBinding");
@@ -847,7 +849,7 @@ async fn grant_credentials(rx: &Rx, ns: &str, sa_namespace: &str) {
         .expect("apply the credentials RoleBinding");
 }
 
-/// deploy/rbac/relsync.yaml, plus the example RoleBinding in the source's namespace, is enough:
+/// deploy/components/directory/relsync-rbac.yaml, plus the example RoleBinding in the source's namespace, is enough:
 /// the pass, run as kbind-relsync/kbind-relsync, reads its sources, identity, Secret and
 /// directory ConfigMap, writes status, and takes its Lease in kbind-relsync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -872,8 +874,8 @@ async fn the_pass_runs_with_exactly_its_rbac() {
         .create(&Default::default(), &cm)
         .await
         .unwrap();
-    rx.kubectl_apply("deploy/namespace.yaml");
-    rx.kubectl_apply("deploy/rbac/relsync.yaml");
+    rx.kubectl_apply("deploy/components/directory/namespace.yaml");
+    rx.kubectl_apply("deploy/components/directory/relsync-rbac.yaml");
     grant_credentials(&rx, &rx.ns, "kbind-relsync").await;
     let kc = rx
         .service_account_kubeconfig("kbind-relsync", "kbind-relsync")
@@ -965,7 +967,7 @@ async fn bulk_read_windows_diff_exactly_and_see_only_their_source() {
     assert_eq!(all.len(), 120 + 120 + 1 - 4, "{}", all.len());
 }
 
-/// deploy/rbac/relsync.yaml grants no Secret anywhere: in a namespace whose team has not bound
+/// deploy/components/directory/relsync-rbac.yaml grants no Secret anywhere: in a namespace whose team has not bound
 /// kbind-relsync-credentials, the pass reports PermissionDenied on the source, naming the
 /// namespace, the Secret and the missing RoleBinding, and sends nothing upstream. Once the
 /// namespace has the example RoleBinding, the same source syncs.
@@ -977,7 +979,7 @@ async fn a_namespace_without_the_credentials_grant_is_reported_as_permission_den
     };
     let identity = support::identity::pass_identity(
         &rx.env.consumer,
-        "deploy/rbac/relsync.yaml",
+        "deploy/components/directory/relsync-rbac.yaml",
         &rx.ns,
         support::identity::Without::Nothing,
     )

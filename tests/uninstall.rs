@@ -493,6 +493,7 @@ async fn an_object_it_may_not_patch_is_named_and_the_exit_code_is_1() {
     let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name}, "rules": [
         {"apiGroups": ["core.kbind.io"], "resources": ["connections", "bindings", "clusterbindings"], "verbs": ["get", "list"]},
         {"apiGroups": ["agentprimitives.authzed.com"], "resources": ["relationshipsources"], "verbs": ["get", "list"]},
+        {"apiGroups": ["iam.kbind.io"], "resources": ["grants"], "verbs": ["get", "list"]},
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]}))
@@ -542,4 +543,253 @@ async fn an_object_it_may_not_patch_is_named_and_the_exit_code_is_1() {
     let _ = roles.delete(&name, &dp).await;
     remove_finalizer(&conns, &conn, "core.kbind.io/cleanup").await;
     conns.delete(&conn, &dp).await.unwrap();
+}
+
+/// The issuer's Grant finalizer: with kbind gone a deleted Grant would hang in Terminating, so
+/// uninstall releases it, but that skips revocation. The dry run and the real run say so per
+/// Grant with the kubectl commands that revoke by hand; those commands, run, leave nothing and
+/// the token stops working.
+#[tokio::test]
+async fn a_grants_revoke_finalizer_is_released_with_the_commands_that_revoke_by_hand() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use kbind::api::iam::Grant;
+    let Some(ix) = support::issue_fx::Ix::new("uninst-grant").await else {
+        return;
+    };
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", ix.fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    let (a, b) = (format!("{}-a", ix.fx.label), format!("{}-b", ix.fx.label));
+    ix.grant(&a, &export, "1h").await;
+    ix.grant(&b, &export, "1h").await;
+    let s = ix.run(&[]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let token = support::issue_fx::token_of(&ix.kubeconfig(&a).await);
+    let expires = ix
+        .get_grant(&a)
+        .await
+        .status
+        .unwrap()
+        .expires_at
+        .unwrap()
+        .0
+        .to_string();
+    let grants: Api<Grant> = Api::all(ix.fx.provider.clone());
+    // kbind is gone (no issue run): the deleted Grant stays Terminating.
+    grants.delete(&a, &DeleteParams::default()).await.unwrap();
+
+    let admin = ix.fx.env.provider.to_string_lossy().into_owned();
+    let args = |extra: &[&'static str]| {
+        let mut v: Vec<String> = [
+            "uninstall",
+            "--kubeconfig",
+            &admin,
+            "--lease-namespace",
+            &ix.ns,
+            "--selector",
+            &ix.selector,
+            "-o",
+            "json",
+        ]
+        .map(String::from)
+        .to_vec();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |v: Vec<String>| {
+        let v: Vec<&str> = v.iter().map(String::as_str).collect();
+        support::kbind(&v)
+    };
+    let grant_kind = |report: &Value| {
+        report["kinds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["resource"] == "grants.iam.kbind.io")
+            .cloned()
+            .unwrap_or_else(|| panic!("no iam Grants in {report}"))
+    };
+    let (code, report, stderr) = run(args(&[]));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let k = grant_kind(&report);
+    assert_eq!(k["finalizer"], "iam.kbind.io/revoke");
+    assert_eq!(k["manager"], "kbind-issue-finalizer");
+    let objects = k["objects"].as_array().unwrap();
+    assert_eq!(objects.len(), 2, "{k}");
+    let ga = objects.iter().find(|o| o["name"] == a.as_str()).unwrap();
+    assert_eq!(ga["deleting"], true);
+    assert_eq!(ga["outcome"], "wouldRelease");
+    let u = &ga["unrevoked"];
+    assert_eq!(u["namespace"], ix.ns.as_str(), "from the Grant's status");
+    assert_eq!(u["tokenExpiresAt"], expires.as_str());
+    let commands: Vec<String> = u["revokeByHand"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(commands, kbind::uninstall::revoke_commands(&ix.ns, &a));
+    // The text a person reads says it too.
+    let mut text_args = args(&[]);
+    text_args.retain(|x| x != "-o" && x != "json");
+    text_args.extend(["-o".into(), "text".into()]);
+    let out = support::kbind_command(&text_args.iter().map(String::as_str).collect::<Vec<_>>())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(
+        text.contains(&format!(
+            "would release {a} (deleting)\n    WARNING: releasing skips revocation"
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&commands[0]), "{text}");
+    assert!(
+        grants
+            .get(&a)
+            .await
+            .unwrap()
+            .finalizers()
+            .contains(&"iam.kbind.io/revoke".to_string()),
+        "the dry run changed nothing"
+    );
+
+    let (code, report, stderr) = run(args(&["--yes"]));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let k = grant_kind(&report);
+    assert_eq!(k["released"], 2, "{k}");
+    assert!(
+        k["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["unrevoked"]["revokeByHand"]
+                .as_array()
+                .is_some_and(|c| c.len() == 4)),
+        "{k}"
+    );
+    wait_gone("the deleted Grant", || {
+        let g = grants.clone();
+        let a = a.clone();
+        async move { g.get_opt(&a).await.unwrap().is_none() }
+    })
+    .await;
+    assert!(grants.get(&b).await.unwrap().finalizers().is_empty());
+    // Released, not revoked: what was issued stays and the token still works.
+    let p = ix.fx.provider.clone();
+    let n = format!("kbind-grant-{a}");
+    Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+        .get(&n)
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(p.clone(), &ix.ns)
+        .get(&n)
+        .await
+        .unwrap();
+    let review = |token: String| {
+        let p = p.clone();
+        async move {
+            let tr: k8s_openapi::api::authentication::v1::TokenReview =
+                serde_json::from_value(json!({"spec": {"token": token}})).unwrap();
+            Api::<k8s_openapi::api::authentication::v1::TokenReview>::all(p)
+                .create(&PostParams::default(), &tr)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.authenticated)
+                .unwrap_or(false)
+        }
+    };
+    assert!(
+        review(token.clone()).await,
+        "the token still works until revoked by hand"
+    );
+    let (code, again, _) = run(args(&["--yes"]));
+    assert_eq!(
+        (code, grant_kind(&again)["found"].clone()),
+        (0, json!(0)),
+        "{again}"
+    );
+
+    fn gone<T>(r: Result<Option<T>, kube::Error>) -> bool {
+        r.unwrap().is_none()
+    }
+    // The printed commands revoke it: nothing of Grant a is left and its token is refused.
+    let by_hand = |grant: &str| {
+        for c in kbind::uninstall::revoke_commands(&ix.ns, grant) {
+            let mut words = c.split_whitespace();
+            assert_eq!(words.next(), Some("kubectl"));
+            let out = std::process::Command::new("kubectl")
+                .args(words)
+                .args(["--kubeconfig", &admin])
+                .output()
+                .expect("kubectl runs");
+            assert!(
+                out.status.success(),
+                "{c}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    by_hand(&a);
+    assert!(gone(
+        Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+    ));
+    assert!(gone(
+        Api::<Secret>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+    ));
+    assert!(gone(
+        Api::<Role>::namespaced(p.clone(), &ix.ns).get_opt(&n).await
+    ));
+    assert!(gone(
+        Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
+            .get_opt(&n)
+            .await
+    ));
+    assert!(gone(Api::<ClusterRole>::all(p.clone()).get_opt(&n).await));
+    assert!(gone(
+        Api::<ClusterRoleBinding>::all(p.clone()).get_opt(&n).await
+    ));
+    for (kind, plural) in [
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    ] {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        );
+        assert!(
+            gone(
+                Api::<DynamicObject>::all_with(p.clone(), &ar)
+                    .get_opt(&n)
+                    .await
+            ),
+            "{kind}"
+        );
+    }
+    // The apiserver caches token reviews for a few seconds.
+    let mut refused = false;
+    for _ in 0..60 {
+        if !review(token.clone()).await {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(refused, "revoked by hand: the token is refused");
+    // Grant b goes the same way, so the shared servers keep nothing of this test.
+    grants.delete(&b, &DeleteParams::default()).await.unwrap();
+    by_hand(&b);
 }

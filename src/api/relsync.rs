@@ -36,6 +36,7 @@ pub struct SourceSync {
     group = "agentprimitives.authzed.com",
     version = "v1alpha1",
     kind = "RelationshipSource",
+    doc = "One upstream directory (Slack, SCIM, ...) that `kbind relsync` polls and syncs into SpiceDB as relationships, with the credential it reads it with (docs/relsync.md).",
     namespaced,
     status = "RelationshipSourceStatus",
     shortname = "relsrc",
@@ -43,10 +44,14 @@ pub struct SourceSync {
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Last Sync","type":"date","jsonPath":".status.sync.lastSyncTime"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RelationshipSourceSpec {
+    /// The credential that reads the upstream: an AgentIdentity in this namespace and one of its
+    /// credentials.
     pub auth: SourceAuth,
     /// Upstream endpoint for customer-hosted kinds. Deliberately unconstrained in the schema
     /// (in-cluster and loopback are legitimate); the credential's allowedHosts must admit it.
@@ -58,6 +63,7 @@ pub struct RelationshipSourceSpec {
     pub config: Option<serde_json::Value>,
     /// The registered relsync kind, e.g. `slack` or `onepassword`.
     pub kind: String,
+    /// Re-poll cadence and per-pass budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<SourceSync>,
 }
@@ -137,7 +143,9 @@ pub struct RelationshipSourceStatus {
 /// Reference to a key of a Secret in the AgentIdentity's namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CredentialSecretRef {
+    /// Name of the Secret (in the AgentIdentity's namespace).
     pub name: String,
+    /// Key in the Secret's data.
     pub key: String,
 }
 
@@ -145,7 +153,9 @@ pub struct CredentialSecretRef {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentCredential {
+    /// The credential's name, which a RelationshipSource's `spec.auth.credential` names.
     pub name: String,
+    /// The Secret key holding the credential.
     pub secret_ref: CredentialSecretRef,
     /// `host`, `host:port` (exact, case-insensitive) or `*.domain`. Required for any source that
     /// sets `baseURL`.
@@ -159,6 +169,7 @@ pub struct AgentCredential {
     group = "agentprimitives.authzed.com",
     version = "v1alpha1",
     kind = "AgentIdentity",
+    doc = "An agent's named credentials (Secret keys in this namespace), each scoped to the hosts it may be sent to. A RelationshipSource names one in `spec.auth` (docs/relsync.md).",
     namespaced,
     shortname = "agentid",
     category = "kbind",
@@ -166,6 +177,7 @@ pub struct AgentCredential {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentIdentitySpec {
+    /// The credentials, by name.
     #[serde(default)]
     pub credentials: Vec<AgentCredential>,
 }

@@ -73,7 +73,7 @@ pub enum AuthError {
     #[error(
         "may not read Secret {namespace}/{secret}: namespace {namespace} has no RoleBinding granting \
          relsync's ServiceAccount the ClusterRole kbind-relsync-credentials; a namespace admin \
-         creates one as deploy/rbac/relsync-credentials-example.yaml shows ({message})"
+         creates one as deploy/components/directory/relsync-credentials-example.yaml shows ({message})"
     )]
     SecretForbidden {
         namespace: String,

@@ -11,10 +11,14 @@ pub struct UninstallArgs {
     /// CronJobs first.
     #[arg(long)]
     pub force: bool,
-    /// Only Connections, Bindings, ClusterBindings and RelationshipSources matching this label
+    /// Only Connections, Bindings, ClusterBindings, RelationshipSources and Grants matching this label
     /// selector, the Secrets only selected Connections use, and the objects of the consumer CRDs
     /// the selected Connections own. For releasing part of an installation; a full uninstall
     /// takes no selector.
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+    /// Where `kbind issue` keeps what it issued (`--grants-namespace` of the issuer): named in
+    /// the revoke-by-hand commands of an `iam.kbind.io` Grant whose status does not say.
+    #[arg(long, env = "KBIND_GRANTS_NAMESPACE", default_value = "kbind-grants")]
+    pub grants_namespace: String,
 }

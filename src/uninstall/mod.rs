@@ -3,7 +3,13 @@
 //! (docs/operations.md, "Uninstall"). The finalizers are the ones docs/contract.md "Keys" lists:
 //! `core.kbind.io/syncer` on synced consumer objects (every kind whose CRD carries
 //! `core.kbind.io/managed`), `core.kbind.io/cleanup` on Connections, their Secrets, Bindings and
-//! ClusterBindings, and `kbind.io/relsync-cleanup` on RelationshipSources.
+//! ClusterBindings, `kbind.io/relsync-cleanup` on RelationshipSources, and `iam.kbind.io/revoke`
+//! on the issuer's Grants (`iam.kbind.io`, on a provider).
+//!
+//! Releasing a Grant's `iam.kbind.io/revoke` skips its revocation: the ServiceAccount, RBAC,
+//! ValidatingAdmissionPolicy and kubeconfig Secret issued for it stay, and its token keeps
+//! working until it expires. The report says so per Grant, with the kubectl commands that revoke
+//! by hand ([`revoke_commands`]).
 //!
 //! Dry run unless `--yes`. Each finalizer is released by server-side apply under the field
 //! manager that added it (`<pass manager>-finalizer`, docs/contract.md "Who writes what"), with
@@ -32,6 +38,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::iam::{self as iam_api, Grant as IssuedGrant};
 use crate::api::keys;
 use crate::api::relsync::{self as relsync_api, RelationshipSource};
 use crate::pass::client::{RequestCounter, counted_client, own_config};
@@ -41,7 +48,7 @@ use crate::scrub::scrub;
 pub use args::UninstallArgs;
 
 /// The passes whose Lease means a run may be adding finalizers.
-const PASSES: [&str; 4] = ["schema", "resync", "claims", "relsync"];
+const PASSES: [&str; 5] = ["schema", "resync", "claims", "relsync", "issue"];
 
 /// relsync's namespace in the shipped manifests (its Lease lives there, not in kbind-system).
 const RELSYNC_NAMESPACE: &str = "kbind-relsync";
@@ -133,6 +140,71 @@ pub struct ObjectReport {
     pub outcome: Outcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// An `iam.kbind.io` Grant: what releasing leaves behind, and how to revoke it by hand.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unrevoked: Option<Unrevoked>,
+}
+
+/// What stays when a Grant's `iam.kbind.io/revoke` is released instead of run by `kbind issue`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unrevoked {
+    /// The grants namespace of its ServiceAccount, Role, RoleBinding and Secret.
+    pub namespace: String,
+    /// The name of every object issued for it (`kbind-grant-<grant>`).
+    pub objects: String,
+    /// When its current token stops working by itself (`status.expiresAt`; none: not recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<String>,
+    /// The kubectl commands that revoke it by hand, in order.
+    pub revoke_by_hand: Vec<String>,
+}
+
+/// The kubectl commands that do what `kbind issue` does when a Grant goes (docs/issue.md): the
+/// ServiceAccount first (its tokens stop working at once) and its kubeconfig Secret, then the
+/// RBAC, the ValidatingAdmissionPolicy and its binding last (the identity stays confined until
+/// it is gone).
+pub fn revoke_commands(namespace: &str, grant: &str) -> Vec<String> {
+    let name = crate::issue::render::object_name(grant);
+    vec![
+        format!("kubectl delete serviceaccount,secret -n {namespace} {name} --ignore-not-found"),
+        format!("kubectl delete rolebinding,role -n {namespace} {name} --ignore-not-found"),
+        format!("kubectl delete clusterrolebinding,clusterrole {name} --ignore-not-found"),
+        format!(
+            "kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy {name} --ignore-not-found"
+        ),
+    ]
+}
+
+/// The grants namespace of a Grant: its status names it (`secretRef`, `serviceAccount`), else
+/// `fallback` (`--grants-namespace`).
+fn grants_namespace(g: &IssuedGrant, fallback: &str) -> String {
+    let st = g.status.as_ref();
+    st.and_then(|s| s.secret_ref.as_ref())
+        .map(|r| r.namespace.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            st.and_then(|s| s.service_account.as_deref())
+                .and_then(|sa| sa.split_once('/'))
+                .map(|(ns, _)| ns.to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+fn unrevoked(g: &IssuedGrant, fallback: &str) -> Unrevoked {
+    let namespace = grants_namespace(g, fallback);
+    let grant = g.name_any();
+    Unrevoked {
+        objects: crate::issue::render::object_name(&grant),
+        token_expires_at: g
+            .status
+            .as_ref()
+            .and_then(|s| s.expires_at.as_ref())
+            .map(|t| t.0.to_string()),
+        revoke_by_hand: revoke_commands(&namespace, &grant),
+        namespace,
+    }
 }
 
 impl ObjectReport {
@@ -248,7 +320,7 @@ async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, 
         return Err(UninstallError::LeaseHeld(leases_held));
     }
 
-    let mut kinds = find(&client, args.selector.as_deref()).await?;
+    let mut kinds = find(&client, args.selector.as_deref(), &args.grants_namespace).await?;
     for k in &mut kinds {
         let mut objects = std::mem::take(&mut k.objects);
         for o in &mut objects {
@@ -385,6 +457,7 @@ fn carrying<K: Resource>(
             deleting: m.metadata.deletion_timestamp.is_some(),
             outcome: Outcome::WouldRelease,
             error: None,
+            unrevoked: None,
         })
         .collect();
     out.sort_by_key(ObjectReport::key);
@@ -428,8 +501,12 @@ fn kind_report<K: Resource<DynamicType = ()>>(finalizer: &str, pass: &str) -> Ki
 }
 
 /// Find every object carrying one of kbind's finalizers, in the order they are released:
-/// synced objects, Bindings, ClusterBindings, Connections, Secrets, RelationshipSources.
-async fn find(client: &Client, selector: Option<&str>) -> Result<Vec<KindReport>, UninstallError> {
+/// synced objects, Bindings, ClusterBindings, Connections, Secrets, RelationshipSources, Grants.
+async fn find(
+    client: &Client,
+    selector: Option<&str>,
+    grants_ns: &str,
+) -> Result<Vec<KindReport>, UninstallError> {
     let mut kinds = Vec::new();
 
     // Connections: every one (for whose Secret is shared), and the selected ones.
@@ -519,7 +596,38 @@ async fn find(client: &Client, selector: Option<&str>) -> Result<Vec<KindReport>
         )
         .await?,
     );
+    kinds.push(issued_grants(client, selector, grants_ns).await?);
     Ok(kinds)
+}
+
+/// The issuer's Grants carrying `iam.kbind.io/revoke`, each with what releasing leaves behind.
+/// Read whole (spec and status; a Grant holds no secret) for the grants namespace and expiry.
+async fn issued_grants(
+    client: &Client,
+    selector: Option<&str>,
+    grants_ns: &str,
+) -> Result<KindReport, UninstallError> {
+    let mut report = kind_report::<IssuedGrant>(iam_api::REVOKE_FINALIZER, "issue");
+    let api: Api<IssuedGrant> = Api::all(client.clone());
+    let what = format!("{} ({})", report.kind, report.resource);
+    let Some(grants) = listed(crate::pass::list::all(&api, &lp(selector)).await, &what)? else {
+        report.skipped = Some(not_installed(&report.resource));
+        return Ok(report);
+    };
+    let by_name: std::collections::BTreeMap<String, &IssuedGrant> =
+        grants.iter().map(|g| (g.name_any(), g)).collect();
+    let metas = grants
+        .iter()
+        .map(|g| kube::api::PartialObjectMeta::<IssuedGrant> {
+            types: None,
+            metadata: g.metadata.clone(),
+            _phantom: std::marker::PhantomData,
+        });
+    report.objects = carrying(metas, &report.finalizer);
+    for o in &mut report.objects {
+        o.unrevoked = by_name.get(&o.name).map(|g| unrevoked(g, grants_ns));
+    }
+    Ok(report)
 }
 
 /// Secrets carrying `core.kbind.io/cleanup`: every one (read as metadata only, never data);

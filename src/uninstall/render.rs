@@ -101,6 +101,11 @@ fn render_text(r: &Report) -> String {
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default()
             );
+            if let Some(u) = &o.unrevoked
+                && o.outcome != Outcome::Gone
+            {
+                unrevoked_text(&mut out, r.dry_run || o.outcome == Outcome::Failed, u);
+            }
         }
     }
     if r.dry_run {
@@ -117,4 +122,31 @@ fn render_text(r: &Report) -> String {
         let _ = writeln!(out, "  {n}");
     }
     out.trim_end().to_string()
+}
+
+/// What releasing a Grant's `iam.kbind.io/revoke` leaves behind, and the commands that revoke
+/// by hand.
+fn unrevoked_text(out: &mut String, not_yet: bool, u: &Unrevoked) {
+    let until = u
+        .token_expires_at
+        .as_deref()
+        .map(|t| format!("until {t}"))
+        .unwrap_or_else(|| "until it expires".into());
+    let _ = writeln!(
+        out,
+        "    WARNING: {}: its ServiceAccount, Role and RoleBinding (namespace {ns}), \
+         ClusterRole, ClusterRoleBinding, ValidatingAdmissionPolicy and its binding, and the \
+         kubeconfig Secret (namespace {ns}), all named {name}, stay, and its token keeps working \
+         {until}. Revoke by hand:",
+        if not_yet {
+            "releasing skips revocation"
+        } else {
+            "revocation skipped"
+        },
+        ns = u.namespace,
+        name = u.objects,
+    );
+    for c in &u.revoke_by_hand {
+        let _ = writeln!(out, "      {c}");
+    }
 }

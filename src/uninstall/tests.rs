@@ -39,3 +39,80 @@ fn managers_are_the_ones_that_added_the_finalizers() {
     assert_eq!(resource_of::<Secret>(), "secrets");
     assert_eq!(resource_of::<Binding>(), "bindings.core.kbind.io");
 }
+
+fn issued_grant(status: serde_json::Value) -> IssuedGrant {
+    serde_json::from_value(json!({
+        "apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
+        "metadata": {"name": "g"},
+        "spec": {"export": "x", "consumer": "c"},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_grant_is_released_by_the_issuers_manager_and_says_how_to_revoke_by_hand() {
+    assert_eq!(
+        kind_report::<IssuedGrant>(iam_api::REVOKE_FINALIZER, "issue").manager,
+        "kbind-issue-finalizer"
+    );
+    assert_eq!(
+        revoke_commands("ns", "g"),
+        [
+            "kubectl delete serviceaccount,secret -n ns kbind-grant-g --ignore-not-found",
+            "kubectl delete rolebinding,role -n ns kbind-grant-g --ignore-not-found",
+            "kubectl delete clusterrolebinding,clusterrole kbind-grant-g --ignore-not-found",
+            "kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy kbind-grant-g --ignore-not-found",
+        ]
+    );
+    // The namespace the status names wins over the flag; without one, the flag.
+    let g = issued_grant(
+        json!({"secretRef": {"namespace": "issued-here", "name": "kbind-grant-g"},
+        "expiresAt": "2026-01-02T03:04:05Z"}),
+    );
+    let u = unrevoked(&g, "kbind-grants");
+    assert_eq!(u.namespace, "issued-here");
+    assert_eq!(u.token_expires_at.as_deref(), Some("2026-01-02T03:04:05Z"));
+    let g = issued_grant(json!({"serviceAccount": "sa-ns/kbind-grant-g"}));
+    assert_eq!(unrevoked(&g, "kbind-grants").namespace, "sa-ns");
+    let u = unrevoked(&issued_grant(json!({})), "kbind-grants");
+    assert_eq!(u.namespace, "kbind-grants");
+    assert_eq!(u.token_expires_at, None);
+
+    let mut k = kind_report::<IssuedGrant>(iam_api::REVOKE_FINALIZER, "issue");
+    k.objects = vec![ObjectReport {
+        namespace: None,
+        name: "g".into(),
+        uid: String::new(),
+        deleting: true,
+        outcome: Outcome::WouldRelease,
+        error: None,
+        unrevoked: Some(u),
+    }];
+    k.found = 1;
+    let r = Report {
+        command: "uninstall",
+        dry_run: true,
+        leases_held: vec![],
+        lease_check_error: None,
+        kinds: vec![k],
+        found: 1,
+        released: 0,
+        failed: 0,
+        next: next_steps(),
+    };
+    let text = render(&r, Some(OutputFormat::Text), false);
+    assert!(
+        text.contains(
+            "Grant (grants.iam.kbind.io) iam.kbind.io/revoke: 1 to release\n  would release g (deleting)\n    WARNING: releasing skips revocation: "
+        ),
+        "{text}"
+    );
+    assert!(text.contains("its token keeps working until it expires. Revoke by hand:\n      kubectl delete serviceaccount,secret -n kbind-grants kbind-grant-g --ignore-not-found\n"), "{text}");
+    let j: serde_json::Value =
+        serde_json::from_str(&render(&r, Some(OutputFormat::Json), false)).unwrap();
+    assert_eq!(
+        j["kinds"][0]["objects"][0]["unrevoked"]["revokeByHand"][0],
+        "kubectl delete serviceaccount,secret -n kbind-grants kbind-grant-g --ignore-not-found"
+    );
+}
