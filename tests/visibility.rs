@@ -121,14 +121,19 @@ fn log_level_sets_the_level_and_rust_log_wins() {
     let listed = |log: &str| log.lines().filter(|l| l.contains("listed")).count();
     assert_eq!(listed(&run(&[], None)), 0, "info is the default");
     let debug = run(&["--log-level", "debug"], None);
-    assert_eq!(listed(&debug), 6, "one line per kind:\n{debug}");
+    assert_eq!(
+        listed(&debug),
+        9,
+        "one line per kind (nine kinds):\n{debug}"
+    );
     assert!(
         !debug.contains("rustls") && !debug.contains("hyper"),
         "other libraries stay at warn:\n{debug}"
     );
     assert_eq!(
         listed(&run(&["--log-level", "error"], Some("kbind=debug"))),
-        6
+        9,
+        "RUST_LOG wins over --log-level"
     );
     assert_eq!(listed(&run(&["--log-level", "debug"], Some("error"))), 0);
 
