@@ -13,5 +13,9 @@ if [ ! -x "$root/bin/cargo-deny" ]; then
   cargo install cargo-deny --version "$CARGO_DENY_VERSION" --locked --root "$root.tmp" --quiet
   mv "$root.tmp" "$root"
 fi
+# cargo-deny reads `cargo metadata` for every platform, so the crates of targets the build never
+# compiled (Windows-only ones, ...) must be in the local registry too: fetch them (crates.io
+# only), after which the check itself runs offline.
+cargo fetch --locked --quiet
 "$root/bin/cargo-deny" --offline --log-level error check licenses bans sources
 echo "deps: licenses, bans and sources ok (advisories not checked: no RustSec database offline)"
