@@ -9,6 +9,7 @@
 
 mod apply;
 pub mod args;
+mod doc;
 mod observe;
 pub mod plan;
 mod record;

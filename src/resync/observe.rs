@@ -269,8 +269,8 @@ pub(super) fn obj_key(ns: Option<&str>, name: &str) -> String {
     format!("{}/{name}", ns.unwrap_or(""))
 }
 
-fn field(o: &DynamicObject, name: &str) -> serde_json::Value {
-    o.data.get(name).cloned().unwrap_or(serde_json::Value::Null)
+fn field(o: &DynamicObject, name: &str) -> plan::Doc {
+    plan::Doc::new(o.data.get(name))
 }
 
 pub(super) fn consumer_obj(o: &DynamicObject) -> ConsumerObj {

@@ -4,8 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
-
+pub use super::doc::Doc;
 use crate::api::core::{ConflictPolicy, OrphanPolicy};
 use crate::api::keys;
 
@@ -15,8 +14,8 @@ pub struct ConsumerObj {
     pub namespace: Option<String>,
     pub name: String,
     pub uid: String,
-    pub spec: Value,
-    pub status: Value,
+    pub spec: Doc,
+    pub status: Doc,
     pub deleting: bool,
     pub has_finalizer: bool,
     pub conflict: Option<String>,
@@ -31,8 +30,8 @@ pub struct ProviderObj {
     pub uid: String,
     pub cluster_marker: Option<String>,
     pub object_marker: Option<String>,
-    pub spec: Value,
-    pub status: Value,
+    pub spec: Doc,
+    pub status: Doc,
     pub deleting: bool,
     /// kbind's `core.kbind.io/orphaned` annotation: why the consumer object is gone.
     pub orphaned: Option<String>,
@@ -76,7 +75,7 @@ pub enum Action {
     Create,
     /// Bring the provider copy's spec and markers to the consumer's.
     UpdateSpec,
-    StatusDown(Value),
+    StatusDown(Doc),
     MarkConflict(&'static str),
     ClearConflict,
     DeleteProvider,
@@ -244,7 +243,7 @@ mod tests {
             namespace: Some("ns".into()),
             name: "w".into(),
             uid: "u1".into(),
-            spec: json!({"size": 1}),
+            spec: json!({"size": 1}).into(),
             has_finalizer: true,
             ..Default::default()
         }
@@ -254,7 +253,7 @@ mod tests {
         ProviderObj {
             cluster_marker: cluster.map(String::from),
             object_marker: object.map(String::from),
-            spec: json!({"size": 1}),
+            spec: json!({"size": 1}).into(),
             ..Default::default()
         }
     }
@@ -295,11 +294,11 @@ mod tests {
     #[test]
     fn live_object_table() {
         let with_status = ProviderObj {
-            status: json!({"ready": true}),
+            status: json!({"ready": true}).into(),
             ..provider(Some(LOCAL), Some("u1"))
         };
         let changed = ProviderObj {
-            spec: json!({"size": 9}),
+            spec: json!({"size": 9}).into(),
             ..provider(Some(LOCAL), Some("u1"))
         };
         let cases: Vec<Row> = vec![
@@ -335,7 +334,7 @@ mod tests {
                 consumer(),
                 Some(with_status),
                 ConflictPolicy::Fail,
-                vec![Action::StatusDown(json!({"ready": true}))],
+                vec![Action::StatusDown(json!({"ready": true}).into())],
                 Standing::InSync,
             ),
             (

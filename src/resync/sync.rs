@@ -122,7 +122,7 @@ impl Run<'_> {
             tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
         }
         let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
-        consumer.sort_by_key(|c| obj_key(c.namespace.as_deref(), &c.name));
+        consumer.sort_by_cached_key(|c| obj_key(c.namespace.as_deref(), &c.name));
         Some(Sides {
             consumer,
             provider_by_key,
