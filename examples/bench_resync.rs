@@ -160,7 +160,20 @@ async fn main() {
     let ar = |g: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, "v1", "Widget"), "widgets")
     };
-    for group in ["bench.kbind.io", "base.kbind.io", "par.kbind.io"] {
+    // `BENCH_BASELINES` (default `sequential,parallel`; `none` for scale runs that measure
+    // kbind's own memory and time only, without seeding the baselines' objects).
+    let baselines =
+        std::env::var("BENCH_BASELINES").unwrap_or_else(|_| "sequential,parallel".into());
+    let (run_seq, run_par) = (
+        baselines.contains("sequential"),
+        baselines.contains("parallel"),
+    );
+    let groups = [
+        ("bench.kbind.io", true),
+        ("base.kbind.io", run_seq),
+        ("par.kbind.io", run_par),
+    ];
+    for group in groups.iter().filter(|(_, on)| *on).map(|(g, _)| *g) {
         let r = ar(group);
         stream::iter(0..n)
             .for_each_concurrent(16, |i| {
@@ -208,15 +221,27 @@ async fn main() {
         }
     };
     let t = Instant::now();
-    for i in 0..n {
-        write("base.kbind.io", i).await;
+    if run_seq {
+        for i in 0..n {
+            write("base.kbind.io", i).await;
+        }
     }
-    let baseline = t.elapsed().as_secs_f64();
+    let baseline = if run_seq {
+        t.elapsed().as_secs_f64()
+    } else {
+        f64::NAN
+    };
     let t = Instant::now();
-    stream::iter(0..n)
-        .for_each_concurrent(workers, |i| write("par.kbind.io", i))
-        .await;
-    let parallel = t.elapsed().as_secs_f64();
+    if run_par {
+        stream::iter(0..n)
+            .for_each_concurrent(workers, |i| write("par.kbind.io", i))
+            .await;
+    }
+    let parallel = if run_par {
+        t.elapsed().as_secs_f64()
+    } else {
+        f64::NAN
+    };
 
     let wc = workers.to_string();
     let mut args: Vec<String> = [
@@ -243,24 +268,28 @@ async fn main() {
         "{:<26} {:>9} {:>9} {:>12} {:>11} {:>9}",
         "run", "wall s", "requests", "data writes", "bookkeep", "peak MiB"
     );
-    println!(
-        "{:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9}",
-        "baseline, sequential",
-        baseline,
-        2 * n,
-        2 * n,
-        "-",
-        "-"
-    );
-    println!(
-        "{:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9}",
-        format!("baseline, {workers} parallel"),
-        parallel,
-        2 * n,
-        2 * n,
-        "-",
-        "-"
-    );
+    if run_seq {
+        println!(
+            "{:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9}",
+            "baseline, sequential",
+            baseline,
+            2 * n,
+            2 * n,
+            "-",
+            "-"
+        );
+    }
+    if run_par {
+        println!(
+            "{:<26} {:>9.2} {:>9} {:>12} {:>11} {:>9}",
+            format!("baseline, {workers} parallel"),
+            parallel,
+            2 * n,
+            2 * n,
+            "-",
+            "-"
+        );
+    }
     for (name, v) in [
         ("kbind resync, cold", &cold),
         ("kbind resync, unchanged", &warm),
@@ -276,14 +305,18 @@ async fn main() {
     }
     let pages = n.div_ceil(500);
     println!();
-    println!(
-        "ratio cold pass / sequential baseline: {:.2}",
-        f(&cold, "duration_seconds") / baseline
-    );
-    println!(
-        "ratio cold pass / parallel baseline: {:.2} (target <= 1.2)",
-        f(&cold, "duration_seconds") / parallel
-    );
+    if run_seq {
+        println!(
+            "ratio cold pass / sequential baseline: {:.2}",
+            f(&cold, "duration_seconds") / baseline
+        );
+    }
+    if run_par {
+        println!(
+            "ratio cold pass / parallel baseline: {:.2} (target <= 1.2)",
+            f(&cold, "duration_seconds") / parallel
+        );
+    }
     println!(
         "unchanged pass: {} requests for {} list pages per side (target only LISTs, <= {} per side), {} data writes (target 0)",
         f(&warm, "requests"),

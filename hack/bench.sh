@@ -8,6 +8,8 @@
 # goes through a loopback proxy adding that delay) and BENCH_CONCURRENCY (default 16: kbind's
 # --write-concurrency and the parallel baseline's workers); docs/performance.md has the figures.
 # BENCH_PROFILE=debug uses the debug build (no release build needed; slower per request).
+# BENCH_KBIND_BIN=<path> measures another kbind binary (e.g. an older build, for a before/after);
+# BENCH_BASELINES=none (resync) skips the baselines, for scale runs that measure kbind alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}
@@ -26,4 +28,4 @@ hack/testenv.sh up "$dir"
 # shellcheck disable=SC1091
 source "$dir/env"
 target=${CARGO_TARGET_DIR:-$PWD/target}
-KBIND_BIN=$target/$profile/kbind "$target/$profile/examples/bench_$what"
+KBIND_BIN=${BENCH_KBIND_BIN:-$target/$profile/kbind} "$target/$profile/examples/bench_$what"
