@@ -112,6 +112,22 @@ mod tests {
     }
 
     #[test]
+    fn relsync_pace_defaults_to_0_9_and_refuses_more_than_the_tier() {
+        let pace = |args: &[&str]| match parse(args).map(|c| c.command) {
+            Ok(Command::Relsync(a)) => Ok(a.pace),
+            Ok(_) => panic!("relsync"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(pace(&["relsync"]).unwrap(), 0.9);
+        assert_eq!(pace(&["relsync", "--pace", "1"]).unwrap(), 1.0);
+        for bad in ["--pace=1.5", "--pace=0", "--pace=-1", "--pace=nan"] {
+            let e = pace(&["relsync", bad]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(e.to_string().contains("--pace"), "{e}");
+        }
+    }
+
+    #[test]
     fn log_level_defaults_to_info_and_takes_the_five_levels() {
         use crate::pass::args::LogLevel;
         assert_eq!(parse(&["status"]).unwrap().common.log_level, LogLevel::Info);

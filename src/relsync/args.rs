@@ -30,6 +30,11 @@ pub struct RelsyncArgs {
     /// Scopes fetched concurrently per source (requests stay paced per upstream method).
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Share of each upstream method's published rate limit to use, above 0 and at most 1:
+    /// 0.9 leaves a tenth to other clients of the same Slack app; up to 1.0 when the app is
+    /// kbind's alone (docs/relsync.md "Rate limits").
+    #[arg(long, default_value_t = crate::relsync::ratelimit::DEFAULT_PACE, value_parser = crate::relsync::ratelimit::parse_pace)]
+    pub pace: f64,
     /// Multiply the upstream's published rate limits (tests and benchmarks against local
     /// stand-ins that enforce scaled limits; keep 1 against real services).
     #[arg(long, default_value_t = 1.0, hide = true)]

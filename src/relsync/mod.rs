@@ -199,7 +199,10 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     let order = due_order(&args, &mine, &mut summary);
     let upstreams = Upstreams {
         slack_api_url: args.slack_api_url.clone(),
-        rate_scale: args.upstream_rate_scale,
+        rate: ratelimit::Rate {
+            pace: args.pace,
+            scale: args.upstream_rate_scale,
+        },
         limits: limits::Limits::of(&ctx, &args),
     };
     let mut stopped = None;

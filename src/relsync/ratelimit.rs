@@ -1,7 +1,8 @@
 //! Upstream pacing and throttle handling.
 //!
-//! Requests are paced *below* the upstream's published limit (90% of each Slack method's tier,
-//! one bucket per source and method, burst 1), so a healthy pass never meets a 429. When one
+//! Requests are paced *below* the upstream's published limit (`--pace`, by default 90% of each
+//! Slack method's tier, one bucket per source and method, burst 1), so a healthy pass never
+//! meets a 429; 1.0 is for an operator whose Slack app is kbind's alone (docs/relsync.md). When one
 //! comes anyway — 429 with `Retry-After`, 429 without it, or Slack's HTTP 200
 //! `{"ok":false,"error":"ratelimited"}` — the method is paused for the advised time (or the
 //! framework's jittered exponential backoff, `pass::backoff`, from 1 s) for every task of this
@@ -21,8 +22,29 @@ use super::limits::Turn;
 use crate::pass::backoff::Backoff;
 use crate::pass::lock;
 
-/// Share of the published limit kbind uses.
-const HEADROOM: f64 = 0.9;
+/// `--pace`'s default: the share of each published limit kbind uses, leaving a tenth to other
+/// clients of the same app (and to requests a delayed network bunches together).
+pub const DEFAULT_PACE: f64 = 0.9;
+
+/// How much of the published limits a pass uses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate {
+    /// `--pace`: the share of each published limit, in (0, 1].
+    pub pace: f64,
+    /// `--upstream-rate-scale`: multiplies every published limit (tests and benchmarks against
+    /// stand-ins that enforce scaled limits; 1 against real services).
+    pub scale: f64,
+}
+
+/// `--pace`: a share of the published limit above 0 and at most 1.
+pub fn parse_pace(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(p) if p > 0.0 && p <= 1.0 => Ok(p),
+        _ => Err(format!(
+            "a share of each upstream's published rate limit, above 0 and at most 1 (e.g. 0.9), not {s:?}"
+        )),
+    }
+}
 /// Retries of one request after throttling before it counts as a scope error.
 const MAX_RETRIES: u32 = 6;
 /// The wait after a throttle: the server's advice, floored at 1 s and capped at 5 minutes, or a
@@ -44,7 +66,7 @@ pub struct Pacer {
     /// Published per-minute limit per method; methods not listed get `default_per_min`.
     tiers: HashMap<&'static str, u32>,
     default_per_min: u32,
-    scale: f64,
+    rate: Rate,
     turn: Arc<Turn>,
     buckets: Mutex<HashMap<String, Arc<DefaultDirectRateLimiter>>>,
     /// The buckets' clock: a wait is computed on the same clock the bucket reads.
@@ -55,18 +77,20 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// `scale` multiplies every published limit (1.0 in production; the benchmark and tests
-    /// scale the fake's limits and ours together).
     pub fn new(
         tiers: HashMap<&'static str, u32>,
         default_per_min: u32,
-        scale: f64,
+        rate: Rate,
         turn: Arc<Turn>,
     ) -> Self {
+        let or_one = |v: f64| if v > 0.0 && v.is_finite() { v } else { 1.0 };
         Self {
             tiers,
             default_per_min,
-            scale: if scale > 0.0 { scale } else { 1.0 },
+            rate: Rate {
+                pace: or_one(rate.pace).min(1.0),
+                scale: or_one(rate.scale),
+            },
             turn,
             buckets: Mutex::default(),
             clock: DefaultClock::default(),
@@ -77,22 +101,25 @@ impl Pacer {
 
     /// The pacing period for `method`: one request per this interval.
     pub fn period(&self, method: &str) -> Duration {
-        let per_min = self
-            .tiers
-            .get(method)
-            .copied()
-            .unwrap_or(self.default_per_min);
-        let per_sec = f64::from(per_min.max(1)) * HEADROOM * self.scale / 60.0;
+        let per_sec = self.published(method) * self.rate.pace * self.rate.scale / 60.0;
         Duration::from_secs_f64(1.0 / per_sec)
     }
 
+    /// The published per-minute limit of `method`.
+    fn published(&self, method: &str) -> f64 {
+        let per_min = self.tiers.get(method).copied();
+        f64::from(per_min.unwrap_or(self.default_per_min).max(1))
+    }
+
     /// Burst capacity: one request at Slack's real tiers (at most 1.5/s), a twentieth of a
-    /// second's worth at scaled rates. Without any slack a waiter that wakes a few ms late loses
-    /// that slot for good; with it the sustained rate is still 90% and no one-second window ever
-    /// holds more than the tier.
+    /// second's worth at scaled rates, and never more than the limit's share `--pace` leaves
+    /// unused (so 1 at pace 1.0). Without any slack a waiter that wakes a few ms late loses that
+    /// slot for good; with it the sustained rate is still the pace and no window of the limit
+    /// ever holds more than the limit.
     fn burst(&self, method: &str) -> NonZeroU32 {
         let per_sec = 1.0 / self.period(method).as_secs_f64();
-        NonZeroU32::new((per_sec / 20.0) as u32).unwrap_or(NonZeroU32::MIN)
+        let spare = self.published(method) * (1.0 - self.rate.pace);
+        NonZeroU32::new((per_sec / 20.0).min(spare) as u32).unwrap_or(NonZeroU32::MIN)
     }
 
     fn bucket(&self, method: &str) -> Arc<DefaultDirectRateLimiter> {
@@ -193,6 +220,10 @@ mod tests {
         Arc::new(Turn::whole(Arc::new(budget)))
     }
 
+    fn rate(pace: f64, scale: f64) -> Rate {
+        Rate { pace, scale }
+    }
+
     #[test]
     fn throttle_waits() {
         let s = Duration::from_secs;
@@ -221,7 +252,7 @@ mod tests {
         let p = Pacer::new(
             HashMap::from([("conversations.members", 100)]),
             20,
-            1.0,
+            rate(DEFAULT_PACE, 1.0),
             whole(Budget::unlimited()),
         );
         // 100/min at 90% is one request every 2/3 s; 20/min at 90% every 3.33 s.
@@ -235,11 +266,51 @@ mod tests {
         let scaled = Pacer::new(
             HashMap::from([("conversations.members", 100)]),
             20,
-            60.0,
+            rate(DEFAULT_PACE, 60.0),
             whole(Budget::unlimited()),
         );
         // 90/s sustained, burst 4: any one-second window holds at most 94 < 100.
         assert_eq!(scaled.burst("conversations.members").get(), 4);
+    }
+
+    #[test]
+    fn pace_sets_the_share_and_leaves_no_burst_at_one() {
+        // (pace, scale, period in ms, burst) for a 100/min method.
+        let cases = [
+            (1.0, 1.0, 600, 1),
+            (0.5, 1.0, 1200, 1),
+            (1.0, 60.0, 10, 1),
+            (0.99, 60.0, 10, 1),
+            (0.95, 60.0, 10, 4),
+            (DEFAULT_PACE, 60.0, 11, 4),
+        ];
+        for (pace, scale, period, burst) in cases {
+            let p = Pacer::new(
+                HashMap::from([("conversations.members", 100)]),
+                20,
+                rate(pace, scale),
+                whole(Budget::unlimited()),
+            );
+            let m = "conversations.members";
+            assert_eq!(p.period(m).as_millis(), period, "{pace} x{scale}");
+            assert_eq!(p.burst(m).get(), burst, "{pace} x{scale}");
+            // A window of the limit (a minute, over the scale) never holds more than the limit:
+            // the paced rate over it plus what the burst adds beyond strict spacing.
+            let window = 60.0 / scale;
+            let most = window / p.period(m).as_secs_f64() + f64::from(burst - 1);
+            assert!(most <= 100.0 + 1e-9, "{pace} x{scale}: {most}");
+        }
+    }
+
+    #[test]
+    fn pace_is_a_share_above_0_and_at_most_1() {
+        for ok in ["1", "0.9", " 0.5 ", "1.0", "0.01"] {
+            assert!(parse_pace(ok).is_ok(), "{ok}");
+        }
+        for bad in ["0", "1.1", "-0.5", "NaN", "inf", "90%", ""] {
+            let e = parse_pace(bad).unwrap_err();
+            assert!(e.contains("at most 1"), "{bad}: {e}");
+        }
     }
 
     #[tokio::test]
@@ -247,7 +318,7 @@ mod tests {
         let p = Pacer::new(
             HashMap::new(),
             20,
-            1.0,
+            rate(DEFAULT_PACE, 1.0),
             whole(Budget::new(None, Duration::from_secs(20))),
         );
         assert!(

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::auth::Credential;
 use super::limits::{Limits, Turn};
-use super::ratelimit::{Pacer, Throttled};
+use super::ratelimit::{Pacer, Rate, Throttled};
 use crate::upstream::{self, UpstreamError};
 
 pub(crate) use http::{Http, PageCount, get_json, page_size};
@@ -289,8 +289,8 @@ impl KindConfig {
 pub struct Upstreams {
     /// Slack Web API root (`--slack-api-url`).
     pub slack_api_url: String,
-    /// Multiplier on published rate limits (tests and benchmarks only).
-    pub rate_scale: f64,
+    /// `--pace` and the (test-only) multiplier on published rate limits.
+    pub rate: Rate,
     /// `--max-response-bytes`, `--request-timeout`, `--max-pages`.
     pub limits: Limits,
 }
@@ -309,7 +309,7 @@ pub fn build(
     let http = upstream::client(limits.request_timeout).map_err(KindError::Client)?;
     let http = |tiers, default_per_min| Http {
         client: http,
-        pacer: Pacer::new(tiers, default_per_min, upstreams.rate_scale, turn),
+        pacer: Pacer::new(tiers, default_per_min, upstreams.rate, turn),
         token: cred.token.clone(),
         limits,
     };
