@@ -220,24 +220,54 @@ async fn set_size(fx: &Fx, name: &str, size: i64) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn bind_writes_secret_connection_and_binding_that_schema_and_resync_use() {
-    let Some(fx) = Fx::new("bind").await else {
-        return;
-    };
-    let (api, issued) = provider_side(&fx).await;
-    let kc = issued.kubeconfig(&fx, "token-1").await;
-    issued.issue(&fx, &kc, "2030-01-01T00:00:00Z").await;
-    let file = support::temp_file("bind-kubeconfig", &kc);
-    let name = format!("{}-p", fx.label);
+/// What `bound` leaves: an exported API, its issued kubeconfig (token-1) on file, and the
+/// consumer bound to it with `--grant-secret` (the bind's JSON output).
+struct Bound {
+    api: String,
+    issued: Issued,
+    kubeconfig: String,
+    file: std::path::PathBuf,
+    name: String,
+    out: Value,
+}
 
+/// The provider side, then `kbind bind` with its kubeconfig; the bind must succeed.
+async fn bound(fx: &Fx) -> Bound {
+    let (api, issued) = provider_side(fx).await;
+    let kubeconfig = issued.kubeconfig(fx, "token-1").await;
+    issued.issue(fx, &kubeconfig, "2030-01-01T00:00:00Z").await;
+    let file = support::temp_file("bind-kubeconfig", &kubeconfig);
+    let name = format!("{}-p", fx.label);
     let (code, out, stderr) = bind(
-        &fx,
+        fx,
         &name,
         &file,
         &["--apis", &api, "--grant-secret", &issued.grant_secret()],
     );
     assert_eq!(code, 0, "{out}\n{stderr}");
+    Bound {
+        api,
+        issued,
+        kubeconfig,
+        file,
+        name,
+        out,
+    }
+}
+
+#[tokio::test]
+async fn bind_writes_secret_connection_and_binding_that_schema_and_resync_use() {
+    let Some(fx) = Fx::new("bind").await else {
+        return;
+    };
+    let Bound {
+        api,
+        issued,
+        kubeconfig: kc,
+        file,
+        name,
+        out,
+    } = bound(&fx).await;
     assert_eq!(out["writes"], 3, "{out}");
     assert_eq!(out["apis"], json!([api]));
     // The Secret: the kubeconfig under the key Connections read, the Grant's annotations.
@@ -499,18 +529,13 @@ async fn rotation_by_pull_follows_the_issuer_and_refuses_a_hostile_kubeconfig() 
     let Some(fx) = Fx::new("rotate").await else {
         return;
     };
-    let (api, issued) = provider_side(&fx).await;
-    let kc1 = issued.kubeconfig(&fx, "token-1").await;
-    issued.issue(&fx, &kc1, "2030-01-01T00:00:00Z").await;
-    let file = support::temp_file("bind-kubeconfig", &kc1);
-    let name = format!("{}-p", fx.label);
-    let (code, out, stderr) = bind(
-        &fx,
-        &name,
-        &file,
-        &["--apis", &api, "--grant-secret", &issued.grant_secret()],
-    );
-    assert_eq!(code, 0, "{out}\n{stderr}");
+    let Bound {
+        api,
+        issued,
+        kubeconfig: kc1,
+        name,
+        ..
+    } = bound(&fx).await;
     fx.run(&[]);
     support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
     create_widget(&fx, "w1", 1).await;

@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -71,27 +71,12 @@ fn documents(yaml: &str, what: &str) -> Vec<Value> {
 
 /// Run kubectl (against `kubeconfig` when given), feeding `stdin`.
 fn kubectl(kubeconfig: Option<&Path>, args: &[&str], stdin: Option<&str>) -> Output {
-    use std::io::Write;
     let mut cmd = Command::new("kubectl");
     if let Some(kc) = kubeconfig {
         cmd.arg("--kubeconfig").arg(kc);
     }
-    cmd.args(args)
-        .env_remove("KUBECONFIG")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("run kubectl {args:?} (is kubectl installed?): {e}"));
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes()).expect("kubectl stdin");
-    }
-    child.wait_with_output().expect("kubectl output")
+    cmd.args(args);
+    support::output_with_stdin(&mut cmd, stdin)
 }
 
 /// kubectl that must succeed; returns stdout.

@@ -13,7 +13,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
@@ -57,20 +57,7 @@ fn helm() -> PathBuf {
 }
 
 fn run(cmd: &mut Command, stdin: Option<&str>) -> Output {
-    use std::io::Write;
-    cmd.env_remove("KUBECONFIG")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes()).expect("stdin");
-    }
-    child.wait_with_output().expect("output")
+    support::output_with_stdin(cmd, stdin)
 }
 
 fn ok(out: Output, what: &str) -> String {

@@ -105,18 +105,7 @@ pub async fn link(path: &str, delay: Duration) -> Link {
         })
     });
     let (url, port) = rx.recv().expect("latency proxy started");
-    let via: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
-        .map(|l| {
-            if l.trim_start().starts_with("server:") {
-                format!("    server: {url}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let via = kbind_testkit::faults::kubeconfig_via(&text, &url);
     let file = std::env::temp_dir().join(format!(
         "kbind-bench-{}-{}.kubeconfig",
         std::process::id(),

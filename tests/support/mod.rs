@@ -278,18 +278,7 @@ pub async fn token_kubeconfig(admin_kubeconfig: &PathBuf, namespace: &str, name:
 /// `kubeconfig` (its text) aimed at `url` instead of its own server: a fault proxy on loopback
 /// speaks plain HTTP, so the CA goes too. The credentials stay as they are.
 pub fn via(kubeconfig: &str, url: &str) -> String {
-    kubeconfig
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
-        .map(|l| {
-            if l.trim_start().starts_with("server:") {
-                format!("    server: {url}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    kbind_testkit::faults::kubeconfig_via(kubeconfig, url)
 }
 
 /// The `server:` URL of a kubeconfig's (only) cluster.
@@ -512,4 +501,27 @@ pub fn normalized(
         ),
         other => other.clone(),
     }
+}
+
+/// Run `cmd` with `stdin` fed to it (or none), KUBECONFIG from the environment removed so only
+/// the kubeconfig a test names is used; stdout and stderr captured.
+pub fn output_with_stdin(
+    cmd: &mut std::process::Command,
+    stdin: Option<&str>,
+) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    cmd.env_remove("KUBECONFIG")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes()).expect("stdin");
+    }
+    child.wait_with_output().expect("output")
 }

@@ -421,3 +421,20 @@ mod tests {
         assert_eq!(seen.len(), Injected::ALL.len(), "{seen:?}");
     }
 }
+
+/// `kubeconfig` (its text) aimed at `url`, a proxy of this module, instead of its own server: the
+/// proxy speaks plain HTTP on loopback, so the CA goes too. The credentials stay as they are.
+pub fn kubeconfig_via(kubeconfig: &str, url: &str) -> String {
+    kubeconfig
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {url}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
