@@ -120,13 +120,7 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
 
     let stopped = stopped.map(|why| crate::pass::Stopped {
         message: format!(
-            "stopped early ({}); CatalogEntry cursors record where the next run resumes",
-            match why {
-                Exhausted::MaxItems => "--max-items reached",
-                Exhausted::Deadline => "deadline near",
-                Exhausted::Terminated => "SIGTERM received",
-                Exhausted::LeaseLost => "pass Lease lost",
-            }
+            "stopped early ({why}); CatalogEntry cursors record where the next run resumes"
         ),
         resume_after: None,
     });

@@ -362,15 +362,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     }
 
     let stopped = stopped.map(|why| crate::pass::Stopped {
-        message: format!(
-            "stopped early ({}); the next run continues",
-            match why {
-                Exhausted::MaxItems => "--max-items reached",
-                Exhausted::Deadline => "deadline near",
-                Exhausted::Terminated => "SIGTERM received",
-                Exhausted::LeaseLost => "pass Lease lost",
-            }
-        ),
+        message: format!("stopped early ({why}); the next run continues"),
         resume_after: None,
     });
     summary.finish(writes, stopped);

@@ -29,6 +29,18 @@ pub enum Exhausted {
     LeaseLost,
 }
 
+/// What a summary's "stopped early (…)" says.
+impl std::fmt::Display for Exhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Exhausted::MaxItems => "--max-items reached",
+            Exhausted::Deadline => "deadline near",
+            Exhausted::Terminated => "SIGTERM received",
+            Exhausted::LeaseLost => "pass Lease lost",
+        })
+    }
+}
+
 impl Budget {
     pub fn new(max_items: Option<u64>, deadline: Duration) -> Self {
         Self {
