@@ -3,9 +3,12 @@
 //! whole object swept. Every SpiceDB write is atomic and the diff is recomputed from what is
 //! held, so a pass killed between batches converges on the next run.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
+use tokio::sync::SetOnce;
+
+use super::held::Held;
 use super::join::{Directory, join};
 use super::kinds::{Fetched, Kind, KindError, Scope, relations};
 use super::plan::{self, Diff};
@@ -50,34 +53,40 @@ pub struct SourceCtx<'a, S> {
     pub prefix: &'a str,
     pub directory: &'a Directory,
     pub writes: &'a Mutex<Writes>,
-    /// What SpiceDB held for this source's scope objects when the walk began, read in one
-    /// stream per object type instead of one read per scope. Only this source writes objects
-    /// under its prefix and the pass Lease keeps runs apart, so the snapshot stays exact.
-    pub held_cache: Option<HashMap<Obj, Vec<Rel>>>,
-    /// The object types `held_cache` covers.
-    pub cached_kinds: BTreeSet<&'static str>,
+    /// The object types a snapshot of what SpiceDB holds is read for (a large window; empty:
+    /// none, each scope reads its own object).
+    pub snapshot_kinds: BTreeSet<&'static str>,
+    /// That snapshot, once read (`None` inside: the read failed, each scope reads its own). It
+    /// is read while the walk's first scopes are fetched upstream; a scope waits for it before
+    /// diffing, so no write of this pass precedes it. Only this source writes objects under its
+    /// prefix and the pass Lease keeps runs apart, so it is exact for every object it is used
+    /// for: each scope's, and the objects no scope enumerated (the reap).
+    pub snapshot: SetOnce<Option<Held>>,
 }
 
-/// Read every relationship under `prefix` of these object types, grouped by object.
-pub async fn prefetch<S: RelationshipStore>(
+/// Read every relationship under `prefix` of these object types into one compact snapshot.
+pub async fn snapshot<S: RelationshipStore>(
     store: &S,
     prefix: &str,
     kinds: &BTreeSet<&str>,
-) -> Result<HashMap<Obj, Vec<Rel>>, SpiceError> {
-    let mut out: HashMap<Obj, Vec<Rel>> = HashMap::new();
+) -> Result<Held, SpiceError> {
+    let mut held = Held::default();
     for kind in kinds {
-        let rels = store
-            .read_bulk(&Filter {
-                resource_type: kind.to_string(),
-                resource_id_prefix: Some(prefix.to_string()),
-                ..Default::default()
-            })
+        let mut part = Held::default();
+        store
+            .read_bulk(
+                &Filter {
+                    resource_type: kind.to_string(),
+                    resource_id_prefix: Some(prefix.to_string()),
+                    ..Default::default()
+                },
+                &mut part,
+            )
             .await?;
-        for r in rels {
-            out.entry(r.resource.clone()).or_default().push(r);
-        }
+        held.merge(part);
     }
-    Ok(out)
+    held.shrink();
+    Ok(held)
 }
 
 impl<S: RelationshipStore> SourceCtx<'_, S> {
@@ -118,11 +127,17 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
             .await
     }
 
+    /// From the snapshot when there is one (waiting for it to be read), else from SpiceDB.
+    /// Waiting rather than reading the first scopes' objects one by one meanwhile: those reads
+    /// would double SpiceDB's work while the export runs, and on a shared machine made the pass
+    /// slower (docs/performance.md "relsync").
     async fn held_scope(&self, obj: &Obj) -> Result<Vec<Rel>, SpiceError> {
-        match &self.held_cache {
-            Some(c) => Ok(c.get(obj).cloned().unwrap_or_default()),
-            None => self.held(obj, None).await,
+        if self.snapshot_kinds.contains(obj.kind.as_str())
+            && let Some(held) = self.snapshot.wait().await
+        {
+            return Ok(held.of(obj));
         }
+        self.held(obj, None).await
     }
 
     async fn scope(&self, scope: &Scope) -> Result<Stats, ApplyError> {
@@ -224,20 +239,21 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
         for kind in self.kind.object_types() {
             // Objects not enumerated were not touched by this pass: the snapshot taken before
             // the walk still holds exactly their relationships.
-            let held: Vec<Rel> = match &self.held_cache {
-                Some(cache) if self.cached_kinds.contains(kind) => cache
-                    .iter()
-                    .filter(|(o, _)| o.kind == *kind && !keep.contains(*o))
-                    .flat_map(|(_, rels)| rels.iter().cloned())
-                    .collect(),
+            let held: Vec<Rel> = match self.snapshot.get() {
+                Some(Some(held)) if self.snapshot_kinds.contains(kind) => held.outside(kind, keep),
                 _ => {
+                    let mut all = Held::default();
                     self.store
-                        .read_bulk(&Filter {
-                            resource_type: kind.to_string(),
-                            resource_id_prefix: Some(self.prefix.to_string()),
-                            ..Default::default()
-                        })
-                        .await?
+                        .read_bulk(
+                            &Filter {
+                                resource_type: kind.to_string(),
+                                resource_id_prefix: Some(self.prefix.to_string()),
+                                ..Default::default()
+                            },
+                            &mut all,
+                        )
+                        .await?;
+                    all.outside(kind, keep)
                 }
             };
             let (n, delete) = plan::sweep(&held, keep, relations(kind));

@@ -23,7 +23,8 @@
 //!   bounded by `limits.rs`), `join.rs` (upstream members to SpiceDB subjects);
 //! - plan (pure): `plan.rs` (due order, windows, diffs, the reap decision), `encode.rs` (object
 //!   ids);
-//! - apply: `apply.rs` (one scope's diff written in batches, cross-resource edges, the reap),
+//! - apply: `apply.rs` (one scope's diff written in batches, cross-resource edges, the reap;
+//!   `held.rs`, the compact snapshot of what SpiceDB holds that a large window diffs against),
 //!   `spicedb/` (the relationship store and its HTTP gateway client), `cleanup.rs` (deleted
 //!   sources and the finalizer);
 //! - record: `record.rs` (the source's status: computed purely, written once per source).
@@ -33,6 +34,7 @@ pub mod args;
 pub mod auth;
 pub mod cleanup;
 pub mod encode;
+pub mod held;
 pub mod hosts;
 pub mod join;
 pub mod kinds;
@@ -63,8 +65,8 @@ use spicedb::HttpStore;
 
 pub const PASS: &str = "relsync";
 
-/// Windows of at least this many scopes read SpiceDB in bulk (see `apply::prefetch`).
-const PREFETCH_MIN: usize = 32;
+/// Windows of at least this many scopes read SpiceDB in bulk (see `apply::snapshot`).
+const SNAPSHOT_MIN: usize = 32;
 
 /// Why a source could not even start (Ready=False), phrased for the condition.
 struct Refusal {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use kube::ResourceExt;
+use tokio::sync::SetOnce;
 
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
 use super::args::RelsyncArgs;
@@ -18,7 +19,7 @@ use super::limits::Turn;
 use super::plan::{self, Coverage, Deferral};
 use super::record::{Outcome, PassRecord, sample};
 use super::spicedb::RelationshipStore;
-use super::{PREFETCH_MIN, Refusal, directory, key};
+use super::{Refusal, SNAPSHOT_MIN, directory, key};
 use crate::api::relsync::{LastPass, RelationshipSource, ScopeErrorSample};
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError};
@@ -108,23 +109,31 @@ pub(super) async fn sync_source<S: RelationshipStore>(
         Err(rec) => return Ok((rec, r.kind.throttles())),
     };
     let prefix = plan::source_prefix(&src.namespace().unwrap_or_default(), &src.name_any());
-    let mut sctx = SourceCtx {
+    let sctx = SourceCtx {
         store,
         kind: r.kind.as_ref(),
         prefix: &prefix,
         directory: &r.dir,
         writes,
-        held_cache: None,
-        cached_kinds: BTreeSet::new(),
+        snapshot_kinds: snapshot_kinds(&window.scopes),
+        snapshot: SetOnce::new(),
     };
-    run.prefetch(&mut sctx, &window.scopes).await;
-    let mut walked = run.walk(&sctx, &window.scopes).await;
+    let mut walked = run.walk_with_snapshot(&sctx, &window.scopes).await;
     let reap = run.cross_and_reap(&sctx, &window, &mut walked).await;
     let throttles = r.kind.throttles();
     if throttles > 0 {
         tracing::info!(source = %key(src), throttles, "upstream throttled this pass; backed off and retried");
     }
     Ok((run.record(&window, walked, reap), throttles))
+}
+
+/// A large window reads what SpiceDB holds in one stream per object type rather than one read
+/// per scope (SpiceDB, not the upstream, is then the cheaper side).
+fn snapshot_kinds(scopes: &[Scope]) -> BTreeSet<&'static str> {
+    if scopes.len() < SNAPSHOT_MIN {
+        return BTreeSet::new();
+    }
+    scopes.iter().map(|s| s.object_type).collect()
 }
 
 /// Resolve kind, config, credential and directory; nothing is sent before they are admitted.
@@ -219,21 +228,37 @@ impl SourceRun<'_> {
         rec
     }
 
-    /// A large window reads what SpiceDB holds in one stream per object type rather than one
-    /// read per scope (SpiceDB, not the upstream, is then the cheaper side).
-    async fn prefetch<S: RelationshipStore>(&self, sctx: &mut SourceCtx<'_, S>, scopes: &[Scope]) {
-        if scopes.len() < PREFETCH_MIN {
-            return;
+    /// The walk, and beside it the snapshot of what SpiceDB holds when the window is large
+    /// (`snapshot_kinds`): it is read while the first scopes are fetched upstream instead of
+    /// before them. A walk that ends first (stopped, every scope failed) drops the read.
+    async fn walk_with_snapshot<S: RelationshipStore>(
+        &self,
+        sctx: &SourceCtx<'_, S>,
+        scopes: &[Scope],
+    ) -> Walked {
+        let walk = self.walk(sctx, scopes);
+        if sctx.snapshot_kinds.is_empty() {
+            return walk.await;
         }
-        let kinds: BTreeSet<&'static str> = scopes.iter().map(|s| s.object_type).collect();
-        match apply::prefetch(sctx.store, sctx.prefix, &kinds).await {
-            Ok(c) => {
-                sctx.held_cache = Some(c);
-                sctx.cached_kinds = kinds;
-            }
-            Err(e) => {
-                tracing::warn!(source = %key(self.src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope")
-            }
+        let read = async {
+            let t = std::time::Instant::now();
+            let held = match apply::snapshot(sctx.store, sctx.prefix, &sctx.snapshot_kinds).await {
+                Ok(held) => {
+                    tracing::info!(source = %key(self.src), relationships = held.len(), seconds = t.elapsed().as_secs_f64(), "read what SpiceDB holds");
+                    Some(held)
+                }
+                Err(e) => {
+                    tracing::warn!(source = %key(self.src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope");
+                    None
+                }
+            };
+            // Set once, here only.
+            let _ = sctx.snapshot.set(held);
+        };
+        tokio::pin!(walk);
+        tokio::select! {
+            w = &mut walk => w,
+            () = read => walk.await,
         }
     }
 

@@ -1,14 +1,21 @@
 //! [`HttpStore`]: the SpiceDB HTTP gateway client — requests, read streams, bounded answers,
 //! retries of transient failures — and the gateway's JSON shapes.
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{DELETE_LIMIT, Filter, MAX_UPDATES, Obj, Op, Rel, RelationshipStore, SpiceError};
+use super::{
+    Collect, DELETE_LIMIT, Filter, MAX_UPDATES, Op, Rel, RelRef, RelationshipStore, SpiceError,
+};
 use crate::pass::backoff::Backoff;
+use crate::pass::lock;
 use crate::relsync::auth::Token;
 use crate::relsync::limits::DEFAULT_MAX_RESPONSE_BYTES;
 use crate::upstream::{self, Lines, UpstreamError, read_capped};
@@ -63,19 +70,86 @@ fn rel_json(r: &Rel) -> Value {
     })
 }
 
-fn parse_rel(v: &Value) -> Option<Rel> {
-    let s = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
-    Some(Rel {
-        resource: Obj {
-            kind: s("/resource/objectType")?,
-            id: s("/resource/objectId")?,
-        },
-        relation: s("/relation")?,
-        subject: Obj {
-            kind: s("/subject/object/objectType")?,
-            id: s("/subject/object/objectId")?,
-        },
-    })
+/// One line of a read stream, decoded without building a JSON tree: strings borrow from the
+/// line unless they carry escapes.
+#[derive(Deserialize)]
+struct WireLine<'a> {
+    #[serde(borrow, default)]
+    result: Option<WireResult<'a>>,
+    #[serde(default)]
+    error: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct WireResult<'a> {
+    /// ReadRelationships: one per line.
+    #[serde(borrow, default)]
+    relationship: Option<WireRel<'a>>,
+    /// Bulk export: a page per line.
+    #[serde(borrow, default)]
+    relationships: Option<Vec<WireRel<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct WireRel<'a> {
+    #[serde(borrow)]
+    resource: WireObj<'a>,
+    #[serde(borrow)]
+    relation: Cow<'a, str>,
+    #[serde(borrow)]
+    subject: WireSubject<'a>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireObj<'a> {
+    #[serde(borrow)]
+    object_type: Cow<'a, str>,
+    #[serde(borrow)]
+    object_id: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct WireSubject<'a> {
+    #[serde(borrow)]
+    object: WireObj<'a>,
+}
+
+impl WireRel<'_> {
+    fn as_ref(&self) -> RelRef<'_> {
+        RelRef {
+            resource_type: &self.resource.object_type,
+            resource_id: &self.resource.object_id,
+            relation: &self.relation,
+            subject_type: &self.subject.object.object_type,
+            subject_id: &self.subject.object.object_id,
+        }
+    }
+}
+
+/// Decode one stream line into `into`; a blank line is nothing.
+fn parse_line<C: Collect + ?Sized>(line: &[u8], into: &mut C) -> Result<(), SpiceError> {
+    let line = line.trim_ascii();
+    if line.is_empty() {
+        return Ok(());
+    }
+    let v: WireLine<'_> = serde_json::from_slice(line)
+        .map_err(|e| SpiceError::Stream(format!("undecodable line: {e}")))?;
+    if let Some(err) = v.error {
+        return Err(SpiceError::Stream(body_message(err.get())));
+    }
+    match v.result {
+        Some(WireResult {
+            relationship: Some(r),
+            ..
+        }) => into.push(r.as_ref()),
+        Some(WireResult {
+            relationships: Some(page),
+            ..
+        }) => page.iter().for_each(|r| into.push(r.as_ref())),
+        _ => return Err(SpiceError::Stream("line without a relationship".into())),
+    }
+    Ok(())
 }
 
 /// What one DeleteRelationships answer says: (relationships deleted, whether more match).
@@ -239,60 +313,35 @@ impl HttpStore {
         .map(|_| ())
     }
 
-    /// POST and parse a newline-delimited stream; each line's `pointer` is one relationship or
-    /// an array of them. An in-band `{"error": …}` fails the whole read.
-    async fn stream(
+    /// POST and parse a newline-delimited stream into `into`; each line's `result` holds one
+    /// relationship (ReadRelationships) or a page of them (bulk export). An in-band
+    /// `{"error": …}` fails the whole read.
+    async fn stream<C: Collect>(
         &self,
         what: &'static str,
         path: &str,
         body: &Value,
-        pointer: &str,
-    ) -> Result<Vec<Rel>, SpiceError> {
-        self.by_end(what, self.stream_unbounded(what, path, body, pointer))
+        into: &Mutex<&mut C>,
+    ) -> Result<(), SpiceError> {
+        self.by_end(what, self.stream_unbounded(what, path, body, into))
             .await
     }
 
     /// [`HttpStore::stream`] without the store's end: the stream may run as long as it keeps
-    /// moving; each line is at most `--max-response-bytes`.
-    async fn stream_unbounded(
+    /// moving; each line is at most `--max-response-bytes`. Lines are decoded as they arrive
+    /// (borrowing from the line, no JSON tree), so a read costs what `into` keeps of it.
+    async fn stream_unbounded<C: Collect>(
         &self,
         what: &'static str,
         path: &str,
         body: &Value,
-        pointer: &str,
-    ) -> Result<Vec<Rel>, SpiceError> {
+        into: &Mutex<&mut C>,
+    ) -> Result<(), SpiceError> {
         let timeout = self.request_timeout;
         let mut resp = tokio::time::timeout(timeout, self.send(what, path, body))
             .await
             .unwrap_or(Err(SpiceError::TimedOut { what, timeout }))?;
-        let mut out = Vec::new();
         let mut lines = Lines::new(self.max_bytes);
-        let handle_line = |line: &[u8], out: &mut Vec<Rel>| -> Result<(), SpiceError> {
-            let line = line.trim_ascii();
-            if line.is_empty() {
-                return Ok(());
-            }
-            let v: Value = serde_json::from_slice(line)
-                .map_err(|e| SpiceError::Stream(format!("undecodable line: {e}")))?;
-            if let Some(err) = v.get("error") {
-                return Err(SpiceError::Stream(body_message(&err.to_string())));
-            }
-            match v.pointer(pointer) {
-                Some(Value::Array(items)) => {
-                    for item in items {
-                        out.push(parse_rel(item).ok_or_else(|| {
-                            SpiceError::Stream("undecodable relationship".into())
-                        })?);
-                    }
-                }
-                Some(item) => out.push(
-                    parse_rel(item)
-                        .ok_or_else(|| SpiceError::Stream("undecodable relationship".into()))?,
-                ),
-                None => return Err(SpiceError::Stream("line without a relationship".into())),
-            }
-            Ok(())
-        };
         loop {
             let chunk = resp.chunk().await.map_err(SpiceError::Cut)?;
             let Some(chunk) = chunk else { break };
@@ -300,27 +349,33 @@ impl HttpStore {
                 what,
                 cap: self.max_bytes,
             })?;
+            let mut into = lock(into);
             for line in done {
-                handle_line(&line, &mut out)?;
+                parse_line(&line, &mut **into)?;
             }
         }
-        handle_line(&lines.finish(), &mut out)?;
-        Ok(out)
+        parse_line(&lines.finish(), &mut **lock(into))
     }
 
     /// A fully consistent read of every relationship matching `filter` (sent as `filter_field`)
-    /// from one of the gateway's streaming endpoints, again after a transient failure.
-    async fn read_stream(
+    /// from one of the gateway's streaming endpoints, again from the start after a transient
+    /// failure.
+    async fn read_stream<C: Collect>(
         &self,
         what: &'static str,
         path: &str,
         filter_field: &str,
-        pointer: &str,
         filter: &Filter,
-    ) -> Result<Vec<Rel>, SpiceError> {
+        into: &mut C,
+    ) -> Result<(), SpiceError> {
         let mut body = json!({ "consistency": {"fullyConsistent": true} });
         body[filter_field] = filter.to_json();
-        with_retries(self.ends, || self.stream(what, path, &body, pointer)).await
+        let into = Mutex::new(into);
+        with_retries(self.ends, || async {
+            lock(&into).restart();
+            self.stream(what, path, &body, &into).await
+        })
+        .await
     }
 
     /// Read the schema: a cheap call that proves the gateway is reachable and the key accepted.
@@ -341,25 +396,27 @@ impl HttpStore {
 
 impl RelationshipStore for HttpStore {
     async fn read(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
+        let mut out = Vec::new();
         self.read_stream(
             "read",
             "/v1/relationships/read",
             "relationshipFilter",
-            "/result/relationship",
             filter,
+            &mut out,
         )
-        .await
+        .await?;
+        Ok(out)
     }
 
     /// Bulk export streams pages of up to 10,000 relationships: several times faster than
     /// ReadRelationships for a whole source.
-    async fn read_bulk(&self, filter: &Filter) -> Result<Vec<Rel>, SpiceError> {
+    async fn read_bulk<C: Collect>(&self, filter: &Filter, into: &mut C) -> Result<(), SpiceError> {
         self.read_stream(
             "export",
             "/v1/relationships/exportbulk",
             "optionalRelationshipFilter",
-            "/result/relationships",
             filter,
+            into,
         )
         .await
     }
@@ -431,6 +488,7 @@ impl RelationshipStore for HttpStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relsync::spicedb::Obj;
     use serde_json::json;
 
     #[test]
@@ -479,7 +537,22 @@ mod tests {
             relation: "member".into(),
             subject: Obj::new("user", "ada+40example+2Ecom"),
         };
-        assert_eq!(parse_rel(&rel_json(&r)), Some(r.clone()));
+        let line = json!({"result": {"relationship": rel_json(&r)}}).to_string();
+        let mut got: Vec<Rel> = Vec::new();
+        parse_line(line.as_bytes(), &mut got).unwrap();
+        // An export page, with an escaped id (decoded, not borrowed).
+        let page = json!({"result": {"relationships": [rel_json(&r), rel_json(&r)]}}).to_string();
+        parse_line(page.replace("C1", "C\\u0031").as_bytes(), &mut got).unwrap();
+        assert_eq!(got, vec![r.clone(), r.clone(), r.clone()]);
+        for bad in [
+            r#"{"result": {}}"#,
+            r#"{"result": {"relationship": {"resource": {}}}}"#,
+            r#"{"error": {"code": 9, "message": "the read was cancelled"}}"#,
+            "not json",
+        ] {
+            assert!(parse_line(bad.as_bytes(), &mut got).is_err(), "{bad}");
+        }
+        assert!(parse_line(b"  ", &mut got).is_ok());
         assert_eq!(
             r.to_string(),
             "slack_channel:ns/src/C1#member@user:ada+40example+2Ecom"

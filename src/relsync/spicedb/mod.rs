@@ -65,6 +65,56 @@ impl std::fmt::Display for Rel {
     }
 }
 
+/// A relationship as one line of a read stream spells it, borrowed from that line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelRef<'a> {
+    pub resource_type: &'a str,
+    pub resource_id: &'a str,
+    pub relation: &'a str,
+    pub subject_type: &'a str,
+    pub subject_id: &'a str,
+}
+
+impl<'a> From<&'a Rel> for RelRef<'a> {
+    fn from(r: &'a Rel) -> Self {
+        Self {
+            resource_type: &r.resource.kind,
+            resource_id: &r.resource.id,
+            relation: &r.relation,
+            subject_type: &r.subject.kind,
+            subject_id: &r.subject.id,
+        }
+    }
+}
+
+impl From<RelRef<'_>> for Rel {
+    fn from(r: RelRef<'_>) -> Self {
+        Self {
+            resource: Obj::new(r.resource_type, r.resource_id),
+            relation: r.relation.to_string(),
+            subject: Obj::new(r.subject_type, r.subject_id),
+        }
+    }
+}
+
+/// Where a streamed read puts each relationship as it arrives, so a large read is never held
+/// as a list first (see `relsync::held`).
+pub trait Collect: Send {
+    /// A retry reads from the start again: forget what the broken attempt delivered.
+    fn restart(&mut self);
+    fn push(&mut self, rel: RelRef<'_>);
+}
+
+impl Collect for Vec<Rel> {
+    fn restart(&mut self) {
+        self.clear();
+    }
+
+    fn push(&mut self, rel: RelRef<'_>) {
+        Vec::push(self, rel.into());
+    }
+}
+
 /// TOUCH (upsert) or DELETE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -183,14 +233,13 @@ impl SpiceError {
 pub trait RelationshipStore: Send + Sync {
     /// Every relationship matching `filter`, fully consistent.
     fn read(&self, filter: &Filter) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send;
-    /// Every relationship matching `filter`, for large reads (whole sources): SpiceDB's bulk
-    /// export where the backend has one.
-    fn read_bulk(
+    /// Every relationship matching `filter`, for large reads (whole sources), streamed into
+    /// `into`: SpiceDB's bulk export.
+    fn read_bulk<C: Collect>(
         &self,
         filter: &Filter,
-    ) -> impl Future<Output = Result<Vec<Rel>, SpiceError>> + Send {
-        self.read(filter)
-    }
+        into: &mut C,
+    ) -> impl Future<Output = Result<(), SpiceError>> + Send;
     /// One atomic write of at most [`MAX_UPDATES`] updates.
     fn write(&self, updates: &[(Op, Rel)]) -> impl Future<Output = Result<(), SpiceError>> + Send;
     /// Delete every relationship matching `filter` (DeleteRelationships), in transactions of at
