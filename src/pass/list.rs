@@ -36,11 +36,25 @@ pub async fn metadata<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
+    map_metadata(api, lp, |m| m).await
+}
+
+/// Metadata of every object matching `lp`, each mapped through `f` as its page arrives (a
+/// CRD's managedFields name every field of its schema: thousands of CRDs' worth is held only
+/// one page at a time).
+pub async fn map_metadata<K, T>(
+    api: &Api<K>,
+    lp: &ListParams,
+    f: impl Fn(PartialObjectMeta<K>) -> T,
+) -> Result<Vec<T>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
     let mut lp = lp.clone().limit(PAGE);
     let mut out = Vec::new();
     for _ in 0..MAX_PAGES {
         let page = api.list_metadata(&lp).await?;
-        out.extend(page.items);
+        out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => return Ok(out),

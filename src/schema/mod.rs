@@ -10,19 +10,20 @@
 
 mod apply;
 pub mod args;
+mod memo;
 mod observe;
 pub mod plan;
 mod teardown;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::api::core::{Connection, SchemaSource};
+use crate::api::core::Connection;
 use crate::api::keys;
-use crate::connection::{CredentialPolicy, IdentityError};
-use crate::discovery::{self, crdpull};
+use crate::connection::CredentialPolicy;
+use crate::discovery::crdpull;
 use crate::pass::finalizer;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
@@ -48,17 +49,9 @@ struct World {
     views: Vec<BindingView>,
     crds: BTreeMap<String, CrdMeta>,
     /// Per provider credential (kubeconfig fingerprint), within this pass only.
-    providers: HashMap<String, ProviderMemo>,
+    providers: memo::Providers,
     /// Where Connection Secrets may live, which kubeconfig fields are re-allowed.
     policy: CredentialPolicy,
-}
-
-/// What one pass learned about a provider, shared by the Connections using the same credential.
-#[derive(Default)]
-struct ProviderMemo {
-    client: Option<Client>,
-    identity: Option<Result<String, IdentityError>>,
-    discovery: HashMap<SchemaSource, Result<plan::Discovered, plan::DiscoveryError>>,
 }
 
 pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, PassError> {
@@ -72,6 +65,13 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         .map(ResourceExt::name_any)
         .collect();
     let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    world.providers.expect(order.iter().filter_map(|name| {
+        world
+            .connections
+            .iter()
+            .find(|c| &c.name_any() == name)
+            .map(|c| &c.spec.kubeconfig_secret_ref)
+    }));
     // Progress lines say "done/planned" Connections (docs/operations.md, "Logs").
     ctx.budget.plan(order.len() as u64);
     let mut done: i64 = 0;
@@ -106,6 +106,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
                 summary.count("errors", 1);
             }
         }
+        world.providers.done(&conn.spec.kubeconfig_secret_ref);
         done += 1;
     }
     // Bindings whose Connection does not exist (the shard owning that name reports them).
@@ -192,7 +193,9 @@ async fn reconcile(
     if reached.provider.is_ok() && reached.secret_needs_finalizer {
         apply::secret_finalizer(world, conn, writes).await?;
     }
-    let memo = world.providers.entry(reached.fingerprint).or_default();
+    let memo = world
+        .providers
+        .entry(&reached.fingerprint, &conn.spec.kubeconfig_secret_ref);
     let remote_uid = match &reached.provider {
         Ok(p) => memo.identity(p).await,
         Err(_) => None,

@@ -2,21 +2,20 @@
 //! run, and per Connection its provider (credentials, identity, discovery), each provider
 //! credential read once per pass and shared by the Connections using it.
 
-use std::collections::HashMap;
-
 use k8s_openapi::api::core::v1::Secret;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::ListParams;
+use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client, Resource};
 
-use super::plan::{BindingView, CrdMeta, Discovered, DiscoveryError};
-use super::{BindingObj, ProviderMemo, World, discovery};
+use super::memo::Providers;
+use super::plan::{BindingView, CrdMeta};
+use super::{BindingObj, World};
+use crate::api::core::Connection;
 use crate::api::core::SecretKeyRef;
-use crate::api::core::{Connection, SchemaSource};
 use crate::api::keys;
 use crate::connection::refresh::{self, RefreshError, Refreshed};
-use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
+use crate::connection::{self, CredentialError, CredentialPolicy};
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, StatusCode, finalizer, list};
 
@@ -27,20 +26,35 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    let connections = list::all(&Api::<Connection>::all(client.clone()), &conn_lp)
-        .await
-        .map_err(|e| match &e {
-            kube::Error::Api(s) if e.is_bad_request() => {
-                PassError::Config(format!("--selector: {}", s.message))
-            }
-            _ => PassError::kube("listing Connections", &e),
-        })?;
+    // Only what the pass reads is kept: a Connection's managedFields are about half of it (the
+    // server-side-applied `exportedAPIs` list-map names every entry's fields).
+    let connections = list::map_all(
+        &Api::<Connection>::all(client.clone()),
+        &conn_lp,
+        |mut c: Connection| {
+            c.metadata.managed_fields = None;
+            c
+        },
+    )
+    .await
+    .map_err(|e| match &e {
+        kube::Error::Api(s) if e.is_bad_request() => {
+            PassError::Config(format!("--selector: {}", s.message))
+        }
+        _ => PassError::kube("listing Connections", &e),
+    })?;
     let observed = crate::bindings::observe(&client)
         .await
         .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
-    let crd_meta = list::metadata(&Api::<CustomResourceDefinition>::all(client.clone()), &lp)
-        .await
-        .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?;
+    let crds = list::map_metadata(
+        &Api::<CustomResourceDefinition>::all(client.clone()),
+        &lp,
+        crd_meta,
+    )
+    .await
+    .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?
+    .into_iter()
+    .collect();
     let local_uid = connection::cluster_uid(&client)
         .await
         .map_err(|e| PassError::Unreachable {
@@ -48,21 +62,6 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
             message: e.to_string(),
         })?;
     let bindings: Vec<BindingObj> = observed.into_iter().map(BindingObj::from).collect();
-    let crds = crd_meta
-        .into_iter()
-        .map(|m| {
-            let labels = m.metadata.labels.clone().unwrap_or_default();
-            let ann = m.metadata.annotations.clone().unwrap_or_default();
-            let meta = CrdMeta {
-                uid: m.metadata.uid.clone().unwrap_or_default(),
-                managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
-                connection: ann.get(keys::CONNECTION).cloned(),
-                schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
-                deleting: m.metadata.deletion_timestamp.is_some(),
-            };
-            (m.metadata.name.unwrap_or_default(), meta)
-        })
-        .collect();
     let views = bindings.iter().map(|b| b.view.clone()).collect();
     Ok(World {
         client,
@@ -72,9 +71,23 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
         bindings,
         views,
         crds,
-        providers: HashMap::new(),
+        providers: Providers::default(),
         policy: CredentialPolicy::default(),
     })
+}
+
+/// What the plan reads of a consumer CRD.
+fn crd_meta(m: PartialObjectMeta<CustomResourceDefinition>) -> (String, CrdMeta) {
+    let labels = m.metadata.labels.unwrap_or_default();
+    let ann = m.metadata.annotations.unwrap_or_default();
+    let meta = CrdMeta {
+        uid: m.metadata.uid.unwrap_or_default(),
+        managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
+        connection: ann.get(keys::CONNECTION).cloned(),
+        schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
+        deleting: m.metadata.deletion_timestamp.is_some(),
+    };
+    (m.metadata.name.unwrap_or_default(), meta)
 }
 
 impl From<crate::bindings::ObservedBinding> for BindingObj {
@@ -138,7 +151,7 @@ impl World {
             .as_ref()
             .map(|p| p.fingerprint.clone())
             .unwrap_or_default();
-        let memo = self.providers.entry(fingerprint.clone()).or_default();
+        let memo = self.providers.entry(&fingerprint, r);
         let provider = match (&pk, &memo.client) {
             (Ok(_), Some(c)) => Ok(c.clone()),
             (Ok(pk), None) => {
@@ -171,7 +184,7 @@ impl World {
         let Ok(pk) = connection::kubeconfig(Some(&local), r, &self.policy).await else {
             return (local, None);
         };
-        let memo = self.providers.entry(pk.fingerprint.clone()).or_default();
+        let memo = self.providers.entry(&pk.fingerprint, r);
         let provider = match &memo.client {
             Some(c) => c.clone(),
             None => match connection::client(&pk, r, ctx.counter.clone(), ctx.args.request_timeout)
@@ -210,32 +223,5 @@ impl World {
             writes.data_done();
         }
         (secret, Some(outcome))
-    }
-}
-
-impl ProviderMemo {
-    /// The provider's cluster identity, read once per credential and pass.
-    pub(super) async fn identity(&mut self, p: &Client) -> Option<Result<String, IdentityError>> {
-        self.client = Some(p.clone());
-        if self.identity.is_none() {
-            self.identity = Some(connection::cluster_uid(p).await);
-        }
-        self.identity.clone()
-    }
-
-    /// What the provider exports from `source`, discovered once per credential and pass.
-    pub(super) async fn discover(
-        &mut self,
-        p: &Client,
-        source: SchemaSource,
-    ) -> Result<Discovered, DiscoveryError> {
-        match self.discovery.get(&source) {
-            Some(d) => d.clone(),
-            None => {
-                let d = discovery::discover(p, source).await;
-                self.discovery.insert(source, d.clone());
-                d
-            }
-        }
     }
 }
