@@ -7,6 +7,8 @@
 //! the apiserver holds more CRDs — and a parallel baseline after those, `BENCH_CONCURRENCY` creates
 //! at a time (kbind runs with the same `--write-concurrency`). `BENCH_LATENCY=5ms` sends kbind's
 //! and the baselines' requests through a loopback proxy adding that delay.
+//! `BENCH_SECRETS=per-connection` gives each Connection a credential of its own;
+//! `BENCH_BASELINES=none` skips the baselines (their rows then read ~0 s).
 //! Prints figures; asserts nothing about time.
 
 mod common;
@@ -116,19 +118,34 @@ async fn main() {
         .create(&PostParams::default(), &serde_json::from_value(ns).unwrap())
         .await
         .expect("ns");
-    let secret: k8s_openapi::api::core::v1::Secret =
-        serde_json::from_value(json!({"metadata": {"name": "provider"},
-        "stringData": {"kubeconfig": pl.text.clone()}}))
-        .unwrap();
-    Api::namespaced(consumer.clone(), "bench")
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("secret");
+    // BENCH_SECRETS=per-connection gives every Connection its own Secret and a kubeconfig of
+    // its own (a comment apart): one credential per provider, as with `kbind bind`.
+    let per_connection = std::env::var("BENCH_SECRETS").is_ok_and(|v| v == "per-connection");
+    let secret_names: Vec<String> = if per_connection {
+        (0..n).map(|i| format!("provider-{i}")).collect()
+    } else {
+        vec!["provider".into()]
+    };
+    for (i, name) in secret_names.iter().enumerate() {
+        let secret: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(json!({"metadata": {"name": name},
+            "stringData": {"kubeconfig": format!("{}\n# credential {i}\n", pl.text)}}))
+            .unwrap();
+        Api::namespaced(consumer.clone(), "bench")
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret");
+    }
+    println!(
+        "credentials: {} Secret(s) in namespace bench",
+        secret_names.len()
+    );
     let conns: Api<kbind::api::core::Connection> = Api::all(consumer.clone());
     let cbs: Api<kbind::api::core::ClusterBinding> = Api::all(consumer.clone());
     for i in 0..n {
+        let secret = &secret_names[i % secret_names.len()];
         let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "metadata": {"name": format!("c{i}")},
-            "spec": {"kubeconfigSecretRef": {"namespace": "bench", "name": "provider"}, "schema": {"source": "CRD"}}});
+            "spec": {"kubeconfigSecretRef": {"namespace": "bench", "name": secret}, "schema": {"source": "CRD"}}});
         conns
             .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
             .await
@@ -144,11 +161,13 @@ async fn main() {
     }
     println!("setup: {:.1}s", t.elapsed().as_secs_f64());
 
+    // BENCH_BASELINES=none: kbind alone (scale runs that measure its memory and requests).
+    let baselines = std::env::var("BENCH_BASELINES").map_or(true, |v| v != "none");
     // Baseline: the same number of consumer CRD creates, directly and sequentially, through the
     // same route as kbind.
     let ccrds: Api<CustomResourceDefinition> = Api::all(cl.client.clone());
     let t = Instant::now();
-    for &(i, j) in &names {
+    for &(i, j) in names.iter().filter(|_| baselines) {
         ccrds
             .create(
                 &PostParams::default(),
@@ -164,7 +183,7 @@ async fn main() {
     // A CRD create costs more the more CRDs the apiserver holds: a second baseline, after
     // kbind's, brackets the cold pass from the other side.
     let t = Instant::now();
-    for &(i, j) in &names {
+    for &(i, j) in names.iter().filter(|_| baselines) {
         ccrds
             .create(
                 &PostParams::default(),
@@ -175,7 +194,7 @@ async fn main() {
     }
     let after = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    stream::iter(names.iter().copied())
+    stream::iter(names.iter().copied().filter(|_| baselines))
         .for_each_concurrent(workers, |(i, j)| {
             let api = ccrds.clone();
             async move {

@@ -9,7 +9,8 @@
 # --write-concurrency and the parallel baseline's workers); docs/performance.md has the figures.
 # BENCH_PROFILE=debug uses the debug build (no release build needed; slower per request).
 # BENCH_KBIND_BIN=<path> measures another kbind binary (e.g. an older build, for a before/after);
-# BENCH_BASELINES=none (resync) skips the baselines, for scale runs that measure kbind alone.
+# BENCH_BASELINES=none (resync, schema) skips the baselines, for scale runs that measure kbind alone;
+# BENCH_SECRETS=per-connection (schema) gives every Connection its own credential.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-schema}
