@@ -1,6 +1,7 @@
 //! Benchmark of `kbind resync` (run through `hack/bench.sh resync`, which starts the servers).
 //!
-//! N objects (default 10,000) in 100 namespaces of one bound API. Cold pass (every object
+//! N objects (default 10,000) in 100 namespaces of one bound API (`BENCH_APIS`: spread over
+//! that many). Cold pass (every object
 //! needs its finalizer and its provider copy) against two baselines issuing the same minimal
 //! writes directly — a provider create and a consumer finalizer patch per object, with a plain
 //! client — each on its own identical API in the same run: one object at a time (sequential),
@@ -59,6 +60,22 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    // BENCH_APIS (default 1): the objects spread over that many bound APIs, object i in API
+    // i mod BENCH_APIS (the "1,000 bound APIs x 100 objects" shape, scaled).
+    let apis: usize = std::env::var("BENCH_APIS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let bound: Vec<String> = (0..apis)
+        .map(|k| {
+            if k == 0 {
+                "bench.kbind.io".to_string()
+            } else {
+                format!("b{k}.bench.kbind.io")
+            }
+        })
+        .collect();
     let namespaces = 100.min(n.max(1));
     let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
     let provider_path = env("KBIND_TEST_PROVIDER_KUBECONFIG");
@@ -70,17 +87,23 @@ async fn main() {
         link(&provider_path, delay).await,
     );
     println!(
-        "bench resync: {n} objects in {namespaces} namespaces; latency {delay:?} per request; concurrency {workers}"
+        "bench resync: {n} objects in {namespaces} namespaces of {apis} bound API(s); latency {delay:?} per request; concurrency {workers}"
     );
 
     // Setup (not measured): the bound API through kbind schema, the baseline API by hand.
     let t = Instant::now();
     let pcrds: Api<CustomResourceDefinition> = Api::all(provider.clone());
     let ccrds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
-    pcrds
-        .create(&PostParams::default(), &crd("bench.kbind.io", true))
-        .await
-        .expect("provider CRD");
+    stream::iter(bound.iter())
+        .for_each_concurrent(8, |g| {
+            let api = pcrds.clone();
+            async move {
+                api.create(&PostParams::default(), &crd(g, true))
+                    .await
+                    .expect("provider CRD");
+            }
+        })
+        .await;
     for c in [crd("base.kbind.io", false), crd("par.kbind.io", false)] {
         pcrds
             .create(&PostParams::default(), &c)
@@ -135,7 +158,7 @@ async fn main() {
         .await
         .expect("connection");
     let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": "bench"},
-        "spec": {"connectionRef": {"name": "bench"}, "apis": [{"name": "widgets.bench.kbind.io"}]}});
+        "spec": {"connectionRef": {"name": "bench"}, "apis": bound.iter().map(|g| json!({"name": format!("widgets.{g}")})).collect::<Vec<_>>()}});
     Api::<kbind::api::core::ClusterBinding>::all(consumer.clone())
         .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
         .await
@@ -154,7 +177,9 @@ async fn main() {
     schema_args.extend(pl.flags());
     let schema = kbind(&schema_args);
     assert_eq!(schema["counts"]["ready"], 1, "schema pass: {schema}");
-    wait_crd(&ccrds, "widgets.bench.kbind.io").await;
+    for g in &bound {
+        wait_crd(&ccrds, &format!("widgets.{g}")).await;
+    }
     wait_crd(&ccrds, "widgets.base.kbind.io").await;
     wait_crd(&ccrds, "widgets.par.kbind.io").await;
     let ar = |g: &str| {
@@ -168,16 +193,20 @@ async fn main() {
         baselines.contains("sequential"),
         baselines.contains("parallel"),
     );
-    let groups = [
-        ("bench.kbind.io", true),
-        ("base.kbind.io", run_seq),
-        ("par.kbind.io", run_par),
-    ];
-    for group in groups.iter().filter(|(_, on)| *on).map(|(g, _)| *g) {
-        let r = ar(group);
+    let groups = [("base.kbind.io", run_seq), ("par.kbind.io", run_par)];
+    // The bound objects (object i in API i mod apis), then each baseline's own.
+    let seeds: Vec<(Vec<String>, usize)> = std::iter::once((bound.clone(), apis))
+        .chain(
+            groups
+                .iter()
+                .filter(|(_, on)| *on)
+                .map(|(g, _)| (vec![g.to_string()], 1)),
+        )
+        .collect();
+    for (seed_groups, k) in &seeds {
         stream::iter(0..n)
             .for_each_concurrent(16, |i| {
-                let (consumer, r) = (consumer.clone(), r.clone());
+                let (consumer, r) = (consumer.clone(), ar(&seed_groups[i % k]));
                 async move {
                     let ns = format!("ns{}", i % namespaces);
                     let mut o = DynamicObject::new(&format!("w{i}"), &r)
@@ -303,7 +332,8 @@ async fn main() {
             f(v, "peak_rss_bytes") / 1_048_576.0
         );
     }
-    let pages = n.div_ceil(500);
+    // Per side, each bound API lists its own objects in pages of 500.
+    let pages = apis * n.div_ceil(apis).div_ceil(500);
     println!();
     if run_seq {
         println!(

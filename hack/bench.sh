@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the test suite): starts fresh servers, runs one benchmark, stops them.
 #   hack/bench.sh schema        (BENCH_CONNECTIONS=50 BENCH_APIS=20 by default)
-#   hack/bench.sh resync        (BENCH_OBJECTS=10000 by default)
+#   hack/bench.sh resync        (BENCH_OBJECTS=10000 BENCH_APIS=1 by default)
 #   hack/bench.sh claims        (BENCH_BINDINGS=5000 by default)
 #   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60 BENCH_CONCURRENCY=16 BENCH_PACE=0.9)
 # resync, claims and schema also take BENCH_LATENCY (e.g. 5ms: every request kbind and the baselines send
