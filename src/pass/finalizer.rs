@@ -33,20 +33,44 @@ pub async fn set<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    let finalizers: Vec<&str> = if present { vec![finalizer] } else { vec![] };
+    if present {
+        return add(api, name, namespace, manager, finalizer)
+            .await
+            .map(|_| ());
+    }
+    let body = identity::<K>(name, namespace, &[]);
+    release(api, name, &body, &format!("{manager}-finalizer"), finalizer).await
+}
+
+/// Add `finalizer` as [`set`] does; returns the object as it is after the write (its new
+/// `resourceVersion`, for a later write preconditioned on the version this pass observed).
+pub async fn add<K>(
+    api: &Api<K>,
+    name: &str,
+    namespace: Option<&str>,
+    manager: &str,
+    finalizer: &str,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let body = identity::<K>(name, namespace, &[finalizer]);
+    let manager = format!("{manager}-finalizer");
+    api.patch(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
+        .await
+}
+
+/// The apply body naming the object and listing `finalizers` (kbind's claim on them).
+fn identity<K: Resource<DynamicType = ()>>(
+    name: &str,
+    namespace: Option<&str>,
+    finalizers: &[&str],
+) -> Value {
     let mut metadata = json!({"name": name, "finalizers": finalizers});
     if let Some(ns) = namespace {
         metadata["namespace"] = json!(ns);
     }
-    let body =
-        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata});
-    let manager = format!("{manager}-finalizer");
-    if !present {
-        return release(api, name, &body, &manager, finalizer).await;
-    }
-    api.patch(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
-        .await
-        .map(|_| ())
+    json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": metadata})
 }
 
 /// Apply `body` (the object's identity with `metadata.finalizers` empty) as `manager`; if

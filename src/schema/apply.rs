@@ -22,30 +22,31 @@ use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
 use crate::scrub::scrub;
 
-/// Add kbind's cleanup finalizer to `api`'s object `name` (once per object).
+/// Add kbind's cleanup finalizer to `api`'s object `name` (once per object). Returns the object
+/// as written, `None` when nothing was sent (a dry run).
 pub(super) async fn add_finalizer<K>(
     world: &World,
     api: &Api<K>,
     (name, namespace): (&str, Option<&str>),
     what: String,
     writes: &mut Writes,
-) -> Result<(), kube::Error>
+) -> Result<Option<K>, kube::Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    if writes.will("add finalizer", what, keys::CLEANUP_FINALIZER) {
-        finalizer::set(
-            api,
-            name,
-            namespace,
-            &world.manager,
-            keys::CLEANUP_FINALIZER,
-            true,
-        )
-        .await?;
-        writes.bookkeeping_done();
+    if !writes.will("add finalizer", what, keys::CLEANUP_FINALIZER) {
+        return Ok(None);
     }
-    Ok(())
+    let written = finalizer::add(
+        api,
+        name,
+        namespace,
+        &world.manager,
+        keys::CLEANUP_FINALIZER,
+    )
+    .await?;
+    writes.bookkeeping_done();
+    Ok(Some(written))
 }
 
 /// The Secret's finalizer goes on only after it validated as a usable kubeconfig for this
@@ -58,7 +59,9 @@ pub(super) async fn secret_finalizer(
     let r = &conn.spec.kubeconfig_secret_ref;
     let api = Api::<Secret>::namespaced(world.client.clone(), &r.namespace);
     let what = format!("Secret {}/{}", r.namespace, r.name);
-    add_finalizer(world, &api, (&r.name, Some(&r.namespace)), what, writes).await
+    add_finalizer(world, &api, (&r.name, Some(&r.namespace)), what, writes)
+        .await
+        .map(|_| ())
 }
 
 /// Record: bindings (finalizers, setup status), autoBind, the deleting bindings, then the

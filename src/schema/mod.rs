@@ -91,10 +91,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         else {
             continue;
         };
+        let secret = conn.spec.kubeconfig_secret_ref.clone();
         match reconcile(
             &ctx,
             &mut world,
-            &conn,
+            conn,
             &mut writes,
             args.write.write_concurrency,
         )
@@ -106,7 +107,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
                 summary.count("errors", 1);
             }
         }
-        world.providers.done(&conn.spec.kubeconfig_secret_ref);
+        world.providers.done(&secret);
         done += 1;
     }
     // Bindings whose Connection does not exist (the shard owning that name reports them).
@@ -171,7 +172,7 @@ fn resume_order(
 async fn reconcile(
     ctx: &PassContext,
     world: &mut World,
-    conn: &Connection,
+    mut conn: Connection,
     writes: &mut Writes,
     write_concurrency: std::num::NonZeroUsize,
 ) -> Result<bool, kube::Error> {
@@ -179,14 +180,21 @@ async fn reconcile(
     if conn.meta().deletion_timestamp.is_some() {
         // Its deleting bindings finish first; the Connection waits for them.
         apply::finish_deleting_bindings(world, &name, writes).await?;
-        teardown::connection(apply::world_view(world), conn, writes).await?;
+        teardown::connection(apply::world_view(world), &conn, writes).await?;
         return Ok(false);
     }
     if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
         let api = Api::<Connection>::all(world.client.clone());
         let what = format!("Connection {name}");
-        apply::add_finalizer(world, &api, (&name, None), what, writes).await?;
+        let written = apply::add_finalizer(world, &api, (&name, None), what, writes).await?;
+        // Our own write moved its resourceVersion; the status write below is preconditioned on
+        // the version this pass observed, which would now always conflict (and cost a re-read
+        // and a second status write). Same generation: the spec observed is still the spec.
+        if let Some(w) = written.filter(|w| w.meta().generation == conn.meta().generation) {
+            conn.metadata.resource_version = w.metadata.resource_version;
+        }
     }
+    let conn = &conn;
 
     // Observe the provider: credentials, then (once they work) identity and discovery.
     let reached = world.reach(ctx, conn, writes).await;
