@@ -65,7 +65,8 @@ pub(super) async fn secret_finalizer(
 }
 
 /// Record: bindings (finalizers, setup status), autoBind, the deleting bindings, then the
-/// Connection. Returns whether the Connection ended Ready.
+/// Connection. Returns whether the Connection ended Ready, and its status write, which the
+/// caller hands to [`StatusWrites`] (it may run beside the next Connection's writes).
 pub(super) async fn record(
     world: &World,
     conn: &Connection,
@@ -73,7 +74,7 @@ pub(super) async fn record(
     plan: &StatusPlan,
     autobind_uid: Option<String>,
     writes: &mut Writes,
-) -> Result<bool, kube::Error> {
+) -> Result<(bool, Option<StatusWrite>), kube::Error> {
     let name = conn.name_any();
     let client = &world.client;
     for b in world
@@ -117,24 +118,104 @@ pub(super) async fn record(
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    if &plan.connection != status
+    let write = (&plan.connection != status
         && writes.will(
             "apply-status",
             format!("Connection {name}"),
             "identities, exports, conditions",
+        ))
+    .then(|| StatusWrite {
+        api: Api::all(client.clone()),
+        name: name.clone(),
+        manager: world.manager.clone(),
+        desired: plan.connection.clone(),
+        rv: conn.resource_version(),
+        ready,
+    });
+    Ok((ready, write))
+}
+
+/// One Connection's status write, owning what it needs.
+pub(super) struct StatusWrite {
+    api: Api<Connection>,
+    name: String,
+    manager: String,
+    desired: ConnectionStatus,
+    rv: Option<String>,
+    /// What the Connection was counted as: a failed write counts it as an error instead.
+    pub(super) ready: bool,
+}
+
+impl StatusWrite {
+    async fn run(self) -> (Self, Result<(), kube::Error>) {
+        let r = write_connection_status(
+            &self.api,
+            &self.name,
+            &self.manager,
+            &self.desired,
+            self.rv.clone(),
         )
-    {
-        write_connection_status(
-            &Api::all(client.clone()),
-            &name,
-            &world.manager,
-            &plan.connection,
-            conn.resource_version(),
-        )
-        .await?;
-        writes.bookkeeping_done();
+        .await;
+        (self, r)
     }
-    Ok(ready)
+}
+
+/// The pass's Connection status writes. With a `--write-concurrency` above 1 each runs in a
+/// task beside the next Connection's reconcile, up to that many at once: a status carrying a
+/// long `exportedAPIs` list costs the apiserver ~0.1 s to apply (docs/performance.md), which
+/// made up half of a cold pass when written in line. At 1 (and in a dry run) each is written
+/// in line, in order, as before: crash-point tests replay deterministically.
+pub(super) struct StatusWrites {
+    inline: bool,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    running: Vec<tokio::task::JoinHandle<(StatusWrite, Result<(), kube::Error>)>>,
+}
+
+impl StatusWrites {
+    pub(super) fn new(concurrency: NonZeroUsize, dry_run: bool) -> Self {
+        Self {
+            inline: dry_run || concurrency.get() == 1,
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency.get())),
+            running: Vec::new(),
+        }
+    }
+
+    /// Write now (in line) or start the write; in line, a failure is returned with the write.
+    pub(super) async fn push(
+        &mut self,
+        w: StatusWrite,
+        writes: &mut Writes,
+    ) -> Result<(), (StatusWrite, kube::Error)> {
+        if self.inline {
+            return match w.run().await {
+                (_, Ok(())) => {
+                    writes.bookkeeping_done();
+                    Ok(())
+                }
+                (w, Err(e)) => Err((w, e)),
+            };
+        }
+        let slots = self.slots.clone();
+        self.running.push(tokio::spawn(async move {
+            // Never closed: a permit is always granted.
+            let _slot = slots.acquire_owned().await.ok();
+            w.run().await
+        }));
+        Ok(())
+    }
+
+    /// Wait for the started writes; returns the failed ones.
+    pub(super) async fn finish(self, writes: &mut Writes) -> Vec<(String, bool, String)> {
+        let mut failed = Vec::new();
+        for task in self.running {
+            match task.await {
+                Ok((_, Ok(()))) => writes.bookkeeping_done(),
+                Ok((w, Err(e))) => failed.push((w.name, w.ready, e.to_string())),
+                Err(e) => failed.push((String::new(), false, format!("status write task: {e}"))),
+            }
+        }
+        failed
+    }
 }
 
 pub(super) async fn finish_deleting_bindings(

@@ -77,6 +77,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     let mut done: i64 = 0;
     let mut stopped = None;
     let mut last = None;
+    let mut statuses = apply::StatusWrites::new(args.write.write_concurrency, ctx.args.dry_run);
     for name in &order {
         if let Err(why) = ctx.budget.take() {
             stopped = Some(why);
@@ -101,7 +102,19 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         )
         .await
         {
-            Ok(ready) => summary.count(if ready { "ready" } else { "notReady" }, 1),
+            Ok((ready, write)) => {
+                let written = match write {
+                    Some(w) => statuses.push(w, &mut writes).await,
+                    None => Ok(()),
+                };
+                match written {
+                    Ok(()) => summary.count(if ready { "ready" } else { "notReady" }, 1),
+                    Err((_, e)) => {
+                        tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
+                        summary.count("errors", 1);
+                    }
+                }
+            }
             Err(e) => {
                 tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
                 summary.count("errors", 1);
@@ -109,6 +122,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         }
         world.providers.done(&secret);
         done += 1;
+    }
+    for (connection, ready, error) in statuses.finish(&mut writes).await {
+        tracing::warn!(%connection, %error, "connection status not written; next run retries");
+        summary.count(if ready { "ready" } else { "notReady" }, -1);
+        summary.count("errors", 1);
     }
     // Bindings whose Connection does not exist (the shard owning that name reports them).
     let orphans: Vec<BindingObj> = world
@@ -175,13 +193,13 @@ async fn reconcile(
     mut conn: Connection,
     writes: &mut Writes,
     write_concurrency: std::num::NonZeroUsize,
-) -> Result<bool, kube::Error> {
+) -> Result<(bool, Option<apply::StatusWrite>), kube::Error> {
     let name = conn.name_any();
     if conn.meta().deletion_timestamp.is_some() {
         // Its deleting bindings finish first; the Connection waits for them.
         apply::finish_deleting_bindings(world, &name, writes).await?;
         teardown::connection(apply::world_view(world), &conn, writes).await?;
-        return Ok(false);
+        return Ok((false, None));
     }
     if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
         let api = Api::<Connection>::all(world.client.clone());
