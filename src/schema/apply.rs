@@ -130,7 +130,6 @@ pub(super) async fn record(
         manager: world.manager.clone(),
         desired: plan.connection.clone(),
         rv: conn.resource_version(),
-        ready,
     });
     Ok((ready, write))
 }
@@ -142,23 +141,15 @@ pub(super) struct StatusWrite {
     manager: String,
     desired: ConnectionStatus,
     rv: Option<String>,
-    /// What the Connection was counted as: a failed write counts it as an error instead.
-    pub(super) ready: bool,
 }
 
 impl StatusWrite {
-    async fn run(self) -> (Self, Result<(), kube::Error>) {
-        let r = write_connection_status(
-            &self.api,
-            &self.name,
-            &self.manager,
-            &self.desired,
-            self.rv.clone(),
-        )
-        .await;
-        (self, r)
+    async fn run(self) -> Result<(), kube::Error> {
+        write_connection_status(&self.api, &self.name, &self.manager, &self.desired, self.rv).await
     }
 }
+
+type StatusTask = tokio::task::JoinHandle<Result<(), kube::Error>>;
 
 /// The pass's Connection status writes. With a `--write-concurrency` above 1 each runs in a
 /// task beside the next Connection's reconcile, up to that many at once: a status carrying a
@@ -168,7 +159,8 @@ impl StatusWrite {
 pub(super) struct StatusWrites {
     inline: bool,
     slots: std::sync::Arc<tokio::sync::Semaphore>,
-    running: Vec<tokio::task::JoinHandle<(StatusWrite, Result<(), kube::Error>)>>,
+    /// Per started write: the Connection, whether it was counted Ready, the task.
+    running: Vec<(String, bool, StatusTask)>,
 }
 
 impl StatusWrites {
@@ -180,38 +172,38 @@ impl StatusWrites {
         }
     }
 
-    /// Write now (in line) or start the write; in line, a failure is returned with the write.
+    /// Write now (in line: its error is returned) or start the write (see [`Self::finish`]).
+    /// `ready`: what the Connection was counted as, undone if a started write fails.
     pub(super) async fn push(
         &mut self,
         w: StatusWrite,
+        ready: bool,
         writes: &mut Writes,
-    ) -> Result<(), (StatusWrite, kube::Error)> {
+    ) -> Result<(), kube::Error> {
         if self.inline {
-            return match w.run().await {
-                (_, Ok(())) => {
-                    writes.bookkeeping_done();
-                    Ok(())
-                }
-                (w, Err(e)) => Err((w, e)),
-            };
+            w.run().await?;
+            writes.bookkeeping_done();
+            return Ok(());
         }
         let slots = self.slots.clone();
-        self.running.push(tokio::spawn(async move {
+        let name = w.name.clone();
+        let task = tokio::spawn(async move {
             // Never closed: a permit is always granted.
             let _slot = slots.acquire_owned().await.ok();
             w.run().await
-        }));
+        });
+        self.running.push((name, ready, task));
         Ok(())
     }
 
-    /// Wait for the started writes; returns the failed ones.
+    /// Wait for the started writes; returns the failed ones: (Connection, counted Ready, error).
     pub(super) async fn finish(self, writes: &mut Writes) -> Vec<(String, bool, String)> {
         let mut failed = Vec::new();
-        for task in self.running {
+        for (name, ready, task) in self.running {
             match task.await {
-                Ok((_, Ok(()))) => writes.bookkeeping_done(),
-                Ok((w, Err(e))) => failed.push((w.name, w.ready, e.to_string())),
-                Err(e) => failed.push((String::new(), false, format!("status write task: {e}"))),
+                Ok(Ok(())) => writes.bookkeeping_done(),
+                Ok(Err(e)) => failed.push((name, ready, e.to_string())),
+                Err(e) => failed.push((name, ready, format!("status write task: {e}"))),
             }
         }
         failed

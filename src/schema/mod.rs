@@ -65,13 +65,12 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         .map(ResourceExt::name_any)
         .collect();
     let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
-    world.providers.expect(order.iter().filter_map(|name| {
-        world
-            .connections
+    world.providers.expect(
+        order
             .iter()
-            .find(|c| &c.name_any() == name)
-            .map(|c| &c.spec.kubeconfig_secret_ref)
-    }));
+            .filter_map(|name| connection(&world.connections, name))
+            .map(|c| &c.spec.kubeconfig_secret_ref),
+    );
     // Progress lines say "done/planned" Connections (docs/operations.md, "Logs").
     ctx.budget.plan(order.len() as u64);
     let mut done: i64 = 0;
@@ -84,16 +83,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
             break;
         }
         last = Some(name.clone());
-        let Some(conn) = world
-            .connections
-            .iter()
-            .find(|c| &c.name_any() == name)
-            .cloned()
-        else {
+        let Some(conn) = connection(&world.connections, name).cloned() else {
             continue;
         };
         let secret = conn.spec.kubeconfig_secret_ref.clone();
-        match reconcile(
+        let reconciled = match reconcile(
             &ctx,
             &mut world,
             conn,
@@ -102,19 +96,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         )
         .await
         {
-            Ok((ready, write)) => {
-                let written = match write {
-                    Some(w) => statuses.push(w, &mut writes).await,
-                    None => Ok(()),
-                };
-                match written {
-                    Ok(()) => summary.count(if ready { "ready" } else { "notReady" }, 1),
-                    Err((_, e)) => {
-                        tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
-                        summary.count("errors", 1);
-                    }
-                }
-            }
+            Ok((ready, Some(w))) => statuses.push(w, ready, &mut writes).await.map(|()| ready),
+            other => other.map(|(ready, _)| ready),
+        };
+        match reconciled {
+            Ok(ready) => summary.count(if ready { "ready" } else { "notReady" }, 1),
             Err(e) => {
                 tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
                 summary.count("errors", 1);
@@ -164,6 +150,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     });
     summary.finish(writes, stopped);
     Ok(summary)
+}
+
+/// The listed Connection named `name`.
+fn connection<'c>(connections: &'c [Connection], name: &str) -> Option<&'c Connection> {
+    connections.iter().find(|c| c.name_any() == name)
 }
 
 /// This shard's Connections in name order, starting after `resume_after` and wrapping around,
