@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use tokio::sync::SetOnce;
 
+use super::ahead::{Slot, Slots};
 use super::held::Held;
 use super::join::{Directory, join};
 use super::kinds::{Fetched, Kind, KindError, Scope, relations};
@@ -62,6 +63,8 @@ pub struct SourceCtx<'a, S> {
     /// prefix and the pass Lease keeps runs apart, so it is exact for every object it is used
     /// for: each scope's, and the objects no scope enumerated (the reap).
     pub snapshot: SetOnce<Option<Held>>,
+    /// The walk's slots; a scope waiting for the snapshot may wait outside its own.
+    pub slots: Slots,
 }
 
 /// Read every relationship under `prefix` of these object types into one compact snapshot.
@@ -131,22 +134,36 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
     /// Waiting rather than reading the first scopes' objects one by one meanwhile: those reads
     /// would double SpiceDB's work while the export runs, and on a shared machine made the pass
     /// slower (docs/performance.md "relsync").
-    async fn held_scope(&self, obj: &Obj) -> Result<Vec<Rel>, SpiceError> {
-        if self.snapshot_kinds.contains(obj.kind.as_str())
-            && let Some(held) = self.snapshot.wait().await
-        {
-            return Ok(held.of(obj));
+    /// `members`: what the scope holds while it waits (src/relsync/ahead.rs).
+    async fn held_scope(
+        &self,
+        obj: &Obj,
+        slot: &mut Slot,
+        members: usize,
+    ) -> Result<Vec<Rel>, SpiceError> {
+        if self.snapshot_kinds.contains(obj.kind.as_str()) {
+            let snapshot = match self.snapshot.get() {
+                Some(read) => read,
+                None => {
+                    self.slots
+                        .outside(slot, members, self.snapshot.wait())
+                        .await
+                }
+            };
+            if let Some(held) = snapshot {
+                return Ok(held.of(obj));
+            }
         }
         self.held(obj, None).await
     }
 
-    async fn scope(&self, scope: &Scope) -> Result<Stats, ApplyError> {
+    async fn scope(&self, scope: &Scope, slot: &mut Slot) -> Result<Stats, ApplyError> {
         let obj = self.object(scope.object_type, &scope.upstream_id);
         let owned = relations(scope.object_type);
         let mut stats = Stats::default();
         let members = match self.kind.fetch(scope).await? {
             Fetched::Gone => {
-                let held = self.held_scope(&obj).await?;
+                let held = self.held_scope(&obj, slot, 0).await?;
                 let (n, delete) = plan::sweep(&held, &BTreeSet::new(), owned);
                 let (_, pruned) = self
                     .apply(
@@ -186,7 +203,7 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
                 subject: self.object(kind, &id),
             });
         }
-        let held = self.held_scope(&obj).await?;
+        let held = self.held_scope(&obj, slot, desired.len()).await?;
         let diff = plan::diff(&desired, &held, owned);
         let (w, p) = self.apply(&obj, &diff).await?;
         stats.written = w;
@@ -194,9 +211,10 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
         Ok(stats)
     }
 
-    /// Process one scope; never panics, never returns a half-written result as Done.
-    pub async fn process(&self, scope: &Scope) -> ScopeResult {
-        match self.scope(scope).await {
+    /// Process one scope in its slot; never panics, never returns a half-written result as
+    /// Done.
+    pub async fn process(&self, scope: &Scope, slot: &mut Slot) -> ScopeResult {
+        match self.scope(scope, slot).await {
             Ok(s) => ScopeResult::Done(s),
             Err(ApplyError::Kind(e)) if e.cut_off() => ScopeResult::Cut(e.to_string()),
             Err(ApplyError::Kind(e)) if e.stops_pass() => ScopeResult::Stopped(e.to_string()),
@@ -241,20 +259,9 @@ impl<S: RelationshipStore> SourceCtx<'_, S> {
             // the walk still holds exactly their relationships.
             let held: Vec<Rel> = match self.snapshot.get() {
                 Some(Some(held)) if self.snapshot_kinds.contains(kind) => held.outside(kind, keep),
-                _ => {
-                    let mut all = Held::default();
-                    self.store
-                        .read_bulk(
-                            &Filter {
-                                resource_type: kind.to_string(),
-                                resource_id_prefix: Some(self.prefix.to_string()),
-                                ..Default::default()
-                            },
-                            &mut all,
-                        )
-                        .await?;
-                    all.outside(kind, keep)
-                }
+                _ => snapshot(self.store, self.prefix, &BTreeSet::from([*kind]))
+                    .await?
+                    .outside(kind, keep),
             };
             let (n, delete) = plan::sweep(&held, keep, relations(kind));
             if delete.is_empty() {

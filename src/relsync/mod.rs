@@ -24,11 +24,13 @@
 //! - plan (pure): `plan.rs` (due order, windows, diffs, the reap decision), `encode.rs` (object
 //!   ids);
 //! - apply: `apply.rs` (one scope's diff written in batches, cross-resource edges, the reap;
-//!   `held.rs`, the compact snapshot of what SpiceDB holds that a large window diffs against),
+//!   `held.rs`, the compact snapshot of what SpiceDB holds that a large window diffs against;
+//!   `ahead.rs`, the walk's slots, which scopes waiting for that snapshot leave to the next),
 //!   `spicedb/` (the relationship store and its HTTP gateway client), `cleanup.rs` (deleted
 //!   sources and the finalizer);
 //! - record: `record.rs` (the source's status: computed purely, written once per source).
 
+pub mod ahead;
 pub mod apply;
 pub mod args;
 pub mod auth;

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use kube::ResourceExt;
 use tokio::sync::SetOnce;
 
+use super::ahead::{self, Slots};
 use super::apply::{self, ScopeResult, SourceCtx, Stats};
 use super::args::RelsyncArgs;
 use super::auth::{self, Credential};
@@ -117,6 +118,7 @@ pub(super) async fn sync_source<S: RelationshipStore>(
         writes,
         snapshot_kinds: snapshot_kinds(&window.scopes),
         snapshot: SetOnce::new(),
+        slots: Slots::new(args.concurrency, ahead::WAITING_MEMBERS),
     };
     let mut walked = run.walk_with_snapshot(&sctx, &window.scopes).await;
     let reap = run.cross_and_reap(&sctx, &window, &mut walked).await;
@@ -271,14 +273,22 @@ impl SourceRun<'_> {
     ) -> Walked {
         let walk_started = std::time::Instant::now();
         let turn = self.turn;
+        // The slots bound how many scopes fetch and write at once; scopes started beyond them
+        // only wait for one, or for the snapshot outside one (src/relsync/ahead.rs).
+        let ahead = if sctx.snapshot_kinds.is_empty() {
+            0
+        } else {
+            ahead::AHEAD_SCOPES
+        };
         let mut results = futures::stream::iter(scopes.iter())
             .map(|scope| async move {
+                let mut slot = sctx.slots.take().await;
                 if let Err(why) = turn.take() {
                     return (scope, ScopeResult::Stopped(format!("{why:?}")));
                 }
-                (scope, sctx.process(scope).await)
+                (scope, sctx.process(scope, &mut slot).await)
             })
-            .buffered(self.args.concurrency.max(1));
+            .buffered(self.args.concurrency.max(1) + ahead);
         let mut w = Walked::default();
         let redact = |msg: &str| self.cred.token.redact(msg);
         while let Some((scope, r)) = results.next().await {
