@@ -530,6 +530,86 @@ mod tests {
         }
     }
 
+    /// Read one HTTP/1.1 request (headers and a Content-Length body) off `sock`.
+    async fn read_request(sock: &mut tokio::net::TcpStream) {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1024];
+        loop {
+            let n = sock.read(&mut byte).await.expect("request");
+            assert!(n > 0, "the client closed before its request was whole");
+            buf.extend_from_slice(&byte[..n]);
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().expect("length"));
+            if buf.len() >= end + 4 + len {
+                return;
+            }
+        }
+    }
+
+    /// An export cut off mid-stream is read again from the start, and what the first attempt
+    /// delivered is dropped (`Collect::restart`): the snapshot a large relsync window diffs
+    /// against must not hold a relationship twice, nor half a stream.
+    #[tokio::test]
+    async fn a_cut_export_is_read_again_from_the_start_without_what_the_cut_one_gave() {
+        use tokio::io::AsyncWriteExt;
+        let rel = |id: &str| Rel {
+            resource: Obj::new("slack_channel", format!("ns/src/{id}")),
+            relation: "member".into(),
+            subject: Obj::new("user", "ada"),
+        };
+        let page = |ids: &[&str]| {
+            let rels: Vec<Value> = ids.iter().map(|id| rel_json(&rel(id))).collect();
+            json!({"result": {"relationships": rels}}).to_string()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (first, second) = (page(&["C1", "C2"]), page(&["C3"]));
+        let server = tokio::spawn(async move {
+            // First attempt: one whole page, then the connection drops inside the stream.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            read_request(&mut sock).await;
+            let line = format!("{first}\n");
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+            let chunk = format!("{:x}\r\n{line}\r\n", line.len());
+            sock.write_all(format!("{head}{chunk}").as_bytes())
+                .await
+                .unwrap();
+            sock.flush().await.unwrap();
+            drop(sock);
+            // Second attempt: the whole export.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            read_request(&mut sock).await;
+            let body = format!("{first}\n{second}\n");
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            sock.write_all(answer.as_bytes()).await.unwrap();
+            sock.shutdown().await.unwrap();
+        });
+        let store = HttpStore::new(&base, Token::new("test-key")).unwrap();
+        let mut got: Vec<Rel> = Vec::new();
+        store
+            .read_bulk(
+                &Filter {
+                    resource_type: "slack_channel".into(),
+                    ..Default::default()
+                },
+                &mut got,
+            )
+            .await
+            .expect("the second attempt reads the whole export");
+        server.await.expect("both attempts were served");
+        assert_eq!(got, vec![rel("C1"), rel("C2"), rel("C3")]);
+    }
+
     #[test]
     fn relationship_json_round_trips() {
         let r = Rel {
