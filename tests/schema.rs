@@ -826,7 +826,7 @@ async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
     let good = fx.provider_kubeconfig();
     // A closed port on loopback, a TLS name the serving certificate does not carry, a token the
     // provider rejects.
-    let unreachable = regex_replace_server(&good, "https://127.0.0.1:1");
+    let unreachable = kbind_testkit::faults::with_server(&good, "https://127.0.0.1:1");
     let tls = good.replace(
         "    server:",
         "    tls-server-name: not-the-provider.example\n    server:",
@@ -902,20 +902,6 @@ async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
     assert_eq!((s, r), ("False", "ExportUnusable"), "{m}");
     assert!(m.contains("no served version"), "{m}");
     assert!(fx.consumer_crd(&ghosts).await.is_none());
-}
-
-fn regex_replace_server(kubeconfig: &str, server: &str) -> String {
-    kubeconfig
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("server:") {
-                format!("    server: {server}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
@@ -1455,4 +1441,106 @@ async fn a_forbidden_identity_read_is_reported_never_skipped() {
         st.exported_apis.is_empty(),
         "no discovery without an identity check"
     );
+}
+
+/// Connection status writes run beside the next Connection's reconcile (src/schema/apply.rs
+/// `StatusWrites`). One that fails there is still the run's failure: counted as an error, that
+/// Connection not counted Ready, the other Connections' statuses written; and the next run
+/// writes it.
+#[tokio::test]
+async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_writes_it() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let Some(fx) = Fx::new("stwrite").await else {
+        return;
+    };
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let ok = fx
+        .connection("ok", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let refused = fx
+        .connection("refused", "provider", json!({"source": "CRD"}), false)
+        .await;
+    // An admission policy refuses (403) every status write of the second Connection.
+    let vap = format!("{}-deny-status", fx.label);
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": vap},
+        "spec": {"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["core.kbind.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["connections/status"]}]},
+            "validations": [{"expression": format!("object.metadata.name != '{refused}'"), "reason": "Forbidden",
+                "message": "this Connection's status may not be written"}]}});
+    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": vap}, "spec": {"policyName": vap, "validationActions": ["Deny"]}});
+    let dyn_api = |kind: &str, plural: &str| {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        );
+        Api::<DynamicObject>::all_with(fx.consumer.clone(), &ar)
+    };
+    let policies = dyn_api("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
+    let bindings = dyn_api(
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    );
+    for (api, obj) in [(&policies, policy), (&bindings, binding)] {
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(obj).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    // Admission policies take effect asynchronously: wait until a dry-run status write is
+    // refused.
+    let conns = Api::<Connection>::all(fx.consumer.clone());
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let probe = json!({"status": {"observedGeneration": 1}});
+    support::eventually("the admission policy in effect", || async {
+        matches!(conns.patch_status(&refused, &dry, &Patch::Merge(&probe)).await,
+            Err(kube::Error::Api(s)) if s.code == 403)
+        .then_some(())
+    })
+    .await;
+
+    let (_, first, stderr) = fx.try_pass("schema", &["--write-concurrency", "4"]);
+    assert_eq!(first["counts"]["errors"], 1, "{first}\n{stderr}");
+    assert_eq!(first["counts"]["ready"], 1, "{first}");
+    assert!(
+        stderr.contains("connection status not written"),
+        "the failure is logged: {stderr}"
+    );
+    let st = fx.conn(&ok).await.status.unwrap_or_default();
+    assert_eq!(cond(&st.conditions, "Ready").0, "True");
+    assert!(
+        fx.conn(&refused)
+            .await
+            .status
+            .is_none_or(|s| s.conditions.is_empty()),
+        "nothing was written for the refused Connection"
+    );
+
+    policies.delete(&vap, &Default::default()).await.unwrap();
+    bindings.delete(&vap, &Default::default()).await.unwrap();
+    support::eventually("the admission policy gone", || async {
+        conns
+            .patch_status(&refused, &dry, &Patch::Merge(&probe))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let second = fx.run(&["--write-concurrency", "4"]);
+    assert_eq!(
+        second["counts"]["errors"].as_u64().unwrap_or(0),
+        0,
+        "{second}"
+    );
+    assert_eq!(second["counts"]["ready"], 2, "{second}");
+    let st = fx.conn(&refused).await.status.unwrap_or_default();
+    assert_eq!(cond(&st.conditions, "Ready").0, "True");
 }
