@@ -49,20 +49,6 @@ fn with_user(kubeconfig: &str, user: &str) -> String {
         .join("\n")
 }
 
-fn with_server(kubeconfig: &str, server: &str) -> String {
-    kubeconfig
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("server:") {
-                format!("    server: {server}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// A Secret in the fixture namespace holding raw bytes under `key`.
 async fn secret_bytes(fx: &Fx, name: &str, key: &str, data: Vec<u8>) -> Result<(), kube::Error> {
     let s = Secret {
@@ -155,7 +141,7 @@ async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
         ),
         (
             "fileserver",
-            with_server(&good, "file:///etc/kubernetes/admin.conf").into_bytes(),
+            kbind_testkit::faults::with_server(&good, "file:///etc/kubernetes/admin.conf").into_bytes(),
             "NotSelfContained",
             "cluster.server is not an http(s) URL",
         ),
@@ -263,7 +249,7 @@ async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_r
         ),
         (
             "cleartext",
-            with_server(&good, &format!("http://{proxy}")),
+            kbind_testkit::faults::with_server(&good, &format!("http://{proxy}")),
             "http://",
         ),
         (

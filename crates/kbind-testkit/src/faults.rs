@@ -425,12 +425,22 @@ mod tests {
 /// `kubeconfig` (its text) aimed at `url`, a proxy of this module, instead of its own server: the
 /// proxy speaks plain HTTP on loopback, so the CA goes too. The credentials stay as they are.
 pub fn kubeconfig_via(kubeconfig: &str, url: &str) -> String {
-    kubeconfig
+    let without_ca: Vec<&str> = kubeconfig
         .lines()
         .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
+        .collect();
+    with_server(&without_ca.join("\n"), url)
+}
+
+/// `kubeconfig` (its text) with its cluster's `server:` replaced by `server`, everything else
+/// (CA, credentials) as it is: a kubeconfig that points somewhere else, for tests of what kbind
+/// does with it.
+pub fn with_server(kubeconfig: &str, server: &str) -> String {
+    kubeconfig
+        .lines()
         .map(|l| {
             if l.trim_start().starts_with("server:") {
-                format!("    server: {url}")
+                format!("    server: {server}")
             } else {
                 l.to_string()
             }
