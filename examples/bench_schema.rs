@@ -9,6 +9,9 @@
 //! and the baselines' requests through a loopback proxy adding that delay.
 //! `BENCH_SECRETS=per-connection` gives each Connection a credential of its own;
 //! `BENCH_BASELINES=none` skips the baselines (their rows then read ~0 s).
+//! `BENCH_EXPORTS=shared` makes one provider export M APIs in all, which every Connection
+//! discovers (N × M `exportedAPIs` entries) and the first Connection binds (M consumer CRDs):
+//! the N Connections × M exports without N providers or N × M CRDs on one apiserver.
 //! Prints figures; asserts nothing about time.
 
 mod common;
@@ -70,6 +73,7 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    let shared = std::env::var("BENCH_EXPORTS").is_ok_and(|v| v == "shared");
     let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
     let provider_path = env("KBIND_TEST_PROVIDER_KUBECONFIG");
     let consumer = client(&consumer_path).await;
@@ -79,20 +83,39 @@ async fn main() {
         link(&consumer_path, delay).await,
         link(&provider_path, delay).await,
     );
+    // The provider's exports as (group index, plural index); with shared exports one group
+    // that every Connection sees, the first one binding it.
+    let names: Vec<(usize, usize)> = if shared {
+        (0..m).map(|j| (0, j)).collect()
+    } else {
+        (0..n).flat_map(|i| (0..m).map(move |j| (i, j))).collect()
+    };
+    let group = |i: usize| {
+        if shared {
+            "shared.bench.kbind.io".to_string()
+        } else {
+            format!("c{i}.bench.kbind.io")
+        }
+    };
     println!(
-        "bench schema: {n} Connections x {m} APIs = {} CRDs; latency {delay:?} per request; concurrency {workers}",
-        n * m
+        "bench schema: {n} Connections x {m} APIs ({}) = {} consumer CRDs; latency {delay:?} per request; concurrency {workers}",
+        if shared {
+            "one provider's, shared: the first Connection binds them"
+        } else {
+            "each Connection its own"
+        },
+        names.len()
     );
 
     // Setup (not measured): provider exports, kbind CRDs, Secret, Connections, ClusterBindings.
     let t = Instant::now();
     let pcrds: Api<CustomResourceDefinition> = Api::all(provider.clone());
-    let names: Vec<(usize, usize)> = (0..n).flat_map(|i| (0..m).map(move |j| (i, j))).collect();
     stream::iter(names.iter().copied())
         .for_each_concurrent(8, |(i, j)| {
             let api = pcrds.clone();
+            let group = group(i);
             async move {
-                let c = crd(&format!("c{i}.bench.kbind.io"), &format!("r{j}s"), true);
+                let c = crd(&group, &format!("r{j}s"), true);
                 api.create(&PostParams::default(), &c)
                     .await
                     .expect("provider CRD");
@@ -150,8 +173,11 @@ async fn main() {
             .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
             .await
             .expect("connection");
+        if shared && i > 0 {
+            continue;
+        }
         let apis: Vec<Value> = (0..m)
-            .map(|j| json!({"name": format!("r{j}s.c{i}.bench.kbind.io")}))
+            .map(|j| json!({"name": format!("r{j}s.{}", group(i))}))
             .collect();
         let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding", "metadata": {"name": format!("c{i}")},
             "spec": {"connectionRef": {"name": format!("c{i}")}, "apis": apis}});
@@ -222,9 +248,9 @@ async fn main() {
     ] {
         println!(
             "{name:<28} {secs:>10.2} {:>10} {:>12} {:>12} {:>10} {:>10}",
-            n * m,
+            names.len(),
             "-",
-            n * m,
+            names.len(),
             "-",
             "-"
         );
