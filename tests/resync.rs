@@ -1304,42 +1304,18 @@ async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
         .provider_crd("pears", "Namespaced", Some("true"), None)
         .await;
     // An admission policy on the consumer refuses (403) writing the second API's CRD.
-    let vap = format!("{}-deny", fx.label);
-    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": vap},
-        "spec": {"failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": ["apiextensions.k8s.io"], "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE"], "resources": ["customresourcedefinitions"]}]},
-            "validations": [{"expression": format!("object.metadata.name != '{bad}'"), "reason": "Forbidden",
-                "message": "this CRD may not be installed here"}]}});
-    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": vap}, "spec": {"policyName": vap, "validationActions": ["Deny"]}});
-    let dyn_api = |kind: &str, plural: &str| {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-            plural,
-        );
-        Api::<DynamicObject>::all_with(fx.consumer.clone(), &ar)
-    };
-    let policies = dyn_api("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
-    let bindings = dyn_api(
-        "ValidatingAdmissionPolicyBinding",
-        "validatingadmissionpolicybindings",
-    );
-    policies
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(policy).unwrap(),
-        )
-        .await
-        .unwrap();
-    bindings
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(binding).unwrap(),
-        )
-        .await
-        .unwrap();
+    let denial = support::Denial::create(
+        &fx.consumer,
+        &format!("{}-deny", fx.label),
+        (
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            &["CREATE", "UPDATE"],
+        ),
+        &format!("object.metadata.name != '{bad}'"),
+        "this CRD may not be installed here",
+    )
+    .await;
     // Admission policies take effect asynchronously: wait until a dry-run create is refused.
     let probe: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_json::from_value(json!({"metadata": {"name": bad}, "spec": {"group": fx.group, "scope": "Namespaced",
@@ -1382,8 +1358,7 @@ async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
         .await
         .unwrap();
     fx.pass("resync", &[]);
-    let _ = bindings.delete(&vap, &DeleteParams::default()).await;
-    let _ = policies.delete(&vap, &DeleteParams::default()).await;
+    denial.delete().await;
     assert!(
         Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &fx.ns, &ar)
             .get_opt("a1")

@@ -1449,7 +1449,6 @@ async fn a_forbidden_identity_read_is_reported_never_skipped() {
 /// writes it.
 #[tokio::test]
 async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_writes_it() {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let Some(fx) = Fx::new("stwrite").await else {
         return;
     };
@@ -1462,36 +1461,14 @@ async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_w
         .connection("refused", "provider", json!({"source": "CRD"}), false)
         .await;
     // An admission policy refuses (403) every status write of the second Connection.
-    let vap = format!("{}-deny-status", fx.label);
-    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": vap},
-        "spec": {"failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": ["core.kbind.io"], "apiVersions": ["*"],
-                "operations": ["UPDATE"], "resources": ["connections/status"]}]},
-            "validations": [{"expression": format!("object.metadata.name != '{refused}'"), "reason": "Forbidden",
-                "message": "this Connection's status may not be written"}]}});
-    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": vap}, "spec": {"policyName": vap, "validationActions": ["Deny"]}});
-    let dyn_api = |kind: &str, plural: &str| {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-            plural,
-        );
-        Api::<DynamicObject>::all_with(fx.consumer.clone(), &ar)
-    };
-    let policies = dyn_api("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
-    let bindings = dyn_api(
-        "ValidatingAdmissionPolicyBinding",
-        "validatingadmissionpolicybindings",
-    );
-    for (api, obj) in [(&policies, policy), (&bindings, binding)] {
-        api.create(
-            &PostParams::default(),
-            &serde_json::from_value(obj).unwrap(),
-        )
-        .await
-        .unwrap();
-    }
+    let denial = support::Denial::create(
+        &fx.consumer,
+        &format!("{}-deny-status", fx.label),
+        ("core.kbind.io", "connections/status", &["UPDATE"]),
+        &format!("object.metadata.name != '{refused}'"),
+        "this Connection's status may not be written",
+    )
+    .await;
     // Admission policies take effect asynchronously: wait until a dry-run status write is
     // refused.
     let conns = Api::<Connection>::all(fx.consumer.clone());
@@ -1524,8 +1501,7 @@ async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_w
         "nothing was written for the refused Connection"
     );
 
-    policies.delete(&vap, &Default::default()).await.unwrap();
-    bindings.delete(&vap, &Default::default()).await.unwrap();
+    denial.delete().await;
     support::eventually("the admission policy gone", || async {
         conns
             .patch_status(&refused, &dry, &Patch::Merge(&probe))

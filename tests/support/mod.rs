@@ -525,3 +525,65 @@ pub fn output_with_stdin(
     }
     child.wait_with_output().expect("output")
 }
+
+/// A ValidatingAdmissionPolicy and its binding, both named `name`, that make the apiserver refuse
+/// (403) `operations` on `resource` of API group `group` when the CEL `allowed` is false: a real
+/// server refusing one write, for tests of what kbind does when a write of its own is denied.
+/// Policies take effect asynchronously: wait for a dry-run write to be refused before relying
+/// on it.
+pub struct Denial {
+    name: String,
+    policies: Api<kube::api::DynamicObject>,
+    bindings: Api<kube::api::DynamicObject>,
+}
+
+impl Denial {
+    pub async fn create(
+        client: &Client,
+        name: &str,
+        (group, resource, operations): (&str, &str, &[&str]),
+        allowed: &str,
+        message: &str,
+    ) -> Self {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let api = |kind: &str, plural: &str| {
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+                plural,
+            );
+            Api::<DynamicObject>::all_with(client.clone(), &ar)
+        };
+        let d = Denial {
+            name: name.to_string(),
+            policies: api("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+            bindings: api(
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+        };
+        let policy = serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {"failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                    "operations": operations, "resources": [resource]}]},
+                "validations": [{"expression": allowed, "reason": "Forbidden", "message": message}]}});
+        let binding = serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}});
+        for (api, obj) in [(&d.policies, policy), (&d.bindings, binding)] {
+            api.create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+        d
+    }
+
+    /// Remove the policy and its binding (taking effect asynchronously too).
+    pub async fn delete(&self) {
+        let dp = kube::api::DeleteParams::default();
+        let _ = self.bindings.delete(&self.name, &dp).await;
+        let _ = self.policies.delete(&self.name, &dp).await;
+    }
+}
