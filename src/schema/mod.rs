@@ -4,9 +4,10 @@
 //! applied and recorded in turn.
 //!
 //! The files, in the order of a run: `observe` (the reads), `plan` (pure: the CRD writes, then
-//! the statuses, in `plan/status.rs`), `apply` (every write, statuses included), `teardown`
-//! (deleting bindings and Connections); src/discovery (shared with `kbind bind`) finds the
-//! provider's exports and builds the consumer CRDs from them.
+//! the statuses, in `plan/status.rs` and, for bindings, `plan/binding.rs`), `apply` (every
+//! write, statuses included), `teardown` (deleting bindings and Connections); src/discovery
+//! (shared with `kbind bind`) finds the provider's exports and builds the consumer CRDs from
+//! them.
 
 mod apply;
 pub mod args;

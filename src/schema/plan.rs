@@ -228,8 +228,10 @@ pub fn crds_after(
     crds
 }
 
+mod binding;
 mod status;
-pub use status::{AutoBind, AutoBindView, SchemaOwned, StatusPlan, plan_status, schema_owned};
+pub use binding::{SchemaOwned, schema_owned};
+pub use status::{AutoBind, AutoBindView, StatusPlan, plan_status};
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,285 @@
+//! The setup side of one Connection's bindings, pure: per API, whether it is bound (and in
+//! sync with what the provider exports) or why not; then the binding's status fields that
+//! `kbind schema` owns (contract "Who writes what": the rest is resync's).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+
+/// Per-API setup result of a binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ApiState {
+    Bound {
+        scope: String,
+        version: String,
+        hash: String,
+        in_sync: bool,
+        /// Something the user should know although the API is bound.
+        warning: Option<String>,
+    },
+    Problem {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+pub(super) fn api_state(
+    o: &Observed,
+    d: Option<&Discovered>,
+    crds: &BTreeMap<String, CrdMeta>,
+    b: &BindingView,
+    api: &str,
+    denied: &[String],
+    failed: &[String],
+) -> ApiState {
+    let problem = |reason: &'static str, message: String| ApiState::Problem { reason, message };
+    let Some(d) = d else {
+        return problem(
+            "ConnectionNotReady",
+            format!("Connection {} is not ready", o.name),
+        );
+    };
+    let Some(e) = d.exports.iter().find(|e| e.api.name == api) else {
+        if let Some((_, why)) = d.skipped.iter().find(|(n, _)| n == api) {
+            return problem(
+                "ExportUnusable",
+                format!("{api} is exported but cannot be pulled: {why}"),
+            );
+        }
+        return problem(
+            "APINotExported",
+            format!("{api} is not exported by Connection {}", o.name),
+        );
+    };
+    if b.key.namespace.is_some() && e.api.scope == "Cluster" {
+        return problem(
+            "ClusterScopedAPI",
+            format!("{api} is cluster-scoped: only a ClusterBinding can activate it"),
+        );
+    }
+    if denied.iter().any(|n| n == api) {
+        return problem(
+            "PermissionDenied",
+            format!("writing the consumer CRD {api} was forbidden"),
+        );
+    }
+    if failed.iter().any(|n| n == api) {
+        return problem(
+            "CRDWriteFailed",
+            format!("writing the consumer CRD {api} failed; retried next run"),
+        );
+    }
+    match crds.get(api) {
+        None if o.policy.pull_policy == PullPolicy::None => problem(
+            "CRDMissing",
+            format!("pullPolicy None: {api} must be installed by its external manager"),
+        ),
+        None => problem(
+            "CRDPending",
+            format!("consumer CRD {api} not installed yet"),
+        ),
+        Some(m) if ours(m, o.name) => {
+            // Under pullPolicy None the schema is the external manager's: no drift to report.
+            let in_sync = o.policy.pull_policy == PullPolicy::None
+                || m.schema_hash.as_deref() == Some(e.api.schema_hash.as_str());
+            let mut warnings = Vec::new();
+            if e.webhook_conversion {
+                warnings.push(format!(
+                    "{api}: the provider converts versions with a webhook; the consumer CRD serves only {} and provider-side conversion is not reproduced",
+                    e.api.version
+                ));
+            }
+            // The resolver checks ClusterBindings first, even when not Ready.
+            if b.key.namespace.is_some()
+                && let Some(cb) = o.bindings.iter().find(|x| {
+                    x.key.namespace.is_none() && !x.deleting && x.apis.iter().any(|a| a == api)
+                })
+            {
+                warnings.push(format!("{api} is also listed by ClusterBinding {}, which takes precedence: this Binding does not sync it", cb.key.name));
+            }
+            ApiState::Bound {
+                scope: e.api.scope.clone(),
+                version: e.api.version.clone(),
+                hash: m.schema_hash.clone().unwrap_or_default(),
+                in_sync,
+                warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+            }
+        }
+        Some(m) => {
+            let owner = match &m.connection {
+                Some(c) => format!("is managed by Connection {c}"),
+                None => "exists and is not managed by kbind".to_string(),
+            };
+            problem(
+                REASON_FOREIGN_CRD,
+                format!("consumer CRD {api} {owner}; it is never overwritten"),
+            )
+        }
+    }
+}
+
+pub(super) fn binding_status(
+    b: &BindingView,
+    states: &[(String, ApiState)],
+    connection_ready: bool,
+    conn_err: Option<&(&str, String)>,
+    update: UpdatePolicy,
+    now: Timestamp,
+) -> BindingStatus {
+    let mut st = b.status.clone();
+    let g = b.generation;
+    let mut bound: Vec<BoundApi> = Vec::new();
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    let mut pending: Vec<&str> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
+    for (api, s) in states {
+        match s {
+            ApiState::Bound {
+                scope,
+                version,
+                hash,
+                in_sync,
+                warning,
+            } => {
+                warnings.extend(warning.iter().cloned());
+                let prev = b
+                    .status
+                    .bound_apis
+                    .iter()
+                    .find(|x| &x.name == api)
+                    .cloned()
+                    .unwrap_or_default();
+                bound.push(BoundApi {
+                    name: api.clone(),
+                    scope: Some(scope.clone()),
+                    version: Some(version.clone()),
+                    schema_hash: Some(hash.clone()),
+                    ..prev
+                });
+                if !in_sync && update == UpdatePolicy::Always {
+                    pending.push(api);
+                }
+            }
+            ApiState::Problem { reason, message } => problems.push((reason, message.clone())),
+        }
+    }
+    keep_resync_entries(&b.status.bound_apis, &mut bound);
+    st.bound_apis = bound;
+    let denied: Vec<&String> = problems
+        .iter()
+        .filter(|(r, _)| *r == "PermissionDenied")
+        .map(|(_, m)| m)
+        .collect();
+    let c = &mut st.conditions;
+    match (connection_ready, problems.first()) {
+        (false, _) => {
+            let (reason, msg) = conn_err
+                .map(|(r, m)| (*r, m.as_str()))
+                .unwrap_or(("ConnectionNotReady", ""));
+            c.set_condition(
+                READY,
+                S::False,
+                "ConnectionNotReady",
+                &format!("{reason}: {msg}"),
+                g,
+                now,
+            )
+        }
+        (true, Some((reason, _))) => {
+            let msg = problems
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            c.set_condition(READY, S::False, reason, &msg, g, now)
+        }
+        (true, None) => c.set_condition(READY, S::True, "Bound", &warnings.join("; "), g, now),
+    };
+    if pending.is_empty() && problems.is_empty() && connection_ready {
+        c.set_condition(SYNCED, S::True, "SchemasInstalled", "", g, now);
+    } else {
+        let msg = if pending.is_empty() {
+            "setup incomplete; see Ready".to_string()
+        } else {
+            format!("schema update pending: {}", pending.join(", "))
+        };
+        c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
+    }
+    permission_denied(c, &denied, g, now);
+    st.observed_generation = g;
+    st
+}
+
+/// Entries only resync owns (counts for an API no longer bound) are left to resync: kept with
+/// the schema fields cleared, and the list sorted by name.
+fn keep_resync_entries(previous: &[BoundApi], bound: &mut Vec<BoundApi>) {
+    for prev in previous {
+        if !bound.iter().any(|x| x.name == prev.name) {
+            bound.push(BoundApi {
+                name: prev.name.clone(),
+                scope: None,
+                version: None,
+                schema_hash: None,
+                ..prev.clone()
+            });
+        }
+    }
+    bound.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// A binding's PermissionDenied: the denied CRD writes of its APIs, if any.
+fn permission_denied(c: &mut Vec<Condition>, denied: &[&String], g: Option<i64>, now: Timestamp) {
+    if denied.is_empty() {
+        c.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
+    } else {
+        let msg = denied
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        c.set_condition(
+            PERMISSION_DENIED,
+            S::True,
+            "CRDWriteForbidden",
+            &msg,
+            g,
+            now,
+        );
+    }
+}
+
+/// The binding status fields `kbind schema` owns (contract "Who writes what").
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchemaOwned {
+    /// Bound APIs with only the schema fields set.
+    pub apis: Vec<BoundApi>,
+    pub conditions: Vec<Condition>,
+    pub observed_generation: Option<i64>,
+}
+
+pub fn schema_owned(s: &BindingStatus) -> SchemaOwned {
+    SchemaOwned {
+        apis: s
+            .bound_apis
+            .iter()
+            .filter(|a| a.schema_hash.is_some())
+            .map(|a| BoundApi {
+                name: a.name.clone(),
+                scope: a.scope.clone(),
+                version: a.version.clone(),
+                schema_hash: a.schema_hash.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        conditions: s
+            .conditions
+            .iter()
+            .filter(|c| [READY, SYNCED, PERMISSION_DENIED].contains(&c.type_.as_str()))
+            .cloned()
+            .collect(),
+        observed_generation: s.observed_generation,
+    }
+}
