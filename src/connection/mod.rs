@@ -26,6 +26,30 @@ pub use kubeconfig::{
     ProviderKubeconfig,
 };
 
+/// Connections per LIST page. A page is decoded whole before its managedFields are dropped, and
+/// a Connection with many exports is large (~0.3 KiB an export with its managedFields): at 200
+/// Connections × 50 exports one page of all 200 was a schema pass's peak memory
+/// (docs/performance.md "schema memory").
+const CONNECTION_PAGE: u32 = 50;
+
+/// Every Connection matching `lp`, in pages of [`CONNECTION_PAGE`], without managedFields: a
+/// pass reads spec, status and the rest of metadata, and the server-side-applied
+/// `exportedAPIs` list-map makes managedFields about half of a Connection.
+pub async fn list(
+    client: &Client,
+    lp: &kube::api::ListParams,
+) -> Result<Vec<crate::api::core::Connection>, kube::Error> {
+    crate::pass::list::map_all(
+        &kube::Api::all(client.clone()),
+        &lp.clone().limit(CONNECTION_PAGE),
+        |mut c: crate::api::core::Connection| {
+            c.metadata.managed_fields = None;
+            c
+        },
+    )
+    .await
+}
+
 /// The Secret `r` names, refused outside the credential namespaces before anything reads it.
 /// `Ok(None)`: it does not exist.
 pub async fn read_secret(

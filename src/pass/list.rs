@@ -14,8 +14,12 @@ pub const MAX_PAGES: usize = 10_000;
 
 /// The error of a listing stopped at [`MAX_PAGES`] (for page loops outside this module).
 pub fn too_many_pages() -> kube::Error {
+    too_many_pages_of(PAGE)
+}
+
+fn too_many_pages_of(page: u32) -> kube::Error {
     kube::Error::Service(
-        format!("the server returned more than {MAX_PAGES} pages of {PAGE}; listing stopped")
+        format!("the server returned more than {MAX_PAGES} pages of {page}; listing stopped")
             .into(),
     )
 }
@@ -65,6 +69,8 @@ where
 
 /// Every object matching `lp`, each mapped through `f` as its page arrives, so only the mapped
 /// form is held (a LIST page carries managedFields and everything else the pass never reads).
+/// Pages of `lp.limit`, else of [`PAGE`]: a page is decoded whole, managedFields included, so
+/// large objects want smaller pages.
 pub async fn map_all<K, T>(
     api: &Api<K>,
     lp: &ListParams,
@@ -73,7 +79,8 @@ pub async fn map_all<K, T>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let mut lp = lp.clone().limit(PAGE);
+    let size = lp.limit.unwrap_or(PAGE);
+    let mut lp = lp.clone().limit(size);
     let mut out = Vec::new();
     for _ in 0..MAX_PAGES {
         let page = api.list(&lp).await?;
@@ -83,7 +90,7 @@ where
             None => return Ok(out),
         }
     }
-    Err(too_many_pages())
+    Err(too_many_pages_of(size))
 }
 
 #[cfg(test)]
@@ -112,5 +119,38 @@ mod tests {
         assert!(err.to_string().contains("more than 10000 pages"), "{err}");
         drop(api);
         assert_eq!(server.await.unwrap(), MAX_PAGES);
+    }
+
+    /// Pages are of the caller's limit when it sets one (large objects: smaller pages, see
+    /// `connection::list`), else of [`PAGE`]; every page of one listing asks the same.
+    #[tokio::test]
+    async fn pages_are_of_the_callers_limit_or_of_page() {
+        for (lp, want) in [
+            (ListParams::default(), PAGE),
+            (ListParams::default().limit(50), 50),
+        ] {
+            let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let server = tokio::spawn(async move {
+                let mut limits = Vec::new();
+                while let Some((req, send)) = handle.next_request().await {
+                    let query = req.uri().query().unwrap_or_default().to_string();
+                    limits.push(
+                        query
+                            .split('&')
+                            .find_map(|kv| kv.strip_prefix("limit="))
+                            .and_then(|v| v.parse::<u32>().ok()),
+                    );
+                    let next = if limits.len() < 2 { "more" } else { "" };
+                    let page = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                        "metadata": {"continue": next}, "items": []});
+                    send.send_response(Response::new(Body::from(page.to_string().into_bytes())));
+                }
+                limits
+            });
+            let api: Api<ConfigMap> = Api::all(kube::Client::new(mock, "default"));
+            map_all(&api, &lp, |c| c).await.unwrap();
+            drop(api);
+            assert_eq!(server.await.unwrap(), vec![Some(want); 2]);
+        }
     }
 }

@@ -37,7 +37,7 @@ pub(super) async fn consumer(
     let client = &ctx.client;
     let lp = ListParams::default();
     let err = |what: &'static str| move |e: kube::Error| PassError::kube(what, &e);
-    let connections = list::all(&Api::<Connection>::all(client.clone()), &lp)
+    let connections = crate::connection::list(client, &lp)
         .await
         .map_err(err("listing Connections"))?;
     let observed = crate::bindings::observe(client)

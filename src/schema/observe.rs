@@ -26,23 +26,14 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    // Only what the pass reads is kept: a Connection's managedFields are about half of it (the
-    // server-side-applied `exportedAPIs` list-map names every entry's fields).
-    let connections = list::map_all(
-        &Api::<Connection>::all(client.clone()),
-        &conn_lp,
-        |mut c: Connection| {
-            c.metadata.managed_fields = None;
-            c
-        },
-    )
-    .await
-    .map_err(|e| match &e {
-        kube::Error::Api(s) if e.is_bad_request() => {
-            PassError::Config(format!("--selector: {}", s.message))
-        }
-        _ => PassError::kube("listing Connections", &e),
-    })?;
+    let connections = connection::list(&client, &conn_lp)
+        .await
+        .map_err(|e| match &e {
+            kube::Error::Api(s) if e.is_bad_request() => {
+                PassError::Config(format!("--selector: {}", s.message))
+            }
+            _ => PassError::kube("listing Connections", &e),
+        })?;
     let observed = crate::bindings::observe(&client)
         .await
         .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
