@@ -43,12 +43,19 @@ pub(super) async fn consumer(
     let observed = crate::bindings::observe(client)
         .await
         .map_err(err("listing ClusterBindings and Bindings"))?;
-    let crds = list::all(
+    // Each CRD is cut down to what instance sync reads as its page arrives: a CRD carries its
+    // whole schema and managedFields naming every field of it.
+    let mut apis: Vec<BoundApi> = list::map_all(
         &Api::<CustomResourceDefinition>::all(client.clone()),
         &ListParams::default().labels(&format!("{}=true", keys::MANAGED)),
+        |c| bound_api(&c),
     )
     .await
-    .map_err(err("listing managed CustomResourceDefinitions"))?;
+    .map_err(err("listing managed CustomResourceDefinitions"))?
+    .into_iter()
+    .flatten()
+    .collect();
+    apis.sort_by(|a, b| a.name.cmp(&b.name));
     let bindings: Vec<BindingRef> = observed.into_iter().map(BindingRef::from).collect();
     let mut selected: BTreeSet<BindingKey> = bindings
         .iter()
@@ -63,7 +70,7 @@ pub(super) async fn consumer(
         connections,
         bindings,
         selected,
-        apis: bound_apis(&crds),
+        apis,
     })
 }
 
@@ -116,29 +123,25 @@ impl From<crate::bindings::ObservedBinding> for BindingRef {
     }
 }
 
-/// Managed consumer CRDs with their pinned Connection and served version, sorted by name.
-fn bound_apis(crds: &[CustomResourceDefinition]) -> Vec<BoundApi> {
-    let mut out: Vec<BoundApi> = crds
+/// A managed consumer CRD's pinned Connection and served version; `None` while it is being
+/// deleted or without a Connection or a served version.
+fn bound_api(c: &CustomResourceDefinition) -> Option<BoundApi> {
+    if c.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let connection = c.annotations().get(keys::CONNECTION)?.clone();
+    let v = c.spec.versions.iter().find(|v| v.storage && v.served).or(c
+        .spec
+        .versions
         .iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .filter_map(|c| {
-            let connection = c.annotations().get(keys::CONNECTION)?.clone();
-            let v = c.spec.versions.iter().find(|v| v.storage && v.served).or(c
-                .spec
-                .versions
-                .iter()
-                .find(|v| v.served))?;
-            let gvk = GroupVersionKind::gvk(&c.spec.group, &v.name, &c.spec.names.kind);
-            Some(BoundApi {
-                name: format!("{}.{}", c.spec.names.plural, c.spec.group),
-                connection,
-                resource: ApiResource::from_gvk_with_plural(&gvk, &c.spec.names.plural),
-                namespaced: c.spec.scope == "Namespaced",
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+        .find(|v| v.served))?;
+    let gvk = GroupVersionKind::gvk(&c.spec.group, &v.name, &c.spec.names.kind);
+    Some(BoundApi {
+        name: format!("{}.{}", c.spec.names.plural, c.spec.group),
+        connection,
+        resource: ApiResource::from_gvk_with_plural(&gvk, &c.spec.names.plural),
+        namespaced: c.spec.scope == "Namespaced",
+    })
 }
 
 /// Build the provider client for a Connection that `kbind schema` made Ready, check the
