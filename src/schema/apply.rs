@@ -185,11 +185,14 @@ impl StatusWrites {
             writes.bookkeeping_done();
             return Ok(());
         }
-        let slots = self.slots.clone();
+        // The permit is taken before the task starts, so at most `concurrency` statuses (each
+        // with its whole `exportedAPIs`) are held at once: past that the pass waits here
+        // instead of queueing every Connection's status in memory. Never closed: always a
+        // permit.
+        let slot = self.slots.clone().acquire_owned().await.ok();
         let name = w.name.clone();
         let task = tokio::spawn(async move {
-            // Never closed: a permit is always granted.
-            let _slot = slots.acquire_owned().await.ok();
+            let _slot = slot;
             w.run().await
         });
         self.running.push((name, ready, task));
