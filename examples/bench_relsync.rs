@@ -8,8 +8,8 @@
 //! relationships written per second, writes on an unchanged cycle, peak RSS; and, in the same
 //! run, baselines writing the same relationships straight into SpiceDB in batches of 1000, one
 //! at a time and BENCH_CONCURRENCY at a time, with the ratios (the cycle cannot beat the
-//! rate-limit floor, so each ratio is against the larger of baseline and floor). `BENCH_PACE` (default 0.9) is kbind's `--pace`. Prints figures;
-//! asserts nothing about time.
+//! rate-limit floor, so each ratio is against the larger of baseline and floor). `BENCH_PACE`
+//! (default 0.9) is kbind's `--pace`. Prints figures; asserts nothing about time.
 
 mod common;
 

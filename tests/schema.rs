@@ -1519,4 +1519,17 @@ async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_w
     assert_eq!(second["counts"]["ready"], 2, "{second}");
     let st = fx.conn(&refused).await.status.unwrap_or_default();
     assert_eq!(cond(&st.conditions, "Ready").0, "True");
+    // And then it stays written: a third run writes nothing but its Lease.
+    let third = fx.run(&["--write-concurrency", "4"]);
+    assert_eq!(third["data_writes"], 0, "{third}");
+    assert_eq!(third["bookkeeping_writes"], 2, "{third}");
+    assert_eq!(
+        fx.conn(&refused)
+            .await
+            .status
+            .unwrap_or_default()
+            .conditions,
+        st.conditions,
+        "no condition changed"
+    );
 }
