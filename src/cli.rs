@@ -1,10 +1,11 @@
-//! The `kbind` command line: assembles the commands from each pass's own flags
-//! (`<pass>/args.rs`) and the flags every pass takes (src/pass/args.rs). No pass imports this
-//! module.
+//! The `kbind` command line: the flags every pass takes (src/pass/args.rs) and the subcommands,
+//! which the registry assembles from each pass's own flags (src/registry.rs). Only `main` uses
+//! this module.
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 use crate::pass::CommonArgs;
+pub use crate::registry::Command;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,57 +25,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// One pass over every Connection: credentials, cluster identity, exported-API discovery,
-    /// consumer CRD install per pullPolicy/updatePolicy, the setup side of bindings, autoBind
-    /// and teardown. --max-items bounds the Connections handled in one run.
-    Schema(crate::schema::args::SchemaArgs),
-    /// One pass over every bound API: consumer spec up to the provider, provider status down,
-    /// conflicts, deletion and the heartbeat; per-API counts recorded on the bindings.
-    /// --max-items bounds instance writes in one run.
-    Resync(crate::resync::args::ResyncArgs),
-    /// One pass over every CatalogEntry: each tenant APIBinding to its export gets the claims its
-    /// requirements and the workspace's Grant call for (core bindings first). --max-items bounds
-    /// binding writes in one run. `kbind claims export <entry>` renders the export's claims.
-    Claims(Box<crate::claims::args::ClaimsArgs>),
-    /// One pass over due RelationshipSources: upstream directory memberships (Slack, a SCIM
-    /// bridge) into SpiceDB. --max-items bounds the scopes handled in one run across sources.
-    Relsync(Box<crate::relsync::args::RelsyncArgs>),
-    /// Provider side of the service layer: one pass over every Grant (iam.kbind.io): its
-    /// ServiceAccount, RBAC and write-confining admission policy, a token re-issued before it
-    /// expires into a kubeconfig Secret, revocation on deletion. --max-items bounds the Grants
-    /// written in one run. `--print-kubeconfig GRANT` prints an issued kubeconfig.
-    Issue(crate::issue::IssueArgs),
-    /// Read-only overview of every kbind resource on the cluster: Connections, ClusterBindings
-    /// and Bindings (per-API counts), CatalogEntries, RelationshipSources and Grants, as tables
-    /// (or -o json|yaml). Kinds not installed are skipped. Takes no Lease and writes nothing.
-    /// Exit 0 when everything is Ready, 3 when something is not.
-    Status(crate::status::StatusArgs),
-    /// Bind this cluster to a provider in one command: validate --provider-kubeconfig as kbind
-    /// schema would, check the chosen APIs (--apis, or --export) are exported, then write the
-    /// Secret (in --credential-namespace), the Connection and a ClusterBinding (or, with
-    /// --namespace, a Binding), all named --name. A second run writes nothing. Refuses (exit 2)
-    /// to overwrite objects it did not write, unless --force. --dry-run prints the manifests
-    /// (docs/binding-flow.md).
-    Bind(Box<crate::bind::BindArgs>),
-    /// Print the CustomResourceDefinitions kbind uses (what deploy/crds/ holds).
-    Crds {
-        /// Print the kcp CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster)
-        /// instead, for running `kbind claims` against a plain Kubernetes API server.
-        #[arg(long)]
-        kcp: bool,
-    },
-    /// Release every finalizer kbind put on objects (core.kbind.io/syncer, core.kbind.io/cleanup,
-    /// kbind.io/relsync-cleanup), so deleting kbind leaves nothing Terminating. A dry run unless
-    /// --yes (alias --confirm). Suspend or delete the kbind CronJobs first: with --yes it refuses
-    /// (exit 2) while a pass Lease is held, unless --force. Deletes nothing; prints what to delete
-    /// next (docs/operations.md, "Uninstall"). Exit 1 if an object could not be released.
-    Uninstall(crate::uninstall::UninstallArgs),
-    /// Print the version.
-    Version,
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -85,6 +35,22 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("kbind").chain(args.iter().copied()))
+    }
+
+    /// Every registered pass and one-off command is a subcommand (src/registry.rs).
+    #[test]
+    fn every_registered_job_is_a_subcommand() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        for d in crate::registry::JOBS {
+            assert!(
+                cli.find_subcommand(d.name).is_some(),
+                "{} is registered but `kbind {}` is no subcommand",
+                d.name,
+                d.name
+            );
+        }
+        assert!(parse(&["nope"]).is_err());
     }
 
     /// Every duration flag takes Go's grammar (src/pass/duration.rs), `1.5h` included.

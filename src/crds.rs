@@ -33,6 +33,23 @@ pub fn kcp_crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
+/// `kbind crds [--kcp]`: print them; returns the exit code.
+pub fn print(kcp: bool) -> i32 {
+    let crds = if kcp { kcp_crds() } else { kbind_crds() };
+    match to_yaml(&crds) {
+        Ok(y) => {
+            use std::io::Write;
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = std::io::stdout().write_all(y.as_bytes());
+            0
+        }
+        Err(e) => {
+            eprintln!("kbind crds: {e}");
+            1
+        }
+    }
+}
+
 /// Render CRDs as one multi-document YAML stream.
 pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_saphyr::ser::Error> {
     let mut out = String::new();

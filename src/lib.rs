@@ -13,6 +13,7 @@ pub mod crds;
 pub mod discovery;
 pub mod issue;
 pub mod pass;
+pub mod registry;
 pub mod relsync;
 pub mod resync;
 pub mod schema;

@@ -25,7 +25,7 @@ pub struct SecretKeyRef {
 }
 
 fn default_kubeconfig_key() -> String {
-    "kubeconfig".into()
+    super::keys::KUBECONFIG_KEY.into()
 }
 
 /// Which provider discovery mechanism finds exported APIs.

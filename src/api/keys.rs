@@ -44,7 +44,31 @@ pub const IAM_GRANT: &str = "iam.kbind.io/grant";
 /// RFC 3339.
 pub const IAM_EXPIRES_AT: &str = "iam.kbind.io/expires-at";
 
+/// The prefix of every name kbind derives from a pass: its Lease `kbind-<pass>[-<i>-of-<n>]`, its
+/// field managers, its CronJob and ServiceAccount.
+pub const PASS_PREFIX: &str = "kbind-";
+
 /// Field manager for a pass's server-side apply writes.
 pub fn field_manager(pass: &str) -> String {
-    format!("kbind-{pass}")
+    format!("{PASS_PREFIX}{pass}")
 }
+
+/// The field manager that owns the finalizers a writer under `manager` adds: apart from its other
+/// fields, so releasing a finalizer never drops a field the writer still wants.
+pub fn finalizer_manager_of(manager: &str) -> String {
+    format!("{manager}-finalizer")
+}
+
+/// The field manager of a pass's finalizers, `kbind-<pass>-finalizer`.
+pub fn finalizer_manager(pass: &str) -> String {
+    finalizer_manager_of(&field_manager(pass))
+}
+
+/// The name of every object `kbind issue` makes for a Grant (ServiceAccount, RBAC, admission
+/// policy, kubeconfig Secret), so `kbind uninstall` can say how to revoke it by hand.
+pub fn grant_object_name(grant: &str) -> String {
+    format!("{PASS_PREFIX}grant-{grant}")
+}
+
+/// The Secret key holding a kubeconfig: a Connection's default, `kbind bind`'s and the issued one.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";

@@ -49,7 +49,10 @@ pub use args::BindArgs;
 use plan::{Action, Chosen, Desired, GrantInfo, Inputs, Kind};
 
 /// The Secret key Connections read by default (and the key a Grant's issued Secret uses).
-pub const KUBECONFIG_KEY: &str = "kubeconfig";
+pub use crate::api::keys::KUBECONFIG_KEY;
+
+/// The subcommand, and the name in the User-Agent of the clients it builds.
+pub const COMMAND: &str = "bind";
 
 /// Why `kbind bind` stopped. Every variant names the file, object or API at fault.
 #[derive(Debug, thiserror::Error)]
@@ -212,7 +215,7 @@ pub struct Report {
 
 /// Run and print; returns the exit code.
 pub async fn run(common: CommonArgs, args: BindArgs) -> i32 {
-    crate::set_command("bind");
+    crate::set_command(COMMAND);
     crate::install_crypto_provider();
     match bind(&common, &args).await {
         Ok(Output::Report(r)) => {

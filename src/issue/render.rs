@@ -13,7 +13,7 @@ use crate::api::iam::{GRANT_KEY, SPEC_HASH};
 use crate::api::keys;
 
 /// The data key of the issued kubeconfig: the Connection Secret's default key.
-pub const KUBECONFIG_KEY: &str = "kubeconfig";
+pub use crate::api::keys::KUBECONFIG_KEY;
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
 /// Every verb the issued identity has on an exported API's objects and their status.
@@ -40,7 +40,7 @@ pub struct Resolved {
 /// The name of every object issued for `grant` (a Grant's name is a DNS label, so this is too
 /// short to need truncating: at most 75 characters).
 pub fn object_name(grant: &str) -> String {
-    format!("kbind-grant-{grant}")
+    crate::api::keys::grant_object_name(grant)
 }
 
 /// `system:serviceaccount:<ns>:<name>`, the issued identity's user name.

@@ -11,6 +11,7 @@ use std::fmt::Debug;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
+use crate::api::keys;
 use crate::pass::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -39,7 +40,14 @@ where
             .map(|_| ());
     }
     let body = identity::<K>(name, namespace, &[]);
-    release(api, name, &body, &format!("{manager}-finalizer"), finalizer).await
+    release(
+        api,
+        name,
+        &body,
+        &keys::finalizer_manager_of(manager),
+        finalizer,
+    )
+    .await
 }
 
 /// Add `finalizer` as [`set`] does; returns the object as it is after the write (its new
@@ -55,7 +63,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     let body = identity::<K>(name, namespace, &[finalizer]);
-    let manager = format!("{manager}-finalizer");
+    let manager = keys::finalizer_manager_of(manager);
     api.patch(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
         .await
 }

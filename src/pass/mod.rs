@@ -8,6 +8,7 @@ pub mod client;
 pub mod concurrency;
 #[cfg(feature = "crash-points")]
 pub mod crash;
+pub mod descriptor;
 pub mod duration;
 pub mod error;
 pub mod events;

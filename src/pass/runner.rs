@@ -10,6 +10,7 @@ use kube::Client;
 use super::args::CommonArgs;
 use super::budget::Budget;
 use super::client::{RequestCounter, counted_client, own_config};
+use super::descriptor::Descriptor;
 use super::error::PassError;
 use super::events::Recorder;
 use super::lease::{self, Acquired};
@@ -45,14 +46,14 @@ pub fn lease_name(pass: &str, args: &CommonArgs) -> String {
 /// Run `body` as pass `pass`; returns the process exit code. `body` fills the summary's counts,
 /// writes and outcome; requests and duration are filled in here. The summary is printed, then
 /// pushed when `--pushgateway-url` is set (src/pass/metrics.rs; never changes the exit code).
-pub async fn run<F, Fut>(pass: &'static str, args: CommonArgs, body: F) -> i32
+pub async fn run<F, Fut>(pass: Descriptor, args: CommonArgs, body: F) -> i32
 where
     F: FnOnce(PassContext) -> Fut,
     Fut: Future<Output = Result<Summary, PassError>>,
 {
     let started = std::time::Instant::now();
     let (output, push_args) = (args.output, args.clone());
-    let (summary, code) = run_pass(pass, args, body).await;
+    let (summary, code) = run_pass(pass.name, args, body).await;
     println!(
         "{}",
         summary.render(output, std::io::stdout().is_terminal())

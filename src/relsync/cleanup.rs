@@ -27,7 +27,7 @@ use crate::pass::{PassContext, PassError, Summary, lock};
 
 /// The field manager of the finalizer, beside `kbind-relsync` (status).
 pub fn manager(pass_manager: &str) -> String {
-    format!("{pass_manager}-finalizer")
+    crate::api::keys::finalizer_manager_of(pass_manager)
 }
 
 pub fn has_finalizer(src: &RelationshipSource) -> bool {

@@ -21,6 +21,7 @@ use crate::api::iam::Grant as IssuedGrant;
 use crate::api::providers::{CatalogEntry, Grant};
 use crate::api::relsync::RelationshipSource;
 use crate::pass::client::{RequestCounter, counted_client, own_config};
+use crate::pass::descriptor::{Descriptor, Kind};
 use crate::pass::{CommonArgs, OutputFormat, PassError};
 
 /// The exit code when something is not Ready (docs/operations.md: 1 and 2 keep their meaning).
@@ -158,14 +159,14 @@ pub struct ApiCounts {
 }
 
 /// Read everything and print it; returns the exit code.
-pub async fn run(common: CommonArgs, args: StatusArgs) -> i32 {
+pub async fn run(common: CommonArgs, args: StatusArgs, passes: &[Descriptor]) -> i32 {
     crate::install_crypto_provider();
     crate::set_command(COMMAND);
     crate::pass::retry::set_limits(crate::pass::retry::Limits {
         deadline: std::time::Instant::now() + common.deadline,
         request_timeout: common.request_timeout,
     });
-    let report = match collect(&common, &args).await {
+    let report = match collect(&common, &args, passes).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kbind status: {e}");
@@ -193,8 +194,13 @@ pub async fn run(common: CommonArgs, args: StatusArgs) -> i32 {
     if report.ready { 0 } else { NOT_READY }
 }
 
-/// Read every kind; a kind the server does not serve is reported as skipped.
-pub async fn collect(common: &CommonArgs, args: &StatusArgs) -> Result<Report, PassError> {
+/// Read the kinds the passes show, each once, in the order the registry lists them; a kind the
+/// server does not serve is reported as skipped.
+pub async fn collect(
+    common: &CommonArgs,
+    args: &StatusArgs,
+    passes: &[Descriptor],
+) -> Result<Report, PassError> {
     let config = own_config(common).await?;
     let client = counted_client(config, Arc::new(RequestCounter::default()))
         .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
@@ -202,30 +208,72 @@ pub async fn collect(common: &CommonArgs, args: &StatusArgs) -> Result<Report, P
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    let kinds = vec![
-        kind::<Connection>(&client, &lp, connection).await?,
-        kind::<ClusterBinding>(&client, &lp, |b| {
-            binding(None, b.name_any(), &b.spec.connection_ref.name, b.status)
-        })
-        .await?,
-        kind::<Binding>(&client, &lp, |b| {
-            binding(
-                b.namespace(),
-                b.name_any(),
-                &b.spec.connection_ref.name,
-                b.status,
-            )
-        })
-        .await?,
-        kind::<CatalogEntry>(&client, &lp, catalog_entry).await?,
-        kind::<RelationshipSource>(&client, &lp, relationship_source).await?,
-        kind::<Grant>(&client, &lp, grant).await?,
-        kind::<Export>(&client, &lp, export).await?,
-        kind::<Collection>(&client, &lp, collection).await?,
-        kind::<IssuedGrant>(&client, &lp, issued_grant).await?,
-    ];
+    let mut kinds = Vec::new();
+    for k in shown(passes) {
+        kinds.push(read_kind(&client, &lp, k).await?);
+    }
     let ready = !kinds.iter().flat_map(|k| &k.items).any(Item::not_ready);
     Ok(Report { ready, kinds })
+}
+
+/// Every kind the passes show, first mention first, each once.
+pub fn shown(passes: &[Descriptor]) -> Vec<Kind> {
+    let mut kinds: Vec<Kind> = Vec::new();
+    for k in passes.iter().flat_map(|p| p.shows) {
+        if !kinds.contains(k) {
+            kinds.push(*k);
+        }
+    }
+    kinds
+}
+
+/// Whether `kbind status` knows how to show `k` (a test keeps every registered kind shown).
+pub fn shows(k: Kind) -> bool {
+    SHOWN.contains(&(k.group, k.kind))
+}
+
+const SHOWN: [(&str, &str); 9] = [
+    ("core.kbind.io", "Connection"),
+    ("core.kbind.io", "ClusterBinding"),
+    ("core.kbind.io", "Binding"),
+    ("providers.kbind.io", "CatalogEntry"),
+    ("tenancy.kbind.io", "Grant"),
+    ("agentprimitives.authzed.com", "RelationshipSource"),
+    ("catalog.kbind.io", "Export"),
+    ("catalog.kbind.io", "Collection"),
+    ("iam.kbind.io", "Grant"),
+];
+
+async fn read_kind(client: &Client, lp: &ListParams, k: Kind) -> Result<KindReport, PassError> {
+    match (k.group, k.kind) {
+        ("core.kbind.io", "Connection") => kind::<Connection>(client, lp, connection).await,
+        ("core.kbind.io", "ClusterBinding") => {
+            kind::<ClusterBinding>(client, lp, |b| {
+                binding(None, b.name_any(), &b.spec.connection_ref.name, b.status)
+            })
+            .await
+        }
+        ("core.kbind.io", "Binding") => {
+            kind::<Binding>(client, lp, |b| {
+                let (ns, name) = (b.namespace(), b.name_any());
+                binding(ns, name, &b.spec.connection_ref.name, b.status)
+            })
+            .await
+        }
+        ("providers.kbind.io", "CatalogEntry") => {
+            kind::<CatalogEntry>(client, lp, catalog_entry).await
+        }
+        ("tenancy.kbind.io", "Grant") => kind::<Grant>(client, lp, grant).await,
+        ("agentprimitives.authzed.com", "RelationshipSource") => {
+            kind::<RelationshipSource>(client, lp, relationship_source).await
+        }
+        ("catalog.kbind.io", "Export") => kind::<Export>(client, lp, export).await,
+        ("catalog.kbind.io", "Collection") => kind::<Collection>(client, lp, collection).await,
+        ("iam.kbind.io", "Grant") => kind::<IssuedGrant>(client, lp, issued_grant).await,
+        (group, kind) => Err(PassError::Config(format!(
+            "kbind status cannot show {kind}.{group}: a registered pass names a kind it does not know"
+        ))),
+    }
 }
 
 /// List one kind across all namespaces; a 404 on the list means the server does not serve the

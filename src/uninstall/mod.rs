@@ -38,20 +38,15 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::api::core::{Binding, ClusterBinding, Connection};
-use crate::api::iam::{self as iam_api, Grant as IssuedGrant};
+use crate::api::iam::Grant as IssuedGrant;
 use crate::api::keys;
-use crate::api::relsync::{self as relsync_api, RelationshipSource};
+use crate::api::relsync::RelationshipSource;
 use crate::pass::client::{RequestCounter, counted_client, own_config};
+use crate::pass::descriptor::{Descriptor, Finalized, Finalizer, Kind};
 use crate::pass::{CommonArgs, OutputFormat, PassError};
 use crate::scrub::scrub;
 
 pub use args::UninstallArgs;
-
-/// The passes whose Lease means a run may be adding finalizers.
-const PASSES: [&str; 5] = ["schema", "resync", "claims", "relsync", "issue"];
-
-/// relsync's namespace in the shipped manifests (its Lease lives there, not in kbind-system).
-const RELSYNC_NAMESPACE: &str = "kbind-relsync";
 
 #[derive(Debug, thiserror::Error)]
 pub enum UninstallError {
@@ -165,7 +160,7 @@ pub struct Unrevoked {
 /// RBAC, the ValidatingAdmissionPolicy and its binding last (the identity stays confined until
 /// it is gone).
 pub fn revoke_commands(namespace: &str, grant: &str) -> Vec<String> {
-    let name = crate::issue::render::object_name(grant);
+    let name = keys::grant_object_name(grant);
     vec![
         format!("kubectl delete serviceaccount,secret -n {namespace} {name} --ignore-not-found"),
         format!("kubectl delete rolebinding,role -n {namespace} {name} --ignore-not-found"),
@@ -196,7 +191,7 @@ fn unrevoked(g: &IssuedGrant, fallback: &str) -> Unrevoked {
     let namespace = grants_namespace(g, fallback);
     let grant = g.name_any();
     Unrevoked {
-        objects: crate::issue::render::object_name(&grant),
+        objects: keys::grant_object_name(&grant),
         token_expires_at: g
             .status
             .as_ref()
@@ -242,7 +237,7 @@ impl KindReport {
             kind: ar.kind.clone(),
             resource,
             finalizer: finalizer.to_string(),
-            manager: format!("{}-finalizer", keys::field_manager(pass)),
+            manager: keys::finalizer_manager(pass),
             skipped: None,
             found: 0,
             released: 0,
@@ -272,10 +267,10 @@ pub struct Report {
 
 /// Run and print; returns the exit code: 0 done, 1 something could not be released or listed,
 /// 2 usage error or a held pass Lease.
-pub async fn run(common: CommonArgs, args: UninstallArgs) -> i32 {
+pub async fn run(common: CommonArgs, args: UninstallArgs, passes: &[Descriptor]) -> i32 {
     crate::set_command("uninstall");
     crate::install_crypto_provider();
-    match uninstall(&common, &args).await {
+    match uninstall(&common, &args, passes).await {
         Ok(report) => {
             let is_tty = std::io::stdout().is_terminal();
             println!("{}", render(&report, common.output, is_tty));
@@ -288,7 +283,11 @@ pub async fn run(common: CommonArgs, args: UninstallArgs) -> i32 {
     }
 }
 
-async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, UninstallError> {
+async fn uninstall(
+    common: &CommonArgs,
+    args: &UninstallArgs,
+    passes: &[Descriptor],
+) -> Result<Report, UninstallError> {
     if common.dry_run && args.yes {
         return Err(UninstallError::Config(
             "--dry-run and --yes contradict each other (uninstall is a dry run unless --yes)"
@@ -302,8 +301,8 @@ async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, 
 
     let mut leases_held = Vec::new();
     let mut lease_check_error = None;
-    for ns in lease_namespaces(common) {
-        match held_leases(&client, &ns).await {
+    for ns in lease_namespaces(common, passes) {
+        match held_leases(&client, &ns, passes).await {
             Ok(h) => leases_held.extend(h),
             Err(source) if dry_run || args.force => {
                 lease_check_error = Some(scrub(&format!("namespace {ns}: {source}")));
@@ -320,7 +319,13 @@ async fn uninstall(common: &CommonArgs, args: &UninstallArgs) -> Result<Report, 
         return Err(UninstallError::LeaseHeld(leases_held));
     }
 
-    let mut kinds = find(&client, args.selector.as_deref(), &args.grants_namespace).await?;
+    let mut kinds = find(
+        &client,
+        args.selector.as_deref(),
+        &args.grants_namespace,
+        passes,
+    )
+    .await?;
     for k in &mut kinds {
         let mut objects = std::mem::take(&mut k.objects);
         for o in &mut objects {
@@ -366,39 +371,37 @@ fn count(objects: &[ObjectReport], outcome: Outcome) -> usize {
     objects.iter().filter(|o| o.outcome == outcome).count()
 }
 
-/// `--lease-namespace` when given; else the default one and relsync's own namespace.
-fn lease_namespaces(common: &CommonArgs) -> Vec<String> {
-    let first = common.lease_namespace();
-    if common.lease_namespace.is_some() || first == RELSYNC_NAMESPACE {
-        return vec![first];
+/// `--lease-namespace` when given; else the default one and every namespace a registered pass
+/// runs in (relsync's Lease lives in its own namespace, not in kbind-system).
+fn lease_namespaces(common: &CommonArgs, passes: &[Descriptor]) -> Vec<String> {
+    let mut namespaces = vec![common.lease_namespace()];
+    if common.lease_namespace.is_some() {
+        return namespaces;
     }
-    vec![first, RELSYNC_NAMESPACE.to_string()]
+    for p in passes.iter().filter(|p| p.takes_lease) {
+        if !namespaces.iter().any(|n| n == p.namespace) {
+            namespaces.push(p.namespace.to_string());
+        }
+    }
+    namespaces
 }
 
-/// `kbind-<pass>` or `kbind-<pass>-<i>-of-<n>` (docs/contract.md "Keys").
-pub fn is_pass_lease(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let Some(rest) = name.strip_prefix("kbind-") else {
-        return false;
-    };
-    PASSES.iter().any(|p| {
-        rest.strip_prefix(p).is_some_and(|tail| {
-            tail.is_empty()
-                || tail
-                    .strip_prefix('-')
-                    .and_then(|t| t.split_once("-of-"))
-                    .is_some_and(|(i, n)| digits(i) && digits(n))
-        })
-    })
+/// Whether `name` is a registered pass's Lease, for any shard (docs/contract.md "Keys").
+pub fn is_pass_lease(passes: &[Descriptor], name: &str) -> bool {
+    passes.iter().any(|p| p.is_lease(name))
 }
 
-async fn held_leases(client: &Client, ns: &str) -> Result<Vec<HeldLease>, kube::Error> {
+async fn held_leases(
+    client: &Client,
+    ns: &str,
+    passes: &[Descriptor],
+) -> Result<Vec<HeldLease>, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), ns);
     let now = Timestamp::now();
     Ok(crate::pass::list::all(&api, &ListParams::default())
         .await?
         .into_iter()
-        .filter(|l| is_pass_lease(&l.name_any()))
+        .filter(|l| is_pass_lease(passes, &l.name_any()))
         .filter_map(|l| {
             let spec = l.spec.as_ref()?;
             crate::pass::lease::is_live(spec, now).then(|| HeldLease {
@@ -500,32 +503,118 @@ fn kind_report<K: Resource<DynamicType = ()>>(finalizer: &str, pass: &str) -> Ki
     )
 }
 
-/// Find every object carrying one of kbind's finalizers, in the order they are released:
-/// synced objects, Bindings, ClusterBindings, Connections, Secrets, RelationshipSources, Grants.
+/// The Connections a run looks at: every one (for whose Secret is shared), and the selected ones.
+struct Connections {
+    all: Option<Vec<Connection>>,
+    selected: Option<BTreeSet<String>>,
+}
+
+impl Connections {
+    async fn read(client: &Client, selector: Option<&str>) -> Result<Self, UninstallError> {
+        let api: Api<Connection> = Api::all(client.clone());
+        let all = listed(
+            crate::pass::list::all(&api, &ListParams::default()).await,
+            "Connections",
+        )?;
+        let selected = match (&all, selector) {
+            (None, _) => None,
+            (Some(all), None) => Some(all.iter().map(|c| c.name_any()).collect()),
+            (Some(_), Some(sel)) => listed(
+                crate::pass::list::metadata(&api, &lp(Some(sel))).await,
+                "Connections",
+            )?
+            .map(|m| m.iter().map(|c| c.name_any()).collect()),
+        };
+        Ok(Self { all, selected })
+    }
+}
+
+/// Whether `kbind uninstall` knows where `f` lives (a test keeps every registered one known).
+pub fn releases(f: &Finalizer) -> bool {
+    match f.on {
+        Finalized::ManagedKinds => true,
+        Finalized::Kind(k) => RELEASED.contains(&(k.group, k.kind)),
+    }
+}
+
+const RELEASED: [(&str, &str); 6] = [
+    ("core.kbind.io", "Binding"),
+    ("core.kbind.io", "ClusterBinding"),
+    ("core.kbind.io", "Connection"),
+    ("", "Secret"),
+    ("agentprimitives.authzed.com", "RelationshipSource"),
+    ("iam.kbind.io", "Grant"),
+];
+
+/// Find every object carrying one of the passes' finalizers, in the order they are released:
+/// synced objects first, then each pass's kinds in registry order (Bindings, ClusterBindings,
+/// Connections, Secrets, RelationshipSources, Grants).
 async fn find(
     client: &Client,
     selector: Option<&str>,
     grants_ns: &str,
+    passes: &[Descriptor],
 ) -> Result<Vec<KindReport>, UninstallError> {
+    let conns = Connections::read(client, selector).await?;
+    let mut owned: Vec<(&str, &Finalizer)> = passes
+        .iter()
+        .flat_map(|p| p.finalizers.iter().map(move |f| (p.name, f)))
+        .collect();
+    owned.sort_by_key(|(_, f)| f.on != Finalized::ManagedKinds);
     let mut kinds = Vec::new();
+    for (pass, f) in owned {
+        match f.on {
+            Finalized::ManagedKinds => {
+                kinds.extend(synced(client, selector, &conns, f.name, pass).await?);
+            }
+            Finalized::Kind(k) => {
+                let report = scan_kind(client, selector, &conns, grants_ns, k, f.name, pass);
+                kinds.push(report.await?);
+            }
+        }
+    }
+    Ok(kinds)
+}
 
-    // Connections: every one (for whose Secret is shared), and the selected ones.
-    let conn_api: Api<Connection> = Api::all(client.clone());
-    let all_conns = listed(
-        crate::pass::list::all(&conn_api, &ListParams::default()).await,
-        "Connections",
-    )?;
-    let selected: Option<BTreeSet<String>> = match (&all_conns, selector) {
-        (None, _) => None,
-        (Some(all), None) => Some(all.iter().map(|c| c.name_any()).collect()),
-        (Some(_), Some(sel)) => listed(
-            crate::pass::list::metadata(&conn_api, &lp(Some(sel))).await,
-            "Connections",
-        )?
-        .map(|m| m.iter().map(|c| c.name_any()).collect()),
+/// One kind's objects carrying `finalizer`.
+async fn scan_kind(
+    client: &Client,
+    selector: Option<&str>,
+    conns: &Connections,
+    grants_ns: &str,
+    k: Kind,
+    finalizer: &str,
+    pass: &str,
+) -> Result<KindReport, UninstallError> {
+    let report = match (k.group, k.kind) {
+        ("", "Secret") => return secrets(client, selector, conns, finalizer, pass).await,
+        ("iam.kbind.io", "Grant") => {
+            return issued_grants(client, selector, grants_ns, finalizer, pass).await;
+        }
+        ("core.kbind.io", "Binding") => kind_report::<Binding>(finalizer, pass),
+        ("core.kbind.io", "ClusterBinding") => kind_report::<ClusterBinding>(finalizer, pass),
+        ("core.kbind.io", "Connection") => kind_report::<Connection>(finalizer, pass),
+        ("agentprimitives.authzed.com", "RelationshipSource") => {
+            kind_report::<RelationshipSource>(finalizer, pass)
+        }
+        (group, kind) => {
+            return Err(UninstallError::Config(format!(
+                "kbind uninstall cannot release {finalizer} on {kind}.{group}: a registered \
+                 pass adds a finalizer on a kind it does not know"
+            )));
+        }
     };
+    scan(client, report, selector).await
+}
 
-    // Synced consumer objects: every kind whose CRD kbind manages (of a selected Connection).
+/// Synced consumer objects: every kind whose CRD kbind manages (of a selected Connection).
+async fn synced(
+    client: &Client,
+    selector: Option<&str>,
+    conns: &Connections,
+    finalizer: &str,
+    pass: &str,
+) -> Result<Vec<KindReport>, UninstallError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let managed = crate::pass::list::all(&crds, &ListParams::default().labels(keys::MANAGED))
         .await
@@ -535,7 +624,7 @@ async fn find(
         })?;
     let mut synced = Vec::new();
     for crd in managed {
-        if let Some(sel) = selector.and(selected.as_ref()) {
+        if let Some(sel) = selector.and(conns.selected.as_ref()) {
             let owner = crd.annotations().get(keys::CONNECTION);
             if !owner.is_some_and(|o| sel.contains(o)) {
                 continue;
@@ -557,47 +646,11 @@ async fn find(
             kind: spec.names.kind.clone(),
             plural: spec.names.plural.clone(),
         };
-        let report = KindReport::new(ar, crd.name_any(), keys::SYNCER_FINALIZER, "resync");
+        let report = KindReport::new(ar, crd.name_any(), finalizer, pass);
         synced.push(scan(client, report, None).await?);
     }
     synced.sort_by(|a, b| a.resource.cmp(&b.resource));
-    kinds.extend(synced);
-
-    kinds.push(
-        scan(
-            client,
-            kind_report::<Binding>(keys::CLEANUP_FINALIZER, "schema"),
-            selector,
-        )
-        .await?,
-    );
-    kinds.push(
-        scan(
-            client,
-            kind_report::<ClusterBinding>(keys::CLEANUP_FINALIZER, "schema"),
-            selector,
-        )
-        .await?,
-    );
-    kinds.push(
-        scan(
-            client,
-            kind_report::<Connection>(keys::CLEANUP_FINALIZER, "schema"),
-            selector,
-        )
-        .await?,
-    );
-    kinds.push(secrets(client, selector, all_conns.as_deref(), selected.as_ref()).await?);
-    kinds.push(
-        scan(
-            client,
-            kind_report::<RelationshipSource>(relsync_api::CLEANUP_FINALIZER, "relsync"),
-            selector,
-        )
-        .await?,
-    );
-    kinds.push(issued_grants(client, selector, grants_ns).await?);
-    Ok(kinds)
+    Ok(synced)
 }
 
 /// The issuer's Grants carrying `iam.kbind.io/revoke`, each with what releasing leaves behind.
@@ -606,8 +659,10 @@ async fn issued_grants(
     client: &Client,
     selector: Option<&str>,
     grants_ns: &str,
+    finalizer: &str,
+    pass: &str,
 ) -> Result<KindReport, UninstallError> {
-    let mut report = kind_report::<IssuedGrant>(iam_api::REVOKE_FINALIZER, "issue");
+    let mut report = kind_report::<IssuedGrant>(finalizer, pass);
     let api: Api<IssuedGrant> = Api::all(client.clone());
     let what = format!("{} ({})", report.kind, report.resource);
     let Some(grants) = listed(crate::pass::list::all(&api, &lp(selector)).await, &what)? else {
@@ -635,14 +690,15 @@ async fn issued_grants(
 async fn secrets(
     client: &Client,
     selector: Option<&str>,
-    all_conns: Option<&[Connection]>,
-    selected: Option<&BTreeSet<String>>,
+    conns: &Connections,
+    finalizer: &str,
+    pass: &str,
 ) -> Result<KindReport, UninstallError> {
-    let mut report = kind_report::<Secret>(keys::CLEANUP_FINALIZER, "schema");
+    let mut report = kind_report::<Secret>(finalizer, pass);
     if selector.is_none() {
         return scan(client, report, None).await;
     }
-    let (Some(all), Some(selected)) = (all_conns, selected) else {
+    let (Some(all), Some(selected)) = (conns.all.as_deref(), conns.selected.as_ref()) else {
         report.skipped = Some(not_installed(&resource_of::<Connection>()));
         return Ok(report);
     };
@@ -666,7 +722,7 @@ async fn secrets(
             Err(source) => return Err(UninstallError::List { what, source }),
         }
     }
-    report.objects = carrying(metas, keys::CLEANUP_FINALIZER);
+    report.objects = carrying(metas, finalizer);
     Ok(report)
 }
 

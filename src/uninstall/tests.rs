@@ -1,7 +1,30 @@
 use super::*;
+use crate::api::iam as iam_api;
+use crate::api::relsync as relsync_api;
+
+/// Passes as the registry describes them (this module gets them as an argument).
+fn passes() -> Vec<Descriptor> {
+    ["schema", "resync", "claims", "relsync"]
+        .into_iter()
+        .map(|name| Descriptor {
+            name,
+            takes_lease: true,
+            role: "r",
+            namespace: if name == "relsync" {
+                "kbind-relsync"
+            } else {
+                "kbind-system"
+            },
+            finalizers: &[],
+            shows: &[],
+            jobs: &[],
+        })
+        .collect()
+}
 
 #[test]
 fn only_pass_leases_count() {
+    let passes = passes();
     for yes in [
         "kbind-schema",
         "kbind-resync",
@@ -10,7 +33,7 @@ fn only_pass_leases_count() {
         "kbind-resync-0-of-4",
         "kbind-schema-12-of-16",
     ] {
-        assert!(is_pass_lease(yes), "{yes}");
+        assert!(is_pass_lease(&passes, yes), "{yes}");
     }
     for no in [
         "consumer-1234",
@@ -22,7 +45,7 @@ fn only_pass_leases_count() {
         "kbind-resync-0-of-4-x",
         "schema",
     ] {
-        assert!(!is_pass_lease(no), "{no}");
+        assert!(!is_pass_lease(&passes, no), "{no}");
     }
 }
 
@@ -34,7 +57,7 @@ fn managers_are_the_ones_that_added_the_finalizers() {
     );
     assert_eq!(
         kind_report::<RelationshipSource>(relsync_api::CLEANUP_FINALIZER, "relsync").manager,
-        crate::relsync::cleanup::manager(&keys::field_manager("relsync"))
+        "kbind-relsync-finalizer"
     );
     assert_eq!(resource_of::<Secret>(), "secrets");
     assert_eq!(resource_of::<Binding>(), "bindings.core.kbind.io");
@@ -115,4 +138,24 @@ fn a_grant_is_released_by_the_issuers_manager_and_says_how_to_revoke_by_hand() {
         j["kinds"][0]["objects"][0]["unrevoked"]["revokeByHand"][0],
         "kubectl delete serviceaccount,secret -n kbind-grants kbind-grant-g --ignore-not-found"
     );
+}
+
+#[test]
+fn leases_are_looked_for_in_every_namespace_a_pass_runs_in_unless_one_is_named() {
+    let passes = passes();
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+    let mut common = <Flags as clap::Parser>::try_parse_from(["kbind"])
+        .unwrap()
+        .common;
+    // SAFETY of the assertion: POD_NAMESPACE is not set in unit tests.
+    assert_eq!(
+        lease_namespaces(&common, &passes),
+        ["kbind-system", "kbind-relsync"]
+    );
+    common.lease_namespace = Some("ops".into());
+    assert_eq!(lease_namespaces(&common, &passes), ["ops"]);
 }
