@@ -216,7 +216,8 @@ pub async fn collect(
     Ok(Report { ready, kinds })
 }
 
-/// Every kind the passes show, first mention first, each once.
+/// Every kind the passes show, each once, in the report's order ([`SHOWN`]: the binding kinds
+/// first, then CatalogEntries, RelationshipSources, the claims Grants and the service layer); a kind it does not know, last.
 pub fn shown(passes: &[Descriptor]) -> Vec<Kind> {
     let mut kinds: Vec<Kind> = Vec::new();
     for k in passes.iter().flat_map(|p| p.shows) {
@@ -224,6 +225,13 @@ pub fn shown(passes: &[Descriptor]) -> Vec<Kind> {
             kinds.push(*k);
         }
     }
+    let rank = |k: &Kind| {
+        SHOWN
+            .iter()
+            .position(|s| *s == (k.group, k.kind))
+            .unwrap_or(SHOWN.len())
+    };
+    kinds.sort_by_key(rank);
     kinds
 }
 
@@ -237,8 +245,8 @@ const SHOWN: [(&str, &str); 9] = [
     ("core.kbind.io", "ClusterBinding"),
     ("core.kbind.io", "Binding"),
     ("providers.kbind.io", "CatalogEntry"),
-    ("tenancy.kbind.io", "Grant"),
     ("agentprimitives.authzed.com", "RelationshipSource"),
+    ("tenancy.kbind.io", "Grant"),
     ("catalog.kbind.io", "Export"),
     ("catalog.kbind.io", "Collection"),
     ("iam.kbind.io", "Grant"),
