@@ -48,7 +48,7 @@ rc=0
 for p in $passes; do
   if [ "$p" = faults ]; then
     for i in $(seq 1 "$count"); do
-      KBIND_FAULT_SEED=$((seed + i)) cargo test --test faults -- --nocapture 2>&1 \
+      KBIND_FAULT_SEED=$((seed + i)) cargo test --features servers --test faults -- --nocapture 2>&1 \
         | tee -a "$dir/faults.log" || rc=1
     done
     continue
@@ -56,12 +56,12 @@ for p in $passes; do
   if [ "$p" = model ]; then
     # Seeds seed+1 .. seed+N; each failing seed prints its own replay line.
     seeds=$(seq -s, $((seed % 1000000000 + 1)) $((seed % 1000000000 + count)))
-    KBIND_MODEL_SEEDS=$seeds cargo test --test model -- --nocapture 2>&1 \
+    KBIND_MODEL_SEEDS=$seeds cargo test --features servers --test model -- --nocapture 2>&1 \
       | tee "$dir/model.log" || rc=1
     continue
   fi
   # Every crash-point test of a pass has "killed" in its name; --nocapture shows the figures.
-  cargo test --test "$p" killed -- --nocapture 2>&1 | tee "$dir/$p.log" || rc=1
+  cargo test --features servers --test "$p" killed -- --nocapture 2>&1 | tee "$dir/$p.log" || rc=1
 done
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR" || rc=1
 

@@ -44,10 +44,12 @@ async fn provider_entry(fx: &ClaimsFx, requires: Vec<Requirement>) -> (String, S
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_new_requirement_reaches_every_binding_on_the_next_pass() {
-    let Some(fx) = ClaimsFx::new("cl-add").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-add").await;
     let (path, export, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let workspaces = fx.tenants(3, &path, &export).await;
 
@@ -96,10 +98,12 @@ async fn a_new_requirement_reaches_every_binding_on_the_next_pass() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn requirements_missing_on_the_export_are_reported_not_claimed() {
-    let Some(fx) = ClaimsFx::new("cl-miss").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-miss").await;
     let (path, export, entry) = provider_entry(
         &fx,
         vec![
@@ -139,10 +143,12 @@ async fn requirements_missing_on_the_export_are_reported_not_claimed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn compositions_are_accepted_only_with_recorded_consent() {
-    let Some(fx) = ClaimsFx::new("cl-comp").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-comp").await;
     let (path, export, entry) = provider_entry(
         &fx,
         vec![
@@ -211,10 +217,12 @@ async fn compositions_are_accepted_only_with_recorded_consent() {
 /// not by the `provider` field the provider writes itself: leaving `provider` out of a claim on
 /// another export's kinds must not skip the workspace's consent (docs/hostile-inputs.md).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_composition_with_provider_omitted_and_a_foreign_identity_needs_consent() {
-    let Some(fx) = ClaimsFx::new("cl-idc").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-idc").await;
     let path = format!("root:{}", unique("prov"));
     let export = format!("{}.compute.io", unique("c"));
     let own_identity = unique("h-own");
@@ -312,10 +320,12 @@ async fn a_composition_with_provider_omitted_and_a_foreign_identity_needs_consen
 /// An export whose identityHash cannot be read yet: its claims cannot be told from another
 /// export's, so they need consent until it can, and the CatalogEntry says why.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn an_unreadable_own_identity_fails_safe_and_says_so() {
-    let Some(fx) = ClaimsFx::new("cl-idu").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-idu").await;
     let path = format!("root:{}", unique("prov"));
     let export = format!("{}.compute.io", unique("c"));
     let own_identity = unique("h-own");
@@ -376,10 +386,12 @@ async fn an_unreadable_own_identity_fails_safe_and_says_so() {
 /// One CatalogEntry per export: a second entry naming an export already in the catalog (say,
 /// one declaring more requirements than the provider's real entry) writes nothing.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn two_catalog_entries_on_one_export_the_oldest_wins() {
-    let Some(fx) = ClaimsFx::new("cl-dup").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-dup").await;
     let (path, export) = fx.provider().await;
     // The older entry's name sorts last, so only creation order can make it win.
     let older = format!("z-{}", unique("older"));
@@ -442,10 +454,12 @@ async fn two_catalog_entries_on_one_export_the_oldest_wins() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_tenants_rejection_and_selector_are_kept() {
-    let Some(fx) = ClaimsFx::new("cl-keep").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-keep").await;
     let (path, export, _entry) = provider_entry(
         &fx,
         vec![req("", "configmaps", None), req("", "secrets", None)],
@@ -481,10 +495,12 @@ async fn a_tenants_rejection_and_selector_are_kept() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn accepted_claims_matching_no_export_claim_are_removed() {
-    let Some(fx) = ClaimsFx::new("cl-stale").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-stale").await;
     let (path, export, entry) = provider_entry(&fx, vec![req("storage.io", "volumes", None)]).await;
     let ws = fx.workspace("ws").await;
     // volumes carries another export's identity: a composition, Accepted with consent.
@@ -535,10 +551,12 @@ async fn accepted_claims_matching_no_export_claim_are_removed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_write_racing_a_tenant_edit_is_retried_not_clobbered() {
-    let Some(fx) = ClaimsFx::new("cl-race").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-race").await;
     let (path, export, _entry) = provider_entry(
         &fx,
         vec![req("", "configmaps", None), req("", "secrets", None)],
@@ -566,10 +584,12 @@ async fn a_write_racing_a_tenant_edit_is_retried_not_clobbered() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn only_workspaces_holding_the_core_binding_are_in_scope_and_core_goes_first() {
-    let Some(fx) = ClaimsFx::new("cl-scope").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-scope").await;
     let (path, export, _entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let member = fx.workspace("member").await;
     fx.binding(&member, "compute", &path, &export, vec![]).await;
@@ -593,10 +613,12 @@ async fn only_workspaces_holding_the_core_binding_are_in_scope_and_core_goes_fir
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
-    let Some(fx) = ClaimsFx::new("cl-budget").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-budget").await;
     let (path, export, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let mut workspaces = Vec::new();
     for i in 0..5 {
@@ -637,10 +659,12 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn export_renders_exactly_the_claims_bindings_carry() {
-    let Some(fx) = ClaimsFx::new("cl-export").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-export").await;
     let storage_path = format!("root:{}", unique("storage"));
     let storage_export = format!("{}.storage.io", unique("s"));
     fx.export(&storage_path, &storage_export, vec![], "h-storage")
@@ -718,10 +742,12 @@ async fn export_renders_exactly_the_claims_bindings_carry() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn dry_run_lists_the_patch_and_writes_nothing() {
-    let Some(fx) = ClaimsFx::new("cl-dry").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-dry").await;
     let (_, _, entry) = provider_entry(&fx, vec![req("", "configmaps", None)]).await;
     let ws = fx.workspace("ws").await;
     let s = fx.run(&["--dry-run"]).await;
@@ -736,10 +762,12 @@ async fn dry_run_lists_the_patch_and_writes_nothing() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_missing_export_is_a_condition_not_a_failure() {
-    let Some(fx) = ClaimsFx::new("cl-noexp").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-noexp").await;
     let entry = unique("ghost");
     // A name of its own: an entry left by an earlier run on the same export would be the older.
     let export = format!("{}.example.io", unique("ghost"));
@@ -760,10 +788,12 @@ async fn a_missing_export_is_a_condition_not_a_failure() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn kcp_mode_without_core_configuration_is_a_usage_error() {
-    let Some(fx) = ClaimsFx::new("cl-usage").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-usage").await;
     let kc = fx.kubeconfig();
     let (code, _, stderr) =
         kbind_async(&["claims", "--kubeconfig", &kc, "--lease-namespace", &fx.ns]).await;
@@ -774,10 +804,12 @@ async fn kcp_mode_without_core_configuration_is_a_usage_error() {
 /// Single-cluster mode: a plain API server, no `/clusters` paths; workspaces are named by the
 /// `kcp.io/cluster` annotation, so Grants still apply per workspace.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn single_cluster_mode_reconciles_bindings_on_a_plain_apiserver() {
-    let Some(fx) = ClaimsFx::new("cl-single").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-single").await;
     let path = String::new();
     let export = format!("{}.example.io", unique("single"));
     let exports: Api<kbind::api::kcp::APIExport> = Api::all(fx.hub.clone());
@@ -873,10 +905,12 @@ async fn single_cluster_mode_reconciles_bindings_on_a_plain_apiserver() {
 /// `kbind claims export` renders are accepted by kcp's real schema and CEL rules, and both sides
 /// key claims the same way.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn kbind_objects_satisfy_kcps_published_crds() {
-    let Some(fx) = ClaimsFx::new("cl-pub").await else {
-        return;
-    };
+    let fx = ClaimsFx::new("cl-pub").await;
     let Some(dir) = std::env::var("KBIND_TEST_KCP_CRDS")
         .ok()
         .filter(|d| !d.is_empty())
@@ -1048,6 +1082,10 @@ fn claim_items(per_workspace: &[(Claims, Claims)]) -> BTreeSet<String> {
 /// ordinary run, ends in exactly the state one uninterrupted run reaches, and a further run
 /// writes nothing.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_run_killed_after_any_write_then_rerun_converges() {
     let want_consented = pairs(&[
         ("configmaps", "Accepted"),
@@ -1074,9 +1112,7 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
     let mut tally = support::Tally::new("claims", "writes");
     for crash_after in support::crash_points("claims writes", 6) {
         let point = format!("write {crash_after}");
-        let Some(fx) = ClaimsFx::new("cl-crash").await else {
-            return;
-        };
+        let fx = ClaimsFx::new("cl-crash").await;
         let (path, export) = fx.provider().await;
         let entry = unique("compute");
         fx.entry(

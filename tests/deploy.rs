@@ -44,13 +44,24 @@ const NAMESPACE_FILES: [&str; 3] = [
     "deploy/components/directory/namespace.yaml",
     "deploy/components/provider/grants-namespace.yaml",
 ];
-/// The RBAC manifests, one per pass.
-const RBAC_FILES: [&str; 4] = [
-    "deploy/components/consumer/schema-rbac.yaml",
-    "deploy/components/consumer/resync-rbac.yaml",
-    "deploy/components/hub/claims-rbac.yaml",
-    "deploy/components/directory/relsync-rbac.yaml",
-];
+/// The RBAC manifests, one per registered pass (src/registry.rs).
+fn rbac_files() -> Vec<String> {
+    kbind::registry::PASSES
+        .iter()
+        .map(|p| p.rbac_file())
+        .collect()
+}
+
+/// Every registered pass's identity: its ServiceAccount `kbind-<pass>` where its Jobs run.
+fn pass_accounts() -> Vec<(&'static str, (&'static str, String))> {
+    kbind::registry::PASSES
+        .iter()
+        .map(|p| (p.name, (p.namespace, format!("kbind-{}", p.name))))
+        .collect()
+}
+
+/// The grants namespace of the provider component (deploy/components/provider/grants-namespace.yaml).
+const GRANTS_NAMESPACE: &str = "kbind-grants";
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -298,8 +309,12 @@ fn kustomize(dir: &str) -> String {
 /// and the one-off Job templates (schema one-off, sharded resync Indexed Job), passes a
 /// server-side dry-run apply on the consumer apiserver.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn manifests_render_and_pass_server_dry_run() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let base = documents(&kustomize("deploy/base"), "deploy/base");
     let crds = base
         .iter()
@@ -466,8 +481,12 @@ async fn manifests_render_and_pass_server_dry_run() {
 /// b. The pass, run as kbind-system/kbind-schema with exactly deploy/components/consumer/schema-rbac.yaml, succeeds:
 /// Connection Ready, consumer CRD installed, finalizers held, statuses written.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn schema_pass_runs_as_its_service_account() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let consumer = env.consumer().await;
     // kbind's CRDs come from the binary (like every other test) rather than deploy/crds: the
     // `crds` test keeps the two equal.
@@ -570,8 +589,12 @@ async fn schema_pass_runs_as_its_service_account() {
 /// plus its example instance role adapted to this test's group, succeeds and creates the
 /// provider copy of a consumer object.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn resync_pass_runs_as_its_service_account() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let consumer = env.consumer().await;
     apply_namespaces(&env);
     apply_for_real(&env, "deploy/components/consumer/resync-rbac.yaml");
@@ -755,8 +778,12 @@ async fn resync_pass_runs_as_its_service_account() {
 /// c. The same RBAC without `create` on customresourcedefinitions: the pass still exits 0 and
 /// reports the refusal as conditions (PermissionDenied=True, CRDWriteForbidden).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn missing_crd_create_rule_is_reported_as_permission_denied() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let consumer = env.consumer().await;
     let s = setup(&env, &consumer, "deploy-rbac").await;
     let identity = pass_identity(
@@ -1026,14 +1053,16 @@ fn oneoff_job_has_the_cronjob_pod_spec() {
 /// resync only reads Secrets (it never patches them: the cleanup finalizer is schema's).
 #[test]
 fn rbac_has_no_wildcards() {
-    for file in RBAC_FILES {
-        rbac_file_has_no_wildcards(file);
+    for file in rbac_files() {
+        rbac_file_has_no_wildcards(&file);
     }
 }
 
 fn rbac_file_has_no_wildcards(file: &str) {
     // Only schema patches Secrets (the cleanup finalizer); resync and relsync only read them.
     let resync = !file.ends_with("schema-rbac.yaml");
+    // The issuer writes the issued kubeconfig Secrets, in a Role of the grants namespace only.
+    let issuer = file.ends_with("issue-rbac.yaml");
     for doc in documents(&read(file), file) {
         let Some(rules) = doc["rules"].as_array() else {
             continue;
@@ -1051,6 +1080,17 @@ fn rbac_file_has_no_wildcards(file: &str) {
                 .as_array()
                 .is_some_and(|r| r.iter().any(|r| r == "secrets"));
             let verbs = rule["verbs"].as_array().cloned().unwrap_or_default();
+            if issuer && secrets {
+                assert!(
+                    doc["kind"] == "Role" && doc["metadata"]["namespace"] == GRANTS_NAMESPACE,
+                    "{name}: the issuer's Secret rules live in a Role of {GRANTS_NAMESPACE}: {rule}"
+                );
+                assert!(
+                    verbs.iter().all(|v| v != "watch"),
+                    "{name}: the issuer never watches Secrets: {rule}"
+                );
+                continue;
+            }
             assert!(
                 !secrets || verbs.iter().all(|v| v == "get" || v == "patch"),
                 "{name}: Secrets only get and patch: {rule}"
@@ -1185,8 +1225,12 @@ async fn claims_as_service_account(
 
 /// The claims pass succeeds with exactly deploy/components/hub/claims-rbac.yaml.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn claims_pass_runs_as_its_service_account() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let (ready, states) = claims_as_service_account(&env, "deploy-claims", None).await;
     assert_eq!(ready, ("True".to_string(), "InStep".to_string()));
     assert_eq!(states, vec!["configmaps=Accepted".to_string()]);
@@ -1194,8 +1238,12 @@ async fn claims_pass_runs_as_its_service_account() {
 
 /// Without its rule on apiexports the CatalogEntry says PermissionDenied, and nothing is written.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn claims_missing_export_read_rule_is_reported_as_permission_denied() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let (ready, states) =
         claims_as_service_account(&env, "deploy-claims-rbac", Some("apiexports")).await;
     assert_eq!(ready, ("False".to_string(), "PermissionDenied".to_string()));
@@ -1205,8 +1253,12 @@ async fn claims_missing_export_read_rule_is_reported_as_permission_denied() {
 /// b3. The resync RBAC without its rule on Secrets: the pass exits 0, syncs nothing through that
 /// Connection, and says why in a PermissionDenied Event on the Connection (not "not found").
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn resync_missing_secrets_rule_is_reported_as_permission_denied() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let consumer = env.consumer().await;
     let s = setup(&env, &consumer, "deploy-resync-rbac").await;
     let selector = format!("kbind-test={}", s.label);
@@ -1320,7 +1372,8 @@ fn every_job_passes_its_pod_and_job_name_for_the_lease() {
 #[test]
 fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
     let mut table = Vec::new();
-    for file in RBAC_FILES {
+    for file in rbac_files() {
+        let file = file.as_str();
         let text = read(file);
         for doc in text.split("\n---") {
             let kind = doc
@@ -1377,8 +1430,8 @@ fn every_rbac_rule_says_why_and_secrets_stay_in_their_namespaces() {
     for row in &table {
         eprintln!("{row}");
     }
-    for file in RBAC_FILES {
-        let n = table.iter().filter(|r| r.starts_with(file)).count();
+    for file in rbac_files() {
+        let n = table.iter().filter(|r| r.starts_with(&file)).count();
         eprintln!("{file}: {n} rules");
         assert!(n > 0, "{file} has rules");
     }
@@ -1423,12 +1476,16 @@ async fn may_secrets(
 ///   created the example RoleBinding (deploy/components/directory/relsync-credentials-example.yaml);
 /// - no pass may list or watch Secrets anywhere, nor read them in a namespace it was not given.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn no_pass_can_read_another_pass_credentials() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let consumer = env.consumer().await;
     apply_namespaces(&env);
-    for file in RBAC_FILES {
-        apply_for_real(&env, file);
+    for file in rbac_files() {
+        apply_for_real(&env, &file);
     }
     // A further credential namespace for schema and resync, and two team namespaces holding
     // RelationshipSources: one granted relsync's credentials role, one not.
@@ -1451,16 +1508,12 @@ async fn no_pass_can_read_another_pass_credentials() {
         .await
         .expect("create the example RoleBinding");
 
-    let schema = (NAMESPACE, SERVICE_ACCOUNT);
-    let resync = (NAMESPACE, RESYNC_SERVICE_ACCOUNT);
-    let claims = (NAMESPACE, "kbind-claims");
+    let accounts = pass_accounts();
+    let passes: Vec<(&str, (&str, &str))> = accounts
+        .iter()
+        .map(|(pass, (ns, sa))| (*pass, (*ns, sa.as_str())))
+        .collect();
     let relsync = (RELSYNC_NAMESPACE, "kbind-relsync");
-    let passes = [
-        ("schema", schema),
-        ("resync", resync),
-        ("claims", claims),
-        ("relsync", relsync),
-    ];
     // RBAC reaches the authorizer a moment after it is written: the RoleBinding created last
     // taking effect shows the authorizer has seen everything above.
     let mut seen = false;
@@ -1485,8 +1538,14 @@ async fn no_pass_can_read_another_pass_credentials() {
     );
 
     // (what, namespace, Secret name, the passes that may read it)
-    let secrets: [(&str, &str, &str, &[&str]); 5] = [
+    let secrets: [(&str, &str, &str, &[&str]); 6] = [
         ("SpiceDB key", RELSYNC_NAMESPACE, "kbind-spicedb", &[]),
+        (
+            "issued kubeconfig Secret (grants namespace)",
+            GRANTS_NAMESPACE,
+            "kbind-grant-g",
+            &["issue"],
+        ),
         (
             "Connection Secret (install namespace)",
             NAMESPACE,
@@ -1510,7 +1569,7 @@ async fn no_pass_can_read_another_pass_credentials() {
     let mut table = Vec::new();
     let mut wrong = Vec::new();
     for (what, ns, name, readers) in secrets {
-        for (pass, sa) in passes {
+        for &(pass, sa) in &passes {
             let may = may_secrets(&consumer, sa, "get", Some(ns), Some(name)).await;
             table.push(format!("{pass:<8} get {ns}/{name:<14} {what:<50} {may}"));
             if may != readers.contains(&pass) {
@@ -1518,7 +1577,7 @@ async fn no_pass_can_read_another_pass_credentials() {
             }
         }
     }
-    for (pass, sa) in passes {
+    for &(pass, sa) in &passes {
         for verb in ["list", "watch"] {
             for ns in [
                 None,
@@ -1686,6 +1745,10 @@ fn kube_state_metrics_config_covers_every_kind_with_conditions() {
 /// kbind's pushes), and passes a server-side dry-run apply against a PrometheusRule CRD with the
 /// operator's field names (so a misspelt field is refused).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
     let file = "deploy/monitoring/prometheusrule.yaml";
     let text = read(file);
@@ -1746,7 +1809,7 @@ async fn prometheus_rules_cover_the_documented_alerts_and_apply() {
         assert!(exprs.contains(needed), "no alert on {needed}");
     }
 
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     // The Prometheus Operator's CRD, cut to the fields a PrometheusRule has.
     let strings = json!({"type": "object", "additionalProperties": {"type": "string"}});
     let rule_schema = json!({

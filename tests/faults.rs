@@ -119,20 +119,20 @@ struct Faulty {
 }
 
 impl Faulty {
-    async fn new(prefix: &str) -> Option<Self> {
-        let fx = Fx::new(prefix).await?;
+    async fn new(prefix: &str) -> Self {
+        let fx = Fx::new(prefix).await;
         let seed = seed();
         let (consumer, kc) = proxied(&fx.env.consumer, seed).await;
         let (provider, pkc) = proxied(&fx.env.provider, seed.wrapping_add(1)).await;
         fx.secret("provider", "kubeconfig", &pkc).await;
         let consumer_kubeconfig = support::temp_file("faulty-kubeconfig", &kc);
-        Some(Self {
+        Self {
             fx,
             consumer,
             provider,
             consumer_kubeconfig,
             seed,
-        })
+        }
     }
 
     fn faults(&self, on: bool) {
@@ -177,10 +177,12 @@ impl Faulty {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn schema_converges_under_faults() {
-    let Some(f) = Faulty::new("flt-schema").await else {
-        return;
-    };
+    let f = Faulty::new("flt-schema").await;
     let mut apis = Vec::new();
     for plural in ["ones", "twos", "threes", "fours", "fives"] {
         apis.push(
@@ -291,10 +293,12 @@ impl Widgets {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn resync_converges_under_faults() {
-    let Some(f) = Faulty::new("flt-resync").await else {
-        return;
-    };
+    let f = Faulty::new("flt-resync").await;
     let api =
         f.fx.provider_crd("widgets", "Namespaced", Some("true"), None)
             .await;
@@ -395,11 +399,13 @@ async fn resync_converges_under_faults() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn claims_converges_under_faults() {
     use support::claims_fx::{ClaimsFx, apibindings_claim, req};
-    let Some(mut fx) = ClaimsFx::new("flt-claims").await else {
-        return;
-    };
+    let mut fx = ClaimsFx::new("flt-claims").await;
     let seed = seed();
     // The proxy sits in front of the kcp front: workspace and virtual-workspace requests alike.
     let proxy = FaultProxy::start(&fx.front.url(), FaultConfig::rate(0.0, seed))
@@ -538,12 +544,14 @@ async fn clean(rx: &relsync_fx::Rx, source: &str) -> Result<(), String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn relsync_slack_converges_under_faults() {
     use kbind_testkit::slack;
     use relsync_fx::{Rx, SLACK_TOKEN, channel, user, workspace};
-    let Some(mut rx) = Rx::new("flt-slack").await else {
-        return;
-    };
+    let mut rx = Rx::new("flt-slack").await;
     let seed = seed();
     let ids = ["U1", "U2", "U3", "U4", "U5", "U6", "U7", "U8"];
     let users: Vec<_> = ids.iter().map(|i| user(i)).collect();
@@ -608,12 +616,14 @@ async fn relsync_slack_converges_under_faults() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn relsync_scim_converges_under_faults() {
     use kbind_testkit::scim;
     use relsync_fx::Rx;
-    let Some(mut rx) = Rx::new("flt-scim").await else {
-        return;
-    };
+    let mut rx = Rx::new("flt-scim").await;
     let seed = seed();
     let users: Vec<scim::ScimUser> = (1..=6)
         .map(|i| scim::ScimUser {

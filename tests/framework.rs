@@ -12,8 +12,12 @@ use kube::config::Kubeconfig;
 use serde_json::json;
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn one_run_holds_the_lease_and_a_concurrent_run_skips() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let client = env.consumer().await;
     let ns = support::namespace(&client, "lease").await;
     let (a, b) = tokio::join!(
@@ -42,8 +46,12 @@ async fn one_run_holds_the_lease_and_a_concurrent_run_skips() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn an_expired_lease_is_taken_over() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let client = env.consumer().await;
     let ns = support::namespace(&client, "lease").await;
     // A crashed run: holds for 1 s and never releases.
@@ -75,8 +83,12 @@ async fn an_expired_lease_is_taken_over() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_status_write_racing_another_writer_is_retried_not_lost() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let client = env.consumer().await;
     support::kbind_crds(&client).await;
     let api: Api<Connection> = Api::all(client.clone());
@@ -168,8 +180,12 @@ async fn a_status_write_racing_another_writer_is_retried_not_lost() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn events_are_written_once_per_object_reason_and_message_and_scrubbed() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let client = env.consumer().await;
     let ns = support::namespace(&client, "events").await;
     let cm = k8s_openapi::api::core::v1::ConfigMap {
@@ -241,8 +257,12 @@ async fn events_are_written_once_per_object_reason_and_message_and_scrubbed() {
 /// the cluster and user in the second, whose own context of that name (pointing nowhere) and
 /// own current-context are shadowed by the first's. A pass connects with it and runs.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_kubeconfig_path_list_is_merged_as_kubectl_merges_it() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let client = env.consumer().await;
     support::kbind_crds(&client).await;
     let ns = support::namespace(&client, "kubeconfig-list").await;

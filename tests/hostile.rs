@@ -70,10 +70,12 @@ async fn secret_bytes(fx: &Fx, name: &str, key: &str, data: Vec<u8>) -> Result<(
 /// quoting the Secret), is not Ready, pins no identity, and nothing is installed through it.
 /// The pass itself succeeds: one tenant's bad Secret is not a failed run.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
-    let Some(fx) = Fx::new("hostile-kc").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-kc").await;
     let good = fx.provider_kubeconfig();
     let token = token_of(&good);
     let widgets = fx
@@ -215,10 +217,12 @@ async fn kubeconfigs_that_cannot_work_in_a_cronjob_are_refused_by_name() {
 /// must see nothing. A Connection naming a Secret outside the credential namespaces is refused
 /// without the Secret being read, and gets no finalizer on it (issue #11).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_request() {
-    let Some(fx) = Fx::new("hostile-wide").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-wide").await;
     let good = fx.provider_kubeconfig();
     let token = token_of(&good);
     let widgets = fx
@@ -369,10 +373,12 @@ async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_r
 /// read and its binding says so (`ExportUnusable`); it does not take discovery down for the
 /// other exports. The enormous one is copied whole, hash and all.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_provider_crd_too_deep_to_read_or_enormous_spoils_no_other_export() {
-    let Some(fx) = Fx::new("hostile-crd").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-crd").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -492,10 +498,12 @@ fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) {
 /// object gets a `Rejected` Warning Event quoting the policy, its binding counts it as
 /// rejected, no provider copy exists, and the rest of the API still syncs.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_provider_admission_policy_rejecting_writes_is_reported_on_the_object() {
-    let Some(fx) = Fx::new("hostile-vap").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-vap").await;
     let (api, _, cb) = fx.bound_api("widgets", "Namespaced").await;
     let policy = format!("{}-unlucky", fx.label);
     let vap = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -615,10 +623,12 @@ async fn a_provider_admission_policy_rejecting_writes_is_reported_on_the_object(
 /// repeating one cursor: the enumeration fails as stalled after two calls (never an endless
 /// loop, never a false end), Ready says so, and nothing already written is pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn slack_duplicates_are_written_once_and_a_repeating_cursor_is_an_error() {
-    let Some(rx) = Rx::new("hostile-pager").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-pager").await;
     let mut ws = workspace(
         vec![user("U1"), user("U2"), user("U1")],
         vec![
@@ -669,10 +679,12 @@ async fn slack_duplicates_are_written_once_and_a_repeating_cursor_is_an_error() 
 /// scope error with a bounded, scrubbed sample; the token appears in no status and no log;
 /// the healthy channel is still written and the source stays Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn slack_error_bodies_that_are_binary_huge_or_echo_the_token_are_scrubbed_and_bounded() {
-    let Some(rx) = Rx::new("hostile-errs").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-errs").await;
     let ws = workspace(
         vec![user("U1")],
         (1..=4)
@@ -737,10 +749,12 @@ async fn slack_error_bodies_that_are_binary_huge_or_echo_the_token_are_scrubbed_
 /// A SCIM bridge that echoes the bearer token back in its error `detail`, and one that answers
 /// with an HTML page: the conditions and samples say what failed without quoting the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_scim_bridge_echoing_the_token_never_gets_it_into_status() {
-    let Some(rx) = Rx::new("hostile-scim").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-scim").await;
     let token = "op-bridge-credential-7f3a9c";
     let dir = scim::Directory {
         token: token.into(),
@@ -818,10 +832,12 @@ async fn a_scim_bridge_echoing_the_token_never_gets_it_into_status() {
 /// writes were refused are scope errors naming SpiceDB, each write is atomic so none is
 /// half-applied, the other scopes are written, and the source stays Ready with PartialFailure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn spicedb_rejecting_writes_fails_only_those_scopes() {
-    let Some(rx) = Rx::new("hostile-spicedb").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-spicedb").await;
     // The operator's schema has no slack_usergroup definition.
     rx.spicedb
         .write_schema(
@@ -883,10 +899,12 @@ async fn trap() -> (String, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
 /// request. The run's HTTP proxy is a local trap, so a request to 169.254.169.254 would land
 /// there instead of leaving the machine: it receives nothing, nor does the loopback service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any_request() {
-    let Some(rx) = Rx::new("hostile-ssrf").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-ssrf").await;
     let (proxy, proxy_hits, proxy_task) = trap().await;
     let (local, local_hits, local_task) = trap().await;
     let local_port = local.rsplit(':').next().unwrap().to_string();
@@ -997,10 +1015,12 @@ async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any
 /// the destination is checked before the Secret is read (a missing Secret still says
 /// HostNotAllowed). Listing the Slack host admits it; an empty list is checked against nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_credential_with_allowed_hosts_is_never_sent_to_an_unlisted_slack_api() {
-    let Some(rx) = Rx::new("hostile-slackhost").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-slackhost").await;
     let fake = slack::start(workspace(vec![user("U1")], vec![channel("C1", &["U1"])]), 0)
         .await
         .unwrap();
@@ -1089,10 +1109,12 @@ const MIB: u64 = 1 << 20;
 /// source's scopes are all synced, and the bridge's source says why it was not on `Ready`.
 /// `KBIND_HOSTILE_DEADLINE` (default 20s) and `KBIND_BIN` reproduce the before/after figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_dripping_bridge_gets_its_share_and_the_healthy_source_beside_it_syncs() {
-    let Some(rx) = Rx::new("hostile-share").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-share").await;
     let deadline = std::env::var("KBIND_HOSTILE_DEADLINE").unwrap_or_else(|_| "20s".into());
     let deadline_secs = kbind::pass::args::parse_duration(&deadline)
         .unwrap()
@@ -1186,10 +1208,12 @@ async fn a_dripping_bridge_gets_its_share_and_the_healthy_source_beside_it_syncs
 /// `Ready=False` with a reason naming the bound it met, after one request (or `--max-pages`);
 /// the huge page size is asked as 1000 and syncs; the run's memory stays bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn huge_endless_and_slow_answers_fail_their_source_with_the_bound_they_met() {
-    let Some(rx) = Rx::new("hostile-bounds").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-bounds").await;
     let with = |ep: &str, g: Generated| {
         let mut d = bridge_dir();
         d.generated.insert(ep.into(), g);
@@ -1326,10 +1350,12 @@ async fn huge_endless_and_slow_answers_fail_their_source_with_the_bound_they_met
 /// saying so — so the cursor moves past it instead of holding the source in place run after
 /// run — and the next run resumes after it and completes the cycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_scope_outlasting_its_turn_fails_with_a_reason_and_the_cycle_moves_on() {
-    let Some(rx) = Rx::new("hostile-turn").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-turn").await;
     let bridge = scim::start(bridge_dir(), 0).await.unwrap();
     rx.identity("scim", "scim-secret", &[&bridge.addr.to_string()])
         .await;
@@ -1390,10 +1416,12 @@ async fn a_scope_outlasting_its_turn_fails_with_a_reason_and_the_cycle_moves_on(
 /// takes down the pass, so the healthy source beside them still syncs. Absurd `--deadline`s are
 /// usage errors (exit 2), not panics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn absurd_durations_and_malformed_source_config_are_refused_per_source() {
-    let Some(rx) = Rx::new("hostile-cfg").await else {
-        return;
-    };
+    let rx = Rx::new("hostile-cfg").await;
     let fake = slack::start(workspace(vec![user("U1")], vec![channel("C1", &["U1"])]), 0)
         .await
         .unwrap();
@@ -1488,10 +1516,12 @@ async fn absurd_durations_and_malformed_source_config_are_refused_per_source() {
 /// name nothing real: a Binding for an API that is a Kind-like or URL-like `<plural>.<group>`
 /// and for a built-in API. Each binding says `APINotExported` and nothing is installed.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn bindings_naming_apis_the_provider_does_not_export_install_nothing() {
-    let Some(fx) = Fx::new("hostile-api").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-api").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -1674,10 +1704,12 @@ async fn hostile_provider(
 /// second run behaves the same and writes no hostile Connection's or binding's status again.
 /// (The hostile servers speak plain HTTP on loopback, hence `--allow-kubeconfig-field http`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_met() {
-    let Some(fx) = Fx::new("hostile-provider").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-provider").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -1846,10 +1878,12 @@ async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_m
 /// claim a complete pass: the binding's objects count as `denied` and `lastCompleteTime` is never
 /// set, run after run, while `lastPassTime` says the run happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn an_unreadable_provider_list_never_claims_a_complete_resync() {
-    let Some(fx) = Fx::new("hostile-ilist").await else {
-        return;
-    };
+    let fx = Fx::new("hostile-ilist").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;

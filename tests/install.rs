@@ -210,6 +210,10 @@ fn combinations_cover_every_three_passes() {
 /// `helm lint` (strict: warnings fail) with the defaults, with every pass on, and with every
 /// pass on and issue's optional settings set.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn helm_lint_passes() {
     let chart = repo("charts/kbind");
     let all = passes_on(&PASSES);
@@ -233,6 +237,10 @@ fn helm_lint_passes() {
 /// render, naming the value (rather than installing a job that fails every run); so does an
 /// issue server URL that is not https:// (`kbind issue` refuses it with exit code 2).
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn chart_refuses_a_pass_without_its_required_settings() {
     for (pass, extra, value) in [
         ("claims", None, "passes.claims.coreExport"),
@@ -261,6 +269,10 @@ fn chart_refuses_a_pass_without_its_required_settings() {
 
 /// The chart's CRDs are deploy/crds/kbind.yaml (which tests/crds.rs keeps equal to the binary).
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn chart_crds_are_deploy_crds() {
     assert_eq!(
         read("charts/kbind/crds/kbind.yaml"),
@@ -273,8 +285,12 @@ fn chart_crds_are_deploy_crds() {
 /// exactly the passes switched on (and their identities), never a Job, and passes a server-side dry-run;
 /// the defaults (schema and resync, as `kubectl apply -k deploy/`) are applied for real.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn every_combination_renders_and_applies() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     namespaces(&env);
     for on in combinations() {
         let what = format!("passes {on:?}");
@@ -444,6 +460,10 @@ fn essence(d: &Value) -> Value {
 /// objects with the same rules, bindings, CronJob specs and CRDs; the image is the chart's
 /// appVersion, which kustomize's manifests name too.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn chart_and_kustomize_agree() {
     let instances = [
         "passes.resync.boundAPIs[0].group=example.org".to_string(),
@@ -486,6 +506,10 @@ fn chart_and_kustomize_agree() {
 /// filesystem is read-only and holds only the binary), --reissue-before and --grants-namespace
 /// are passed, and the issuer's Role follows the grants namespace.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn chart_passes_issue_its_settings() {
     let mut sets = passes_on(&["issue"]);
     sets.extend([
@@ -548,6 +572,10 @@ fn chart_passes_issue_its_settings() {
 
 /// The image value: a digest pins `repository:tag@digest`; the tag defaults to appVersion.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn chart_pins_the_image_by_digest() {
     let digest = format!("sha256:{}", "ab".repeat(32));
     let mut sets = passes_on(&["schema"]);
@@ -577,8 +605,12 @@ fn chart_pins_the_image_by_digest() {
 /// applied with that command: it succeeds, the objects survive unchanged, the new schema is
 /// served.
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn crd_upgrade_path_keeps_existing_objects() {
-    let Some(env) = support::env() else { return };
+    let env = support::env();
     let unique = support::unique("crdup");
     let regroup = |docs: Vec<Value>| -> Vec<Value> {
         docs.into_iter()

@@ -103,6 +103,10 @@ fn uses<'a>(edges: &'a Edges, from: &str) -> impl Iterator<Item = &'a String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn the_parser_sees_the_edges_it_must() {
     let (edges, modules) = edges();
     for m in [
@@ -141,6 +145,10 @@ fn the_parser_sees_the_edges_it_must() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn no_pass_uses_another_pass_and_the_framework_uses_none() {
     let (edges, _) = edges();
     let jobs = jobs();
@@ -167,6 +175,10 @@ fn no_pass_uses_another_pass_and_the_framework_uses_none() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn only_main_uses_cli_and_the_registry_dispatch() {
     let (edges, _) = edges();
     for (from, to) in edges
@@ -185,6 +197,10 @@ fn only_main_uses_cli_and_the_registry_dispatch() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 fn the_modules_form_no_cycle() {
     let (edges, modules) = edges();
     // Depth-first search for a back edge, reporting the cycle's path.

@@ -554,8 +554,8 @@ struct World {
 const SA: &str = "model-syncer";
 
 impl World {
-    async fn new(cfg: &Config) -> Option<Self> {
-        let fx = Fx::new("model").await?;
+    async fn new(cfg: &Config) -> Self {
+        let fx = Fx::new("model").await;
         let (api, conn, cb) = fx.bound_api("widgets", "Namespaced").await;
         let ns_b = support::namespace(&fx.consumer, "model-b").await;
         // The Connection's identity: a ServiceAccount of the provider (fresh tokens on rotation).
@@ -620,7 +620,7 @@ impl World {
         w.m.crd_ready = o.crd_established();
         let snap = w.snapshot(&o);
         w.quiet.reset(&snap);
-        Some(w)
+        w
     }
 
     /// Best effort: the cluster-scoped object this fixture made on the provider.
@@ -1376,17 +1376,17 @@ impl Failure {
         let (steps_var, replay_var) = self.vars;
         if let Some(seed) = self.seed {
             s.push_str(&format!(
-                "replay: KBIND_MODEL_SEEDS={seed} {steps_var}={} cargo test --test model\n",
+                "replay: KBIND_MODEL_SEEDS={seed} {steps_var}={} cargo test --features servers --test model\n",
                 self.step
             ));
         }
         s.push_str(&format!(
-            "replay these steps: {replay_var}='{}' cargo test --test model\n",
+            "replay these steps: {replay_var}='{}' cargo test --features servers --test model\n",
             plain.join("; ")
         ));
         if let Some(shrunk) = shrunk {
             s.push_str(&format!(
-                "shrunk ({} steps): {replay_var}='{}' cargo test --test model\n",
+                "shrunk ({} steps): {replay_var}='{}' cargo test --features servers --test model\n",
                 shrunk.len(),
                 shrunk.join("; ")
             ));
@@ -1406,9 +1406,9 @@ async fn sequence(
     cfg: &Config,
     seed: Option<u64>,
     replay: Option<&[Step]>,
-) -> Option<Result<String, Failure>> {
+) -> Result<String, Failure> {
     let started = Instant::now();
-    let mut w = World::new(cfg).await?;
+    let mut w = World::new(cfg).await;
     let mut rng = Rng::new(seed.unwrap_or(0));
     let n = replay.map_or(cfg.steps + 1, <[Step]>::len);
     let mut steps: Vec<(String, String)> = Vec::new();
@@ -1460,14 +1460,14 @@ async fn sequence(
                         violation.check
                     );
                 }
-                return Some(Err(Failure {
+                return Err(Failure {
                     seed,
                     step: i + 1,
                     violation,
                     steps,
                     ignored: w.ignored,
                     vars: ("KBIND_MODEL_STEPS", "KBIND_MODEL_REPLAY"),
-                }));
+                });
             }
         }
     }
@@ -1494,7 +1494,7 @@ async fn sequence(
     for i in &w.ignored {
         s.push_str(&format!("\n  ignored: {i}"));
     }
-    Some(Ok(s))
+    Ok(s)
 }
 
 /// Remove chunks of a failing sequence while it still fails the same check (bounded).
@@ -1513,7 +1513,7 @@ async fn shrink(cfg: &Config, f: &Failure) -> Vec<String> {
             cand.drain(i..(i + chunk).min(cand.len()));
             attempts += 1;
             match sequence(cfg, None, Some(&cand)).await {
-                Some(Err(g)) if g.violation.check == f.violation.check => {
+                Err(g) if g.violation.check == f.violation.check => {
                     println!("model: shrink: {} steps still fail", g.step);
                     cur = cand[..g.step].to_vec();
                 }
@@ -1526,10 +1526,11 @@ async fn shrink(cfg: &Config, f: &Failure) -> Vec<String> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
-    if support::env().is_none() {
-        return;
-    }
     // Our exports must stay ours for the whole run (a pullPolicy All test would take them).
     let _exports = support::all_exports_lock(false);
     let cfg = Config::from_env();
@@ -1544,9 +1545,8 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
     let mut failures = Vec::new();
     for (seed, replay) in runs {
         match sequence(&cfg, seed, replay.as_deref()).await {
-            None => return,
-            Some(Ok(line)) => println!("{line}"),
-            Some(Err(f)) => {
+            Ok(line) => println!("{line}"),
+            Err(f) => {
                 let shrunk = if cfg.shrink {
                     Some(shrink(&cfg, &f).await)
                 } else {
@@ -1631,8 +1631,8 @@ struct RWorld {
 }
 
 impl RWorld {
-    async fn new(cfg: &Config) -> Option<Self> {
-        let rx = Rx::new("model-rel").await?;
+    async fn new(cfg: &Config) -> Self {
+        let rx = Rx::new("model-rel").await;
         let fake = slack::start(workspace(vec![], vec![]), 0)
             .await
             .expect("start the Slack stand-in");
@@ -1656,7 +1656,7 @@ impl RWorld {
         w.to_fake();
         let snap = w.snapshot().await;
         w.quiet.reset(&snap);
-        Some(w)
+        w
     }
 
     /// Make the stand-in's workspace what the model says.
@@ -1874,9 +1874,9 @@ async fn rsequence(
     cfg: &Config,
     seed: Option<u64>,
     replay: Option<&[RStep]>,
-) -> Option<Result<String, Failure>> {
+) -> Result<String, Failure> {
     let started = Instant::now();
-    let mut w = RWorld::new(cfg).await?;
+    let mut w = RWorld::new(cfg).await;
     let mut rng = Rng::new(seed.unwrap_or(0) ^ 0x5e1f_5e1f);
     let n = replay.map_or(cfg.relsync_steps + 1, <[RStep]>::len);
     let mut steps: Vec<(String, String)> = Vec::new();
@@ -1911,14 +1911,14 @@ async fn rsequence(
                     w.runs.lease_lost,
                     violation.check
                 );
-                return Some(Err(Failure {
+                return Err(Failure {
                     seed,
                     step: i + 1,
                     violation,
                     steps,
                     ignored: w.ignored,
                     vars: ("KBIND_MODEL_RELSYNC_STEPS", "KBIND_MODEL_RELSYNC_REPLAY"),
-                }));
+                });
             }
         }
     }
@@ -1943,16 +1943,17 @@ async fn rsequence(
     for i in &w.ignored {
         s.push_str(&format!("\n  ignored: {i}"));
     }
-    Some(Ok(s))
+    Ok(s)
 }
 
 /// Invariant 5 and the relsync editions of 1–4: random Slack membership changes (joins,
 /// leaves, deactivated users, archived channels) and runs of `kbind relsync`, some killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn random_slack_changes_and_relsync_runs_converge_on_spicedb() {
-    if support::env().is_none() {
-        return;
-    }
     let cfg = Config::from_env();
     if cfg.relsync_steps == 0 {
         return;
@@ -1965,9 +1966,8 @@ async fn random_slack_changes_and_relsync_runs_converge_on_spicedb() {
     let mut failures = Vec::new();
     for (seed, replay) in runs {
         match rsequence(&cfg, seed, replay.as_deref()).await {
-            None => return,
-            Some(Ok(line)) => println!("{line}"),
-            Some(Err(f)) => {
+            Ok(line) => println!("{line}"),
+            Err(f) => {
                 let text = f.render(None);
                 println!("{text}");
                 failures.push(text);

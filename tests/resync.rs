@@ -21,8 +21,8 @@ struct Setup {
 }
 
 /// A provider API bound through a ClusterBinding and pulled by `kbind schema`.
-async fn setup(prefix: &str, conflict_policy: &str) -> Option<Setup> {
-    let fx = Fx::new(prefix).await?;
+async fn setup(prefix: &str, conflict_policy: &str) -> Setup {
+    let fx = Fx::new(prefix).await;
     let (api, conn, cb) = fx.bound_api("widgets", "Namespaced").await;
     Api::<ClusterBinding>::all(fx.consumer.clone())
         .patch(
@@ -37,14 +37,14 @@ async fn setup(prefix: &str, conflict_policy: &str) -> Option<Setup> {
         "widgets",
     );
     let ns = fx.ns.clone();
-    Some(Setup {
+    Setup {
         fx,
         api,
         ar,
         conn,
         cb,
         ns,
-    })
+    }
 }
 
 impl Setup {
@@ -103,10 +103,12 @@ async fn local_uid(s: &Setup) -> String {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn spec_goes_up_with_markers_and_status_comes_down() {
-    let Some(s) = setup("up", "Fail").await else {
-        return;
-    };
+    let s = setup("up", "Fail").await;
     let c = s
         .create(&s.consumer(), "w1", json!({"spec": {"size": 3}}))
         .await;
@@ -167,10 +169,12 @@ async fn spec_goes_up_with_markers_and_status_comes_down() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn conflicts_under_fail_adopt_and_owned_by_another() {
-    let Some(s) = setup("conflict", "Fail").await else {
-        return;
-    };
+    let s = setup("conflict", "Fail").await;
     s.ensure_provider_ns().await;
     // The provider already has objects of these names.
     s.create(&s.provider(), "foreign", json!({"spec": {"size": 1}}))
@@ -268,10 +272,12 @@ async fn conflicts_under_fail_adopt_and_owned_by_another() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn deletion_paths_never_touch_what_is_not_ours() {
-    let Some(s) = setup("delete", "Fail").await else {
-        return;
-    };
+    let s = setup("delete", "Fail").await;
     for n in ["gone", "kept", "recreated", "renamed"] {
         s.create(&s.consumer(), n, json!({"spec": {"size": 1}}))
             .await;
@@ -424,10 +430,12 @@ async fn deletion_paths_never_touch_what_is_not_ours() {
 /// foreign object. Now it stays reported with no write and no new Event; it clears only when the
 /// foreign object goes.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_conflict_stays_reported_across_runs_without_writes() {
-    let Some(s) = setup("conflictstable", "Fail").await else {
-        return;
-    };
+    let s = setup("conflictstable", "Fail").await;
     s.ensure_provider_ns().await;
     s.create(&s.provider(), "taken", json!({"spec": {"size": 1}}))
         .await;
@@ -483,10 +491,12 @@ async fn a_conflict_stays_reported_across_runs_without_writes() {
 /// and marked at the unbind, counted after the re-bind, re-adopted by a returning object, and
 /// brought back whole by `orphans: Restore`.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn unbind_then_rebind_keeps_every_provider_copy() {
-    let Some(s) = setup("rebind", "Fail").await else {
-        return;
-    };
+    let s = setup("rebind", "Fail").await;
     for i in 0..3 {
         s.create(
             &s.consumer(),
@@ -619,10 +629,12 @@ async fn unbind_then_rebind_keeps_every_provider_copy() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_deleting_binding_releases_instances_and_leaves_provider_copies() {
-    let Some(s) = setup("unbind", "Fail").await else {
-        return;
-    };
+    let s = setup("unbind", "Fail").await;
     s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
         .await;
     s.resync(&[]);
@@ -650,10 +662,12 @@ async fn a_deleting_binding_releases_instances_and_leaves_provider_copies() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn nothing_syncs_when_the_provider_identity_changed() {
-    let Some(s) = setup("resyncid", "Fail").await else {
-        return;
-    };
+    let s = setup("resyncid", "Fail").await;
     // The Secret now points at another cluster (the consumer itself).
     s.fx.secret(
         "provider",
@@ -670,10 +684,12 @@ async fn nothing_syncs_when_the_provider_identity_changed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn budgeted_passes_resume_and_converge() {
-    let Some(s) = setup("budget", "Fail").await else {
-        return;
-    };
+    let s = setup("budget", "Fail").await;
     for i in 0..6 {
         s.create(
             &s.consumer(),
@@ -709,10 +725,12 @@ async fn budgeted_passes_resume_and_converge() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn provider_rejections_are_counted_with_events_and_do_not_starve_the_rest() {
-    let Some(s) = setup("reject", "Fail").await else {
-        return;
-    };
+    let s = setup("reject", "Fail").await;
     // After the pull, the provider tightens its schema: the consumer accepts what it refuses.
     let name = format!("widgets.{}", s.fx.group);
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(s.fx.provider.clone());
@@ -800,10 +818,12 @@ async fn provider_rejections_are_counted_with_events_and_do_not_starve_the_rest(
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_restricted_provider_identity_counts_denied_objects_and_syncs_the_rest() {
-    let Some(fx) = Fx::new("denied").await else {
-        return;
-    };
+    let fx = Fx::new("denied").await;
     let api = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -917,10 +937,12 @@ async fn a_restricted_provider_identity_counts_denied_objects_and_syncs_the_rest
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn cluster_scoped_objects_sync_under_a_cluster_binding_and_the_heartbeat_is_renewed() {
-    let Some(fx) = Fx::new("clusterscoped").await else {
-        return;
-    };
+    let fx = Fx::new("clusterscoped").await;
     let (_, conn, _) = fx.bound_api("regions", "Cluster").await;
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&fx.group, "v1", "Region"),
@@ -966,14 +988,16 @@ async fn cluster_scoped_objects_sync_under_a_cluster_binding_and_the_heartbeat_i
 /// create) = 8), then an ordinary run, redoes nothing and skips nothing: every provider copy
 /// exists with its consumer object's spec and owner.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
     let want: BTreeSet<String> = (0..4).map(|i| format!("w{i} size={i} owned")).collect();
     let mut tally = support::Tally::new("resync", "writes");
     for crash_after in support::crash_points("resync writes", 8) {
         let point = format!("write {crash_after}");
-        let Some(s) = setup("resynccrash", "Fail").await else {
-            return;
-        };
+        let s = setup("resynccrash", "Fail").await;
         for i in 0..4 {
             s.create(
                 &s.consumer(),
@@ -1048,11 +1072,13 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
 /// copy, owned by it, with its spec; and the run after that writes nothing. Convergence only:
 /// which writes landed before the abort differs run to run at this concurrency.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_concurrent_pass_killed_mid_flight_converges_on_the_next_run() {
     const N: usize = 40;
-    let Some(s) = setup("resyncpar", "Fail").await else {
-        return;
-    };
+    let s = setup("resyncpar", "Fail").await;
     for i in 0..N {
         s.create(
             &s.consumer(),
@@ -1129,10 +1155,12 @@ async fn a_concurrent_pass_killed_mid_flight_converges_on_the_next_run() {
 /// A finalizer kbind added that a GitOps tool also lists (its manifest was copied from the
 /// cluster, finalizer included): kbind still releases it, so the deleted object goes away.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_finalizer_another_manager_also_lists_is_still_released() {
-    let Some(s) = setup("cofinal", "Fail").await else {
-        return;
-    };
+    let s = setup("cofinal", "Fail").await;
     s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
         .await;
     s.resync(&[]);
@@ -1165,10 +1193,12 @@ async fn a_finalizer_another_manager_also_lists_is_still_released() {
 /// a ClusterBinding listing the same API wins over it even when it cannot sync (the spec's
 /// resolver), and once that ClusterBinding goes the Binding syncs again.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_namespaced_binding_syncs_its_namespace_and_a_cluster_binding_wins_over_it() {
-    let Some(fx) = Fx::new("nsbind").await else {
-        return;
-    };
+    let fx = Fx::new("nsbind").await;
     let api = fx
         .provider_crd("gadgets", "Namespaced", Some("true"), None)
         .await;
@@ -1293,10 +1323,12 @@ async fn a_namespaced_binding_syncs_its_namespace_and_a_cluster_binding_wins_ove
 /// One API whose consumer CRD write is forbidden makes the Connection not Ready; its other,
 /// healthy API keeps syncing.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
-    let Some(fx) = Fx::new("oneapi").await else {
-        return;
-    };
+    let fx = Fx::new("oneapi").await;
     let good = fx
         .provider_crd("apples", "Namespaced", Some("true"), None)
         .await;
@@ -1375,10 +1407,12 @@ async fn a_forbidden_crd_write_for_one_api_does_not_stop_the_others() {
 /// pinned it) syncs nothing, so it cannot be used to write copies under another consumer's
 /// marker (issue #11).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_hand_labelled_crd_or_a_forged_local_uid_syncs_nothing() {
-    let Some(s) = setup("trust", "Fail").await else {
-        return;
-    };
+    let s = setup("trust", "Fail").await;
     // The provider has an API it does not export; a consumer admin copies its CRD and labels it
     // managed by the Connection.
     let hidden = s.fx.provider_crd("secrets", "Namespaced", None, None).await;

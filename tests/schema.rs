@@ -24,10 +24,12 @@ async fn kube_system_uid(c: &Client) -> String {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn connection_pins_identities_discovers_exact_exports_and_holds_finalizers() {
-    let Some(fx) = Fx::new("ident").await else {
-        return;
-    };
+    let fx = Fx::new("ident").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -93,10 +95,12 @@ async fn connection_pins_identities_discovers_exact_exports_and_holds_finalizers
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn bound_pull_installs_bound_apis_and_bindings_report_setup() {
-    let Some(fx) = Fx::new("bound").await else {
-        return;
-    };
+    let fx = Fx::new("bound").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -177,10 +181,12 @@ async fn bound_pull_installs_bound_apis_and_bindings_report_setup() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn bad_credentials_are_reported_and_retried() {
-    let Some(fx) = Fx::new("creds").await else {
-        return;
-    };
+    let fx = Fx::new("creds").await;
     let conn = fx
         .connection("p", "provider", json!({"source": "CRD"}), false)
         .await;
@@ -219,10 +225,12 @@ async fn bad_credentials_are_reported_and_retried() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_secret_pointing_at_another_cluster_is_cluster_identity_changed() {
-    let Some(fx) = Fx::new("idchg").await else {
-        return;
-    };
+    let fx = Fx::new("idchg").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -270,10 +278,12 @@ async fn a_secret_pointing_at_another_cluster_is_cluster_identity_changed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn update_policy_always_follows_the_provider_and_once_pins() {
-    let Some(fx) = Fx::new("update").await else {
-        return;
-    };
+    let fx = Fx::new("update").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -345,10 +355,12 @@ fn foreign_crd(group: &str, plural: &str, kind: &str) -> CustomResourceDefinitio
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_foreign_crd_is_never_overwritten() {
-    let Some(fx) = Fx::new("foreign").await else {
-        return;
-    };
+    let fx = Fx::new("foreign").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -395,10 +407,12 @@ async fn a_foreign_crd_is_never_overwritten() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn pull_none_creates_nothing_and_stamps_existing_crds_with_markers_only() {
-    let Some(fx) = Fx::new("none").await else {
-        return;
-    };
+    let fx = Fx::new("none").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -445,10 +459,12 @@ async fn pull_none_creates_nothing_and_stamps_existing_crds_with_markers_only() 
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
-    let Some(fx) = Fx::new("auto").await else {
-        return;
-    };
+    let fx = Fx::new("auto").await;
     let _lock = support::all_exports_lock(true);
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
@@ -501,10 +517,12 @@ async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
 /// autoBind's reserved name held by a ClusterBinding the Connection does not own: left alone, and
 /// the Connection says so in a condition (a log line in a CronJob pod is read by nobody).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn auto_bind_name_taken_is_reported_on_the_connection() {
-    let Some(fx) = Fx::new("abtaken").await else {
-        return;
-    };
+    let fx = Fx::new("abtaken").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -537,10 +555,12 @@ async fn auto_bind_name_taken_is_reported_on_the_connection() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn dry_run_plans_and_writes_nothing() {
-    let Some(fx) = Fx::new("dry").await else {
-        return;
-    };
+    let fx = Fx::new("dry").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -578,10 +598,12 @@ async fn dry_run_plans_and_writes_nothing() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn max_items_bounds_a_run_and_the_next_run_resumes() {
-    let Some(fx) = Fx::new("budget").await else {
-        return;
-    };
+    let fx = Fx::new("budget").await;
     fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
         .await;
     let names = [
@@ -613,10 +635,12 @@ async fn max_items_bounds_a_run_and_the_next_run_resumes() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn openapi_source_synthesizes_the_consumer_crd_from_discovery() {
-    let Some(fx) = Fx::new("openapi").await else {
-        return;
-    };
+    let fx = Fx::new("openapi").await;
     // Not labelled: the OpenAPI source has no label gate.
     let widgets = fx
         .provider_crd("widgets", "Namespaced", None, Some("color"))
@@ -677,10 +701,12 @@ async fn openapi_source_synthesizes_the_consumer_crd_from_discovery() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn auto_falls_through_only_after_a_successful_empty_list() {
-    let Some(fx) = Fx::new("autosrc").await else {
-        return;
-    };
+    let fx = Fx::new("autosrc").await;
     // The consumer cluster as a "provider": it labels nothing exported, so Auto's CRD list is
     // empty and OpenAPI discovery takes over.
     fx.secret(
@@ -741,10 +767,12 @@ async fn auto_falls_through_only_after_a_successful_empty_list() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn teardown_waits_for_instance_release_then_removes_crd_and_finalizers() {
-    let Some(fx) = Fx::new("teardown").await else {
-        return;
-    };
+    let fx = Fx::new("teardown").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -819,10 +847,12 @@ async fn teardown_waits_for_instance_release_then_removes_crd_and_finalizers() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
-    let Some(fx) = Fx::new("hostile").await else {
-        return;
-    };
+    let fx = Fx::new("hostile").await;
     let good = fx.provider_kubeconfig();
     // A closed port on loopback, a TLS name the serving certificate does not carry, a token the
     // provider rejects.
@@ -905,10 +935,12 @@ async fn unusable_providers_give_a_clear_condition_and_change_nothing() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_run_finding_the_lease_held_skips_and_a_short_deadline_stops_taking_work() {
-    let Some(fx) = Fx::new("lease").await else {
-        return;
-    };
+    let fx = Fx::new("lease").await;
     fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
         .await;
     let conn = fx
@@ -1024,8 +1056,8 @@ async fn deleting_cluster_binding(fx: &Fx, conn: &str, apis: &[String]) -> Strin
     old
 }
 
-async fn scene() -> Option<Scene> {
-    let fx = Fx::new("crash").await?;
+async fn scene() -> Scene {
+    let fx = Fx::new("crash").await;
     let mut apis = Vec::new();
     for plural in [
         "alphas", "betas", "gammas", "deltas", "epsilons", "zetas", "etas",
@@ -1066,13 +1098,13 @@ async fn scene() -> Option<Scene> {
     // ClusterBinding `old` of Connection a is being deleted and resync released its instances:
     // its CRDs go.
     let old = deleting_cluster_binding(&fx, &a, &apis[7..]).await;
-    Some(Scene {
+    Scene {
         fx,
         apis,
         conns: [a, b],
         cbs: [cb, old],
         nb,
-    })
+    }
 }
 
 impl Scene {
@@ -1111,7 +1143,7 @@ impl Scene {
         let kc = self.fx.env.consumer.to_string_lossy().to_string();
         let selector = format!("kbind-test={}", self.fx.label);
         let cmd = support::kbind_command(&self.args(&kc, &selector, &self.fx.ns));
-        support::signalled(cmd, signal, trigger).await
+        support::signalled_mid_run(cmd, signal, trigger).await
     }
 
     /// A run in a fresh Lease namespace, as an operator finishes the work of a run that died
@@ -1126,7 +1158,12 @@ impl Scene {
 
     /// Resolves once the run has written anything of this scene.
     async fn first_write(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pass wrote none of its CRDs within 60 s"
+            );
             for api in &self.apis[..7] {
                 let written = self.fx.consumer_crd(api).await.is_some_and(|c| {
                     c.annotations().get("core.kbind.io/schema-hash")
@@ -1231,8 +1268,8 @@ impl Scene {
 }
 
 /// The state one uninterrupted cold run of the crash scenario ends in.
-async fn uninterrupted() -> Option<(serde_json::Value, BTreeSet<String>)> {
-    let s = scene().await?;
+async fn uninterrupted() -> (serde_json::Value, BTreeSet<String>) {
+    let s = scene().await;
     let (code, summary, stderr) = s.run(&s.fx.ns, &[]);
     assert_eq!(code, 0, "{summary}\n{stderr}");
     assert_eq!(
@@ -1241,21 +1278,23 @@ async fn uninterrupted() -> Option<(serde_json::Value, BTreeSet<String>)> {
     );
     let (state, installed) = s.state().await;
     assert_eq!(installed.len(), 7, "{state}");
-    Some((state, installed))
+    (state, installed)
 }
 
 /// Crash points: a run aborted right after each of its data writes (the crash knob), then a
 /// run in another Lease namespace, ends in exactly the state of an uninterrupted run, and the
 /// rerun writes exactly what the crashed run did not: nothing redone, nothing skipped.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_run_killed_after_any_write_then_rerun_converges() {
     let _lock = support::all_exports_lock(false);
-    let Some((want, want_crds)) = uninterrupted().await else {
-        return;
-    };
+    let (want, want_crds) = uninterrupted().await;
     let mut tally = support::Tally::new("schema", "writes");
     for n in support::crash_points("schema writes", SCENE_WRITES) {
-        let s = scene().await.expect("servers");
+        let s = scene().await;
         let (code, _, stderr) = s.run(&s.fx.ns, &[(kbind::pass::crash::ENV, &n.to_string())]);
         assert_ne!(code, 0, "crash point {n} did not stop the run: {stderr}");
         assert!(stderr.contains("reached"), "{stderr}");
@@ -1281,11 +1320,13 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
 /// its Lease, so the next scheduled run (same Lease namespace) finishes the work, writing exactly
 /// what the stopped run did not.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
     let _lock = support::all_exports_lock(false);
-    let Some((want, want_crds)) = uninterrupted().await else {
-        return;
-    };
+    let (want, want_crds) = uninterrupted().await;
     let mut tally = support::Tally::new("schema", "signals");
     for (signal, delays) in [
         ("KILL", support::kill_delays("schema SIGKILL", &[50], 1500)),
@@ -1293,7 +1334,7 @@ async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
     ] {
         for delay in delays {
             let point = format!("SIG{signal} {}ms after the first write", delay.as_millis());
-            let s = scene().await.expect("servers");
+            let s = scene().await;
             let out = s
                 .signalled(signal, async {
                     s.first_write().await;
@@ -1310,10 +1351,11 @@ async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
                 // Stopped cleanly (or finished first): a summary, exit 0, the Lease released,
                 // so the next scheduled run, same Lease namespace, finishes the work.
                 assert_eq!(code, 0, "{point}: {first}\n{stderr}");
+                // The signal landed mid-pass (signalled_mid_run): the run stopped taking work and
+                // said why.
+                assert_eq!(first["outcome"], "partial", "{point}: {first}");
                 assert!(
-                    first["outcome"] == "completed"
-                        || (first["outcome"] == "partial"
-                            && first["message"].as_str().unwrap().contains("Terminated")),
+                    first["message"].as_str().unwrap().contains("Terminated"),
                     "{point}: {first}"
                 );
                 s.run(&s.fx.ns, &[])
@@ -1351,10 +1393,12 @@ async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
 /// binding and counts no write. Found by the crash soak: a run right after a completed one
 /// re-issued the delete.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_crd_already_being_deleted_is_not_deleted_again() {
-    let Some(fx) = Fx::new("redelete").await else {
-        return;
-    };
+    let fx = Fx::new("redelete").await;
     fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
         .await;
     let a = fx
@@ -1415,10 +1459,12 @@ async fn grant_identity_read(provider: &Client, label: &str, user: &str) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_forbidden_identity_read_is_reported_never_skipped() {
-    let Some(fx) = Fx::new("idforbid").await else {
-        return;
-    };
+    let fx = Fx::new("idforbid").await;
     let pns = support::namespace(&fx.provider, "idforbid").await;
     let nobody = support::service_account_kubeconfig(&fx.env.provider, &pns, "nobody").await;
     fx.secret("nobody", "kubeconfig", &nobody).await;
@@ -1448,10 +1494,12 @@ async fn a_forbidden_identity_read_is_reported_never_skipped() {
 /// Connection not counted Ready, the other Connections' statuses written; and the next run
 /// writes it.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_writes_it() {
-    let Some(fx) = Fx::new("stwrite").await else {
-        return;
-    };
+    let fx = Fx::new("stwrite").await;
     fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
         .await;
     let ok = fx

@@ -217,10 +217,12 @@ where
 /// `--yes` releases them all and leaves a foreign finalizer; a second run finds nothing; then
 /// deleting the CRDs, the namespaces and the objects completes with no pass running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_dry_run_lists_then_yes_releases_every_kbind_finalizer_and_deletion_completes() {
-    let Some(fx) = Fx::new("uninst").await else {
-        return;
-    };
+    let fx = Fx::new("uninst").await;
     // Its exports must stay its Connection's: no pullPolicy All test may take them meanwhile.
     let _exports = support::all_exports_lock(false);
     // A namespaced Binding (gadgets) beside the ClusterBinding (widgets), one Connection.
@@ -237,7 +239,7 @@ async fn a_dry_run_lists_then_yes_releases_every_kbind_finalizer_and_deletion_co
     let ar = |kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&fx.group, "v1", kind), plural)
     };
-    let rx = Rx::new("uninst-rs").await.expect("servers");
+    let rx = Rx::new("uninst-rs").await;
     let o = Objects {
         consumer: fx.consumer.clone(),
         widgets: ar("Widget", "widgets"),
@@ -401,10 +403,12 @@ async fn lease(client: &Client, ns: &str, name: &str, holder: &str, ago: SignedD
 /// While a pass Lease is held `--yes` refuses (exit 2, naming it) and releases nothing; a dry
 /// run still lists; `--force` acts; an expired Lease or another Lease does not hold it back.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_held_pass_lease_makes_it_refuse_unless_forced() {
-    let Some(fx) = Fx::new("uninst-lease").await else {
-        return;
-    };
+    let fx = Fx::new("uninst-lease").await;
     let conn = fx
         .connection("c", "provider", json!({"source": "CRD"}), false)
         .await;
@@ -478,11 +482,13 @@ async fn a_held_pass_lease_makes_it_refuse_unless_forced() {
 /// An identity that may list but not patch: every object it could not release is named with the
 /// reason, the rest of the run goes on, and the exit code is 1.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn an_object_it_may_not_patch_is_named_and_the_exit_code_is_1() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let Some(fx) = Fx::new("uninst-denied").await else {
-        return;
-    };
+    let fx = Fx::new("uninst-denied").await;
     let conn = fx
         .connection("c", "provider", json!({"source": "CRD"}), false)
         .await;
@@ -550,13 +556,15 @@ async fn an_object_it_may_not_patch_is_named_and_the_exit_code_is_1() {
 /// Grant with the kubectl commands that revoke by hand; those commands, run, leave nothing and
 /// the token stops working.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
 async fn a_grants_revoke_finalizer_is_released_with_the_commands_that_revoke_by_hand() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use kbind::api::iam::Grant;
-    let Some(ix) = support::issue_fx::Ix::new("uninst-grant").await else {
-        return;
-    };
+    let ix = support::issue_fx::Ix::new("uninst-grant").await;
     let widgets = ix
         .fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)

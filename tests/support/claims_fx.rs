@@ -70,8 +70,8 @@ pub fn apibindings_claim() -> PermissionClaim {
 }
 
 impl ClaimsFx {
-    pub async fn new(prefix: &str) -> Option<Self> {
-        let env = env()?;
+    pub async fn new(prefix: &str) -> Self {
+        let env = env();
         let hub = env.provider().await;
         super::kbind_crds(&hub).await;
         // Not LogicalCluster: its presence makes `kbind schema` read cluster identity from it,
@@ -113,7 +113,7 @@ impl ClaimsFx {
         )
         .await;
         fx.endpoint_slice(&fx.front.url()).await;
-        Some(fx)
+        fx
     }
 
     /// Send every kbind request through `base` (e.g. a fault proxy in front of the kcp front):

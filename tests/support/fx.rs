@@ -22,21 +22,21 @@ pub struct Fx {
 }
 
 impl Fx {
-    pub async fn new(prefix: &str) -> Option<Self> {
-        let env = support::env()?;
+    pub async fn new(prefix: &str) -> Self {
+        let env = support::env();
         let consumer = env.consumer().await;
         let provider = env.provider().await;
         support::kbind_crds(&consumer).await;
         let ns = support::namespace(&consumer, prefix).await;
         let id = support::unique(prefix);
-        Some(Self {
+        Self {
             group: format!("{id}.kbind.test"),
             label: id,
             ns,
             env,
             consumer,
             provider,
-        })
+        }
     }
 
     /// A provider CRD `<plural>.<group>`, labelled `exported=<label>` when given.

@@ -24,8 +24,8 @@ pub struct Ix {
 }
 
 impl Ix {
-    pub async fn new(prefix: &str) -> Option<Self> {
-        let fx = Fx::new(prefix).await?;
+    pub async fn new(prefix: &str) -> Self {
+        let fx = Fx::new(prefix).await;
         super::kbind_crds(&fx.provider).await;
         let ns = super::namespace(&fx.provider, "grants").await;
         let admin = fx.provider_kubeconfig();
@@ -34,13 +34,13 @@ impl Ix {
         let ca = cluster.certificate_authority_data.clone().unwrap();
         let pem: k8s_openapi::ByteString = serde_json::from_value(json!(ca)).unwrap();
         let ca_file = super::temp_file("issue-ca", &String::from_utf8(pem.0).unwrap());
-        Some(Self {
+        Self {
             selector: format!("kbind-test={}", fx.label),
             server: cluster.server.clone().unwrap(),
             fx,
             ns,
             ca_file,
-        })
+        }
     }
 
     pub fn args<'a>(&'a self, kubeconfig: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

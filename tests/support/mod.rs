@@ -27,38 +27,29 @@ pub struct Env {
     pub spicedb_url: String,
 }
 
-/// The harness servers, or `None` (with one message) when the tests were started without them
-/// outside CI. In CI a missing server is a failure, never a skip.
-pub fn env() -> Option<Env> {
+/// The harness servers `hack/test.sh` started. Tests that call this are compiled with
+/// `#[cfg_attr(not(feature = "servers"), ignore = ...)]`, so a plain `cargo test` reports them
+/// ignored; with the feature on (as hack/test.sh builds them), a missing server is a failure,
+/// never a skip.
+pub fn env() -> Env {
     kbind::install_crypto_provider();
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    match (
-        var("KBIND_TEST_CONSUMER_KUBECONFIG"),
-        var("KBIND_TEST_PROVIDER_KUBECONFIG"),
-        var("KBIND_TEST_CONSUMER_RESTRICTED_KUBECONFIG"),
-        var("KBIND_TEST_PROVIDER_RESTRICTED_KUBECONFIG"),
-        var("KBIND_TEST_SPICEDB_URL"),
-    ) {
-        (Some(c), Some(p), Some(cr), Some(pr), Some(s)) => Some(Env {
-            consumer: c.into(),
-            provider: p.into(),
-            consumer_restricted: cr.into(),
-            provider_restricted: pr.into(),
-            spicedb_url: s,
-        }),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("the test servers are not running: CI must run the tests through hack/test.sh")
-        }
-        _ => {
-            static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| {
-                eprintln!(
-                    "skipping integration tests: the real servers are not running. \
-                     Run the suite with `hack/test.sh` (it builds and starts them)."
+    let var = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{k} is not set: the test servers are not running. Run the suite with \
+                 `hack/test.sh` (it builds and starts them)"
                 )
-            });
-            None
-        }
+            })
+    };
+    Env {
+        consumer: var("KBIND_TEST_CONSUMER_KUBECONFIG").into(),
+        provider: var("KBIND_TEST_PROVIDER_KUBECONFIG").into(),
+        consumer_restricted: var("KBIND_TEST_CONSUMER_RESTRICTED_KUBECONFIG").into(),
+        provider_restricted: var("KBIND_TEST_PROVIDER_RESTRICTED_KUBECONFIG").into(),
+        spicedb_url: var("KBIND_TEST_SPICEDB_URL"),
     }
 }
 
@@ -316,12 +307,13 @@ pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
 }
 
 /// Run `cmd`, send it `signal` (`KILL`, `TERM`) once `trigger` completes if it is still running,
-/// and return what it printed (kept for the secret scan).
-pub async fn signalled(
+/// and return what it printed (kept for the secret scan) and whether the signal was sent while
+/// it ran. A trigger that never completes is cut off after [`SIGNAL_TRIGGER_TIMEOUT`].
+pub async fn signalled_run(
     cmd: std::process::Command,
     signal: &str,
     trigger: impl std::future::Future<Output = ()>,
-) -> std::process::Output {
+) -> (std::process::Output, bool) {
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -329,17 +321,61 @@ pub async fn signalled(
     let pid = child.id().expect("pid").to_string();
     let out = child.wait_with_output();
     tokio::pin!(out);
-    let out = tokio::select! {
-        out = &mut out => out,
-        () = trigger => {
-            let _ = std::process::Command::new("kill")
+    let trigger = tokio::time::timeout(SIGNAL_TRIGGER_TIMEOUT, trigger);
+    let (out, sent) = tokio::select! {
+        out = &mut out => (out, false),
+        fired = trigger => {
+            if fired.is_err() {
+                let _ = std::process::Command::new("kill").args(["-s", "KILL", &pid]).status();
+                panic!("the signal's trigger did not come within {SIGNAL_TRIGGER_TIMEOUT:?}");
+            }
+            let sent = std::process::Command::new("kill")
                 .args(["-s", signal, &pid])
-                .status();
-            out.await
+                .status()
+                .is_ok_and(|s| s.success());
+            (out.await, sent)
         }
-    }
-    .expect("wait for kbind");
+    };
+    let out = out.expect("wait for kbind");
     keep_emitted(&out);
+    (out, sent)
+}
+
+/// How long a signal test waits for its trigger (the pass's first write, say).
+pub const SIGNAL_TRIGGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// [`signalled_run`] for a test that may see the pass end first (the model test draws kill times
+/// at random).
+pub async fn signalled(
+    cmd: std::process::Command,
+    signal: &str,
+    trigger: impl std::future::Future<Output = ()>,
+) -> std::process::Output {
+    signalled_run(cmd, signal, trigger).await.0
+}
+
+/// [`signalled_run`] for a test about the signal: it fails unless the signal reached the pass
+/// before it finished (for SIGKILL: the process died of it).
+pub async fn signalled_mid_run(
+    cmd: std::process::Command,
+    signal: &str,
+    trigger: impl std::future::Future<Output = ()>,
+) -> std::process::Output {
+    use std::os::unix::process::ExitStatusExt;
+    let (out, sent) = signalled_run(cmd, signal, trigger).await;
+    assert!(
+        sent,
+        "the pass ended before SIG{signal} was sent: the test must give it more work ({})",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    if signal == "KILL" {
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "SIGKILL was sent, yet the pass exited by itself: {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
     out
 }
 

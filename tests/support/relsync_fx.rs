@@ -57,8 +57,8 @@ pub fn workspace(users: Vec<slack::User>, channels: Vec<slack::Channel>) -> slac
 }
 
 impl Rx {
-    pub async fn new(prefix: &str) -> Option<Self> {
-        let env = support::env()?;
+    pub async fn new(prefix: &str) -> Self {
+        let env = support::env();
         let client = env.consumer().await;
         support::kbind_crds(&client).await;
         let ns = support::namespace(&client, prefix).await;
@@ -72,13 +72,13 @@ impl Rx {
         spicedb.write_schema(&schema).await.expect("write schema");
         let spicedb_token_file = std::env::temp_dir().join(format!("{token}.key"));
         std::fs::write(&spicedb_token_file, &token).unwrap();
-        Some(Self {
+        Self {
             env,
             client,
             ns,
             spicedb,
             spicedb_token_file,
-        })
+        }
     }
 
     pub async fn secret(&self, name: &str, value: &str) {
