@@ -382,6 +382,33 @@ fn hide_groups(path: &str, hidden: &[String]) -> String {
     path.to_string()
 }
 
+/// `kubeconfig` (its text) aimed at `url`, a proxy of this module, instead of its own server: the
+/// proxy speaks plain HTTP on loopback, so the CA goes too. The credentials stay as they are.
+pub fn kubeconfig_via(kubeconfig: &str, url: &str) -> String {
+    let without_ca: Vec<&str> = kubeconfig
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
+        .collect();
+    with_server(&without_ca.join("\n"), url)
+}
+
+/// `kubeconfig` (its text) with its cluster's `server:` replaced by `server`, everything else
+/// (CA, credentials) as it is: a kubeconfig that points somewhere else, for tests of what kbind
+/// does with it.
+pub fn with_server(kubeconfig: &str, server: &str) -> String {
+    kubeconfig
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                format!("    server: {server}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,31 +447,4 @@ mod tests {
         assert!((800..1200).contains(&total), "about 5% of {n}: {total}");
         assert_eq!(seen.len(), Injected::ALL.len(), "{seen:?}");
     }
-}
-
-/// `kubeconfig` (its text) aimed at `url`, a proxy of this module, instead of its own server: the
-/// proxy speaks plain HTTP on loopback, so the CA goes too. The credentials stay as they are.
-pub fn kubeconfig_via(kubeconfig: &str, url: &str) -> String {
-    let without_ca: Vec<&str> = kubeconfig
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("certificate-authority-data:"))
-        .collect();
-    with_server(&without_ca.join("\n"), url)
-}
-
-/// `kubeconfig` (its text) with its cluster's `server:` replaced by `server`, everything else
-/// (CA, credentials) as it is: a kubeconfig that points somewhere else, for tests of what kbind
-/// does with it.
-pub fn with_server(kubeconfig: &str, server: &str) -> String {
-    kubeconfig
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("server:") {
-                format!("    server: {server}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
