@@ -73,10 +73,16 @@ fn figures(what: &str, seed: u64, runs: usize, proxies: &[(&str, &FaultProxy)]) 
     }
     // One line per converged test, summed by hack/soak.sh --pass faults.
     let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    let injected = by_kind.values().sum::<u64>();
     eprintln!(
-        "fault-figures test={what} runs={runs} requests={requests} injected={} {}",
-        by_kind.values().sum::<u64>(),
+        "fault-figures test={what} runs={runs} requests={requests} injected={injected} {}",
         kinds.join(" ")
+    );
+    // A convergence that met no fault proves nothing: the proxy brings the first one by the
+    // 20th request at 5% (kbind_testkit::faults::max_gap), whatever the seed.
+    assert!(
+        injected > 0,
+        "{what}: no fault was injected in {requests} requests: the test checked nothing"
     );
 }
 

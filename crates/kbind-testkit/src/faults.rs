@@ -139,6 +139,9 @@ struct Proxy {
     rate: Arc<AtomicU64>,
     stats: Arc<FaultStats>,
     draws: AtomicU64,
+    /// Requests met with faults on while none was injected yet (`u64::MAX` once one was): the
+    /// first fault comes by the [`max_gap`]th request.
+    since_fault: AtomicU64,
 }
 
 /// A running fault proxy; dropping it stops it.
@@ -167,6 +170,7 @@ impl FaultProxy {
             rate: rate.clone(),
             stats: stats.clone(),
             draws: AtomicU64::new(0),
+            since_fault: AtomicU64::new(0),
         });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -248,6 +252,11 @@ fn status_body(code: StatusCode, reason: &str) -> Response<ProxyBody> {
     resp
 }
 
+/// The most requests in a row without a fault at `rate`: ⌈1/rate⌉ (none when faults are off).
+pub fn max_gap(rate: f64) -> Option<u64> {
+    (rate > 0.0).then(|| (1.0 / rate.min(1.0)).ceil() as u64)
+}
+
 fn hop_by_hop(name: &header::HeaderName) -> bool {
     matches!(
         name.as_str(),
@@ -256,14 +265,26 @@ fn hop_by_hop(name: &header::HeaderName) -> bool {
 }
 
 impl Proxy {
+    /// A fault at the configured rate; and if the draws brought none by the [`max_gap`]th request,
+    /// that one: a test that makes that many requests meets at least one fault whatever the
+    /// draws (so a fault test cannot pass without faults), at one extra fault in all.
     fn draw(&self) -> Option<Injected> {
         let n = self.draws.fetch_add(1, Ordering::Relaxed);
         let a = mix(self.config.seed ^ mix(n));
         let roll = (a >> 11) as f64 / (1u64 << 53) as f64;
         let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
-        if roll >= rate || self.config.kinds.is_empty() {
+        let Some(gap) = max_gap(rate).filter(|_| !self.config.kinds.is_empty()) else {
+            return None;
+        };
+        let since = self.since_fault.load(Ordering::Relaxed);
+        let due = since != u64::MAX && since + 1 >= gap;
+        if roll >= rate && !due {
+            if since != u64::MAX {
+                self.since_fault.fetch_add(1, Ordering::Relaxed);
+            }
             return None;
         }
+        self.since_fault.store(u64::MAX, Ordering::Relaxed);
         let i = (mix(a) % self.config.kinds.len() as u64) as usize;
         self.config.kinds.get(i).copied()
     }
@@ -435,6 +456,7 @@ mod tests {
             rate: Arc::new(AtomicU64::new(0.05f64.to_bits())),
             stats: Arc::default(),
             draws: AtomicU64::new(0),
+            since_fault: AtomicU64::new(0),
         };
         let mut seen = BTreeMap::new();
         let n = 20_000;
@@ -444,7 +466,28 @@ mod tests {
             }
         }
         let total: u32 = seen.values().sum();
-        assert!((800..1200).contains(&total), "about 5% of {n}: {total}");
+        assert!((800..1300).contains(&total), "about 5% of {n}: {total}");
         assert_eq!(seen.len(), Injected::ALL.len(), "{seen:?}");
+    }
+
+    #[test]
+    fn the_first_fault_comes_by_the_gap_whatever_the_draws() {
+        assert_eq!(max_gap(0.05), Some(20));
+        assert_eq!(max_gap(0.3), Some(4));
+        assert_eq!(max_gap(0.0), None);
+        crate::install_crypto_provider();
+        for seed in 0..200 {
+            let p = Proxy {
+                upstream: String::new(),
+                http: reqwest::Client::new(),
+                config: FaultConfig::rate(0.05, seed),
+                rate: Arc::new(AtomicU64::new(0.05f64.to_bits())),
+                stats: Arc::default(),
+                draws: AtomicU64::new(0),
+                since_fault: AtomicU64::new(0),
+            };
+            let first = (1..=20).find(|_| p.draw().is_some());
+            assert!(first.is_some(), "seed {seed}: no fault in 20 requests");
+        }
     }
 }
