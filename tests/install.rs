@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 const PASSES: [&str; 5] = ["schema", "resync", "claims", "relsync", "issue"];
 
 /// What a user must set to enable claims, relsync and issue: the examples kustomize ships
-/// (deploy/components/hub/claims-cronjob.yaml, deploy/components/directory/relsync-cronjob.yaml,
-/// deploy/components/provider/issue-cronjob.yaml), so the two renderings can be compared.
+/// (jobs/claims/cronjob.yaml, jobs/relsync/cronjob.yaml, jobs/issue/cronjob.yaml), so the two
+/// renderings can be compared.
 const REQUIRED: [&str; 5] = [
     "passes.claims.coreExport=core.example.io",
     "passes.claims.coreExportPath=root:hub",
@@ -700,7 +700,8 @@ fn crd_upgrade_path_keeps_existing_objects() {
 }
 
 /// One version everywhere: the crate (what `kbind --version` and the User-Agent say), the
-/// chart's version and appVersion, and the image every kustomize manifest names.
+/// chart's version and appVersion, and the image every job definition (jobs/) and kustomize
+/// manifest names.
 #[test]
 fn versions_agree() {
     let version = env!("CARGO_PKG_VERSION");
@@ -715,6 +716,11 @@ fn versions_agree() {
     }
     let mut images = 0;
     for dir in [
+        "jobs/schema",
+        "jobs/resync",
+        "jobs/claims",
+        "jobs/relsync",
+        "jobs/issue",
         "deploy/components/consumer",
         "deploy/components/hub",
         "deploy/components/directory",
@@ -735,5 +741,6 @@ fn versions_agree() {
             }
         }
     }
-    assert!(images >= 6, "{images} images");
+    // Five CronJobs, the schema one-off Job and the sharded resync Job.
+    assert!(images >= 7, "{images} images");
 }

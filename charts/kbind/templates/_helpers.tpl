@@ -43,7 +43,7 @@ pod-security.kubernetes.io/audit: restricted
 {{- end }}
 
 {{/*
-A pass's CronJob, as in deploy/components/<role>/<pass>-cronjob.yaml. Call with
+A pass's CronJob, as in jobs/<pass>/cronjob.yaml. Call with
 (dict "root" $ "pass" "<pass>" "namespace" "<ns>" "args" (list ...) "volumeMounts" (list) "volumes" (list)).
 The args: the pass, "lead" (optional), --deadline, "args", --lease-namespace and the logging
 flags, "tail", extraArgs: the order of the kustomize manifests.
