@@ -1,8 +1,11 @@
-//! The deployment manifests (deploy/: base, components per role, overlays) against the real consumer apiserver: they render and
-//! apply, the schema pass succeeds with exactly the RBAC in deploy/components/consumer/schema-rbac.yaml, the resync
-//! pass with exactly deploy/components/consumer/resync-rbac.yaml (plus the example instance role for its test group),
-//! a missing rule is reported as a condition, the job command lines only use flags the binary
-//! has, and (asked of the apiserver's own authorizer) no pass can read another pass's credentials.
+//! The deployment manifests (deploy/: base, components per role, overlays; and the jobs of
+//! jobs/<pass>/ the components build on) against the real consumer apiserver: they render and
+//! apply, the schema pass succeeds with exactly the RBAC in
+//! deploy/components/consumer/schema-rbac.yaml, the resync pass with exactly
+//! deploy/components/consumer/resync-rbac.yaml (plus the example instance role for its test
+//! group), a missing rule is reported as a condition, the job command lines only use flags the
+//! binary has, and (asked of the apiserver's own authorizer) no pass can read another pass's
+//! credentials.
 //!
 //! Only `schema_pass_runs_as_its_service_account` and `resync_pass_runs_as_its_service_account`
 //! use the shared Leases `kbind-system/kbind-schema` and `kbind-system/kbind-resync` (the
@@ -466,8 +469,8 @@ async fn manifests_render_and_pass_server_dry_run() {
         dry_run(rendered, dir, docs.len());
     }
     for file in [
-        "deploy/components/consumer/schema-oneoff-job.yaml",
-        "deploy/components/consumer/resync-indexed-job.yaml",
+        "jobs/schema/oneoff-job.yaml",
+        "jobs/resync/indexed-job.yaml",
     ] {
         let job = read(file);
         dry_run(&job, file, documents(&job, file).len());
@@ -886,11 +889,13 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The containers of every Job and CronJob under deploy/components/, with the Job spec holding
-/// them.
+/// The containers of every Job and CronJob under jobs/ (and deploy/components/, should one be
+/// added there), with the Job spec holding them.
 fn job_containers() -> Vec<(String, Value, Value)> {
     let mut out = Vec::new();
-    let files = yaml_files(&repo("deploy/components"));
+    let files = ["jobs", "deploy/components"]
+        .iter()
+        .flat_map(|dir| yaml_files(&repo(dir)));
     for file in files {
         let text = std::fs::read_to_string(&file).expect("read job manifest");
         for doc in documents(&text, &file.display().to_string()) {
@@ -991,13 +996,10 @@ fn job_command_lines_match_the_binary() {
             deadline.as_secs()
         );
     }
-    assert!(
-        resync_checked,
-        "no job in deploy/components/ runs `kbind resync`"
-    );
+    assert!(resync_checked, "no job in jobs/ runs `kbind resync`");
     assert!(
         shard_checked,
-        "no job in deploy/components/ passes --shard (deploy/components/consumer/resync-indexed-job.yaml)"
+        "no job in jobs/ passes --shard (jobs/resync/indexed-job.yaml)"
     );
 }
 
@@ -1005,8 +1007,8 @@ fn job_command_lines_match_the_binary() {
 #[test]
 fn resync_indexed_job_shards_by_completion_index() {
     let docs = documents(
-        &read("deploy/components/consumer/resync-indexed-job.yaml"),
-        "resync-indexed-job.yaml",
+        &read("jobs/resync/indexed-job.yaml"),
+        "jobs/resync/indexed-job.yaml",
     );
     let job = docs.iter().find(|d| d["kind"] == "Job").expect("Job");
     let spec = &job["spec"];
@@ -1026,12 +1028,12 @@ fn resync_indexed_job_shards_by_completion_index() {
 #[test]
 fn oneoff_job_has_the_cronjob_pod_spec() {
     let cron = documents(
-        &read("deploy/components/consumer/schema-cronjob.yaml"),
-        "schema-cronjob.yaml",
+        &read("jobs/schema/cronjob.yaml"),
+        "jobs/schema/cronjob.yaml",
     );
     let job = documents(
-        &read("deploy/components/consumer/schema-oneoff-job.yaml"),
-        "schema-oneoff-job.yaml",
+        &read("jobs/schema/oneoff-job.yaml"),
+        "jobs/schema/oneoff-job.yaml",
     );
     let cron_job = cron
         .iter()
@@ -1912,7 +1914,7 @@ fn namespaces_enforce_pod_security_restricted() {
     );
 }
 
-/// Every Job and CronJob under deploy/components/ fails at once on exit code 2 (a configuration error: retrying
+/// Every Job and CronJob under jobs/ fails at once on exit code 2 (a configuration error: retrying
 /// will not help) and keeps its retries for other failures, and its pod meets Pod Security
 /// `restricted` field by field (the server-side check is in
 /// manifests_render_and_pass_server_dry_run).

@@ -1,11 +1,12 @@
 //! The Helm chart (charts/kbind) against kustomize (deploy/) and the real consumer apiserver:
 //! `helm lint` passes; combinations of the five passes (every subset of the first four, with
 //! issue on in half of them: see `combinations`) render with `helm template`, install exactly the
-//! passes switched on, and pass a server-side dry-run apply; the default rendering is applied for real; for each role the chart and the kustomize
-//! overlay hold the same objects (kind, namespace, name) with the same RBAC rules, bindings,
-//! CronJob schedules, args, podFailurePolicy and pod security; the chart's `crds/` are
-//! deploy/crds; and the documented CRD upgrade path (Helm never upgrades `crds/`: apply them
-//! with server-side apply first) keeps existing objects.
+//! passes switched on, and pass a server-side dry-run apply; the default rendering is applied for
+//! real; for each role the chart and the kustomize overlay hold the same objects (kind,
+//! namespace, name) with the same RBAC rules, bindings, CronJob schedules, args, podFailurePolicy
+//! and pod security; the chart's `crds/` are deploy/crds and its `jobs/` (the job definitions its
+//! CronJob template reads) are jobs/; and the documented CRD upgrade path (Helm never upgrades
+//! `crds/`: apply them with server-side apply first) keeps existing objects.
 //!
 //! helm is built from Go modules by hack/build-servers.sh (like the test servers).
 
@@ -20,8 +21,8 @@ use serde_json::{Value, json};
 const PASSES: [&str; 5] = ["schema", "resync", "claims", "relsync", "issue"];
 
 /// What a user must set to enable claims, relsync and issue: the examples kustomize ships
-/// (deploy/components/hub/claims-cronjob.yaml, deploy/components/directory/relsync-cronjob.yaml,
-/// deploy/components/provider/issue-cronjob.yaml), so the two renderings can be compared.
+/// (jobs/claims/cronjob.yaml, jobs/relsync/cronjob.yaml, jobs/issue/cronjob.yaml), so the two
+/// renderings can be compared.
 const REQUIRED: [&str; 5] = [
     "passes.claims.coreExport=core.example.io",
     "passes.claims.coreExportPath=root:hub",
@@ -279,6 +280,60 @@ fn chart_crds_are_deploy_crds() {
         read("deploy/crds/kbind.yaml"),
         "charts/kbind/crds/kbind.yaml is stale: cp deploy/crds/kbind.yaml charts/kbind/crds/"
     );
+}
+
+/// The job definitions a directory holds, by path below it (`<pass>/<file>`): every file in
+/// its pass folders except `skip`.
+fn job_files(dir: &str, skip: &[&str]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let entries = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("read {}: {e}", d.display()))
+            .map(|e| e.expect("dir entry").path())
+            .collect::<Vec<_>>()
+    };
+    for pass in entries(&repo(dir)) {
+        if !pass.is_dir() {
+            continue;
+        }
+        for file in entries(&pass) {
+            let name = file.file_name().expect("file name").to_string_lossy();
+            if skip.contains(&name.as_ref()) {
+                continue;
+            }
+            let pass = pass.file_name().expect("dir name").to_string_lossy();
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+            out.insert(format!("{pass}/{name}"), text);
+        }
+    }
+    out
+}
+
+/// The chart's copies of the job definitions (charts/kbind/jobs/: Helm reads only files inside
+/// the chart, and its CronJob template starts from them) are byte-identical to jobs/, file for
+/// file: each job definition in jobs/<pass>/ has its copy (the kustomizations are kustomize's,
+/// not job definitions) and the chart holds no job that jobs/ does not.
+#[test]
+fn chart_jobs_are_jobs() {
+    let jobs = job_files("jobs", &["kustomization.yaml"]);
+    let copies = job_files("charts/kbind/jobs", &[]);
+    for pass in PASSES {
+        let cronjob = format!("{pass}/cronjob.yaml");
+        assert!(jobs.contains_key(&cronjob), "no jobs/{cronjob}");
+    }
+    assert_eq!(
+        copies.keys().collect::<Vec<_>>(),
+        jobs.keys().collect::<Vec<_>>(),
+        "charts/kbind/jobs/ holds a copy of each job definition in jobs/, and nothing else"
+    );
+    for (file, text) in &jobs {
+        assert!(
+            copies[file] == *text,
+            "charts/kbind/jobs/{file} differs from jobs/{file}: edit jobs/{file}, then \
+             cp jobs/{file} charts/kbind/jobs/{file}"
+        );
+    }
 }
 
 /// Each of the 16 combinations of the passes (`combinations`) renders, holds the CronJobs of
@@ -732,7 +787,8 @@ fn crd_upgrade_path_keeps_existing_objects() {
 }
 
 /// One version everywhere: the crate (what `kbind --version` and the User-Agent say), the
-/// chart's version and appVersion, and the image every kustomize manifest names.
+/// chart's version and appVersion, and the image every job definition (jobs/) and kustomize
+/// manifest names.
 #[test]
 fn versions_agree() {
     let version = env!("CARGO_PKG_VERSION");
@@ -747,6 +803,11 @@ fn versions_agree() {
     }
     let mut images = 0;
     for dir in [
+        "jobs/schema",
+        "jobs/resync",
+        "jobs/claims",
+        "jobs/relsync",
+        "jobs/issue",
         "deploy/components/consumer",
         "deploy/components/hub",
         "deploy/components/directory",
@@ -767,5 +828,6 @@ fn versions_agree() {
             }
         }
     }
-    assert!(images >= 6, "{images} images");
+    // Five CronJobs, the schema one-off Job and the sharded resync Job.
+    assert!(images >= 7, "{images} images");
 }

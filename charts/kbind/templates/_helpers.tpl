@@ -43,132 +43,77 @@ pod-security.kubernetes.io/audit: restricted
 {{- end }}
 
 {{/*
-A pass's CronJob, as in deploy/components/<role>/<pass>-cronjob.yaml. Call with
+A pass's CronJob: the chart's copy of jobs/<pass>/cronjob.yaml (charts/kbind/jobs/, kept
+byte-identical to the repository's jobs/ by tests/install.rs; Helm reads only files inside the
+chart), with the values applied on top. Call with
 (dict "root" $ "pass" "<pass>" "namespace" "<ns>" "args" (list ...) "volumeMounts" (list) "volumes" (list)).
-The args: the pass, "lead" (optional), --deadline, "args", --lease-namespace and the logging
-flags, "tail", extraArgs: the order of the kustomize manifests.
+
+From the copy, as kustomize installs it: the name, concurrencyPolicy, the history limits,
+podFailurePolicy, ttlSecondsAfterFinished, the ServiceAccount, restartPolicy, the pod and
+container securityContext (not configurable: the namespaces enforce Pod Security `restricted`),
+the container's name and its env (extraEnv is appended).
+
+From the values and the call: the namespace, Helm's labels, schedule, suspend,
+startingDeadlineSeconds, backoffLimit, activeDeadlineSeconds, image, imagePullPolicy, resources,
+volumeMounts and volumes (none when the call gives none), and the args: the pass, "lead"
+(optional), --deadline, "args", --lease-namespace and the logging flags, "tail", extraArgs: the
+order of the kustomize manifests.
 */}}
 {{- define "kbind.cronjob" -}}
 {{- $root := .root -}}
 {{- $v := index $root.Values.passes .pass -}}
-apiVersion: batch/v1
-kind: CronJob
-metadata:
-  name: kbind-{{ .pass }}
-  namespace: {{ .namespace }}
-  labels:
-    {{- include "kbind.labels" (dict "root" $root "component" .pass) | nindent 4 }}
-spec:
-  schedule: {{ $v.schedule | quote }}
-  {{- if $v.suspend }}
-  suspend: true
-  {{- end }}
-  # Never two runs at once (the pass Lease would make the second one skip anyway).
-  concurrencyPolicy: Forbid
-  startingDeadlineSeconds: {{ $v.startingDeadlineSeconds }}
-  successfulJobsHistoryLimit: 3
-  failedJobsHistoryLimit: 3
-  jobTemplate:
-    metadata:
-      labels:
-        {{- include "kbind.labels" (dict "root" $root "component" .pass) | nindent 8 }}
-    spec:
-      backoffLimit: {{ $v.backoffLimit }}
-      # Exit code 2 is a configuration error: fail the Job at once instead of retrying; an
-      # evicted or preempted pod does not count against backoffLimit (docs/operations.md,
-      # "Exit codes"). podFailurePolicy needs restartPolicy: Never.
-      podFailurePolicy:
-        rules:
-          - action: FailJob
-            onExitCodes:
-              containerName: kbind
-              operator: In
-              values: [2]
-          - action: Ignore
-            onPodConditions:
-              - type: DisruptionTarget
-      # A little above --deadline: near the deadline the pass stops taking work and records
-      # where it stopped; this only kills a run that hangs past it.
-      activeDeadlineSeconds: {{ $v.activeDeadlineSeconds }}
-      ttlSecondsAfterFinished: 3600
-      template:
-        metadata:
-          labels:
-            {{- include "kbind.labels" (dict "root" $root "component" .pass) | nindent 12 }}
-        spec:
-          serviceAccountName: kbind-{{ .pass }}
-          restartPolicy: Never
-          securityContext:
-            runAsNonRoot: true
-            runAsUser: 65532
-            runAsGroup: 65532
-            seccompProfile:
-              type: RuntimeDefault
-          containers:
-            - name: kbind
-              image: {{ include "kbind.image" $root | quote }}
-              imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-              args:
-                - {{ .pass }}
-                {{- range .lead }}
-                - {{ . | quote }}
-                {{- end }}
-                - --deadline={{ $v.deadline }}
-                {{- range .args }}
-                - {{ . | quote }}
-                {{- end }}
-                - --lease-namespace={{ .namespace }}
-                - --log-format={{ $root.Values.logFormat }}
-                {{- with $root.Values.logLevel }}
-                - --log-level={{ . }}
-                {{- end }}
-                {{- with $root.Values.pushgatewayUrl }}
-                - --pushgateway-url={{ . }}
-                {{- end }}
-                {{- range .tail }}
-                - {{ . | quote }}
-                {{- end }}
-                {{- range $v.extraArgs }}
-                - {{ . | quote }}
-                {{- end }}
-              env:
-                # The Lease's holder identity and default namespace.
-                - name: POD_NAMESPACE
-                  valueFrom:
-                    fieldRef:
-                      fieldPath: metadata.namespace
-                - name: POD_NAME
-                  valueFrom:
-                    fieldRef:
-                      fieldPath: metadata.name
-                # A pod the Job retries after a crash takes over its predecessor's Lease
-                # (docs/operations.md, "The pass Lease").
-                - name: JOB_NAME
-                  valueFrom:
-                    fieldRef:
-                      fieldPath: metadata.labels['batch.kubernetes.io/job-name']
-                {{- with $v.extraEnv }}
-                {{- toYaml . | nindent 16 }}
-                {{- end }}
-              {{- with .volumeMounts }}
-              volumeMounts:
-                {{- toYaml . | nindent 16 }}
-              {{- end }}
-              resources:
-                {{- toYaml $v.resources | nindent 16 }}
-              securityContext:
-                allowPrivilegeEscalation: false
-                readOnlyRootFilesystem: true
-                runAsNonRoot: true
-                runAsUser: 65532
-                capabilities:
-                  drop: ["ALL"]
-                seccompProfile:
-                  type: RuntimeDefault
-          {{- with .volumes }}
-          volumes:
-            {{- toYaml . | nindent 12 }}
-          {{- end }}
+{{- $path := printf "jobs/%s/cronjob.yaml" .pass -}}
+{{- $cron := $root.Files.Get $path | fromYaml -}}
+{{- if or (hasKey $cron "Error") (ne (toString $cron.kind) "CronJob") -}}
+{{- fail (printf "%s in the chart is not a CronJob (copy it from the repository's jobs/): %v" $path ($cron.Error | default "missing or empty")) -}}
+{{- end -}}
+{{- $labels := include "kbind.labels" (dict "root" $root "component" .pass) | fromYaml -}}
+{{- $_ := set $cron.metadata "namespace" .namespace -}}
+{{- $_ = set $cron.metadata "labels" $labels -}}
+{{- $spec := $cron.spec -}}
+{{- $_ = set $spec "schedule" $v.schedule -}}
+{{- if $v.suspend -}}
+{{- $_ = set $spec "suspend" true -}}
+{{- else -}}
+{{- $_ = unset $spec "suspend" -}}
+{{- end -}}
+{{- $_ = set $spec "startingDeadlineSeconds" $v.startingDeadlineSeconds -}}
+{{- $_ = set $spec.jobTemplate "metadata" (dict "labels" $labels) -}}
+{{- $job := $spec.jobTemplate.spec -}}
+{{- $_ = set $job "backoffLimit" $v.backoffLimit -}}
+{{- $_ = set $job "activeDeadlineSeconds" $v.activeDeadlineSeconds -}}
+{{- $_ = set $job.template "metadata" (dict "labels" $labels) -}}
+{{- $pod := $job.template.spec -}}
+{{- $c := index $pod.containers 0 -}}
+{{- $args := concat (list .pass) (.lead | default (list)) (list (printf "--deadline=%v" $v.deadline)) (.args | default (list)) (list (printf "--lease-namespace=%s" .namespace) (printf "--log-format=%v" $root.Values.logFormat)) -}}
+{{- with $root.Values.logLevel -}}
+{{- $args = append $args (printf "--log-level=%v" .) -}}
+{{- end -}}
+{{- with $root.Values.pushgatewayUrl -}}
+{{- $args = append $args (printf "--pushgateway-url=%v" .) -}}
+{{- end -}}
+{{- $argStrings := list -}}
+{{- range concat $args (.tail | default (list)) ($v.extraArgs | default (list)) -}}
+{{- $argStrings = append $argStrings (toString .) -}}
+{{- end -}}
+{{- $_ = set $c "image" (include "kbind.image" $root) -}}
+{{- $_ = set $c "imagePullPolicy" $root.Values.image.pullPolicy -}}
+{{- $_ = set $c "args" $argStrings -}}
+{{- $_ = set $c "env" (concat ($c.env | default (list)) ($v.extraEnv | default (list))) -}}
+{{- $_ = set $c "resources" $v.resources -}}
+{{- if .volumeMounts -}}
+{{- $_ = set $c "volumeMounts" .volumeMounts -}}
+{{- else -}}
+{{- $_ = unset $c "volumeMounts" -}}
+{{- end -}}
+{{- if .volumes -}}
+{{- $_ = set $pod "volumes" .volumes -}}
+{{- else -}}
+{{- $_ = unset $pod "volumes" -}}
+{{- end -}}
+# From {{ $path }} (a copy of the repository's jobs/{{ .pass }}/cronjob.yaml, whose comments say
+# why each field is set), with the chart's values applied.
+{{ toYaml $cron }}
 {{- end }}
 
 {{/* The Lease Role and RoleBinding of a pass in namespace ns: (dict "root" $ "pass" "<pass>" "namespace" "<ns>"). */}}
