@@ -273,9 +273,7 @@ impl Proxy {
         let a = mix(self.config.seed ^ mix(n));
         let roll = (a >> 11) as f64 / (1u64 << 53) as f64;
         let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
-        let Some(gap) = max_gap(rate).filter(|_| !self.config.kinds.is_empty()) else {
-            return None;
-        };
+        let gap = max_gap(rate).filter(|_| !self.config.kinds.is_empty())?;
         let since = self.since_fault.load(Ordering::Relaxed);
         let due = since != u64::MAX && since + 1 >= gap;
         if roll >= rate && !due {
