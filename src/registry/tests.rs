@@ -122,6 +122,30 @@ fn every_pass_has_its_rbac_jobs_component_and_chart_entry() {
             "{component} does not list {rbac}"
         );
         assert!(
+            kustomization.contains(&format!("jobs/{}", p.name)),
+            "{component} does not build on jobs/{}",
+            p.name
+        );
+        assert!(
+            !p.jobs.is_empty() && p.jobs[0] == "cronjob.yaml",
+            "{}: a pass's first Job definition is its CronJob",
+            p.name
+        );
+        for job in p.jobs {
+            let path = format!("jobs/{}/{job}", p.name);
+            let text = read(&path);
+            assert!(
+                text.contains(&format!("namespace: {}", p.namespace)),
+                "{path} does not run in {}",
+                p.namespace
+            );
+            assert!(
+                text.contains(&format!("- {}", p.name)),
+                "{path} does not run kbind {}",
+                p.name
+            );
+        }
+        assert!(
             repo(&format!("charts/kbind/templates/{}.yaml", p.name)).is_file(),
             "the chart has no templates/{}.yaml",
             p.name
