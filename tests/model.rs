@@ -12,7 +12,8 @@
 //! 4. After a kill, no run is skipped for longer than the Lease duration (when `--lease-duration`
 //!    exists).
 //!
-//! `KBIND_MODEL_SEEDS=a,b,c` and `KBIND_MODEL_STEPS=N` (steps per seed) override the fixed CI
+//! Each run takes the fixed CI seeds and `KBIND_MODEL_FRESH_SEEDS` (default 2) fresh ones, printed.
+//! `KBIND_MODEL_SEEDS=a,b,c` and `KBIND_MODEL_STEPS=N` (steps per seed) override the whole
 //! set; `KBIND_MODEL_REPLAY='step; step; …'` runs exactly those steps; `KBIND_MODEL_SHRINK=1`
 //! shrinks a failing sequence; `KBIND_MODEL_IGNORE=check,…` reports those checks without failing.
 
@@ -46,6 +47,9 @@ const FOREIGN_OBJECT_EXISTS: &str = "ForeignObjectExists";
 
 /// The fixed CI set: 3 × 80 steps (each settle is 6 runs), about two minutes on 2 cores.
 const CI_SEEDS: [u64; 3] = [11, 23, 42];
+/// Fresh seeds drawn per run besides the fixed ones (printed, so a failure replays), unless
+/// `KBIND_MODEL_SEEDS` names them all; `KBIND_MODEL_FRESH_SEEDS=N` changes how many.
+const CI_FRESH_SEEDS: usize = 2;
 const CI_STEPS: usize = 80;
 const CI_RELSYNC_STEPS: usize = 40;
 
@@ -141,6 +145,17 @@ fn help_has(flag: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `n` seeds from the clock, below 10^9 so they read and type easily.
+fn fresh_seeds(n: usize) -> Vec<u64> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let base = (nanos % 1_000_000_000) as u64;
+    (0..n as u64)
+        .map(|i| (base + i * 7_919) % 1_000_000_000)
+        .collect()
+}
+
 impl Config {
     fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
@@ -150,7 +165,16 @@ impl Config {
                     .map(|x| x.trim().parse().expect("KBIND_MODEL_SEEDS: numbers"))
                     .collect()
             })
-            .unwrap_or_else(|| CI_SEEDS.to_vec());
+            .unwrap_or_else(|| {
+                let fresh = var("KBIND_MODEL_FRESH_SEEDS")
+                    .map(|s| s.parse().expect("KBIND_MODEL_FRESH_SEEDS: a number"))
+                    .unwrap_or(CI_FRESH_SEEDS);
+                let drawn = fresh_seeds(fresh);
+                println!(
+                    "model: fresh seeds {drawn:?} (replay one: KBIND_MODEL_SEEDS=<seed> cargo test --features servers --test model)"
+                );
+                CI_SEEDS.iter().copied().chain(drawn).collect()
+            });
         let steps = var("KBIND_MODEL_STEPS")
             .map(|s| s.parse().expect("KBIND_MODEL_STEPS: a number"))
             .unwrap_or(CI_STEPS);
@@ -1556,6 +1580,37 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
                 println!("{text}");
                 failures.push(text);
             }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Sequences that once failed, kept as regression tests (their issue, seed and check).
+const REGRESSIONS: [(&str, &str); 2] = [
+    (
+        "#29 seed 849921154 shrunk [counts]: a binding with no objects got no counts or Conflicts",
+        "settle",
+    ),
+    (
+        "#29 seed 849921154 [counts]: unbind and re-bind with killed runs; the re-created binding went unrecorded",
+        "run schema; foreign a/w2 size=160; run resync; unbind; run resync; run resync; run resync; settle; rebind; run resync; run schema; run resync; unbind; run schema crash=1; run resync; run resync; run resync crash=3; run resync; run resync; run resync crash=1; run schema crash=3; run resync; rebind; run schema crash=3; settle",
+    ),
+];
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn sequences_that_once_failed_converge() {
+    let _exports = support::all_exports_lock(false);
+    let cfg = Config::from_env();
+    let mut failures = Vec::new();
+    for (what, replay) in REGRESSIONS {
+        let steps = model_gen::parse_steps(replay).expect("a regression replay parses");
+        match sequence(&cfg, None, Some(&steps)).await {
+            Ok(line) => println!("{what}: {line}"),
+            Err(f) => failures.push(format!("{what}:\n{}", f.render(None))),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -425,6 +425,87 @@ async fn deletion_paths_never_touch_what_is_not_ours() {
     );
 }
 
+/// Issue #29: a binding with no objects (just bound, or re-created after an unbind) was never
+/// recorded, so `kbind status` could not tell it had been synced and `Conflicts` was absent; and
+/// when the last object went, its count stayed at the old figure. Now every run that reads both
+/// sides records the counts, zeros included, and writes nothing more while nothing changes.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_empty_binding_is_recorded_with_zero_counts_and_no_conflicts() {
+    let s = setup("emptybinding", "Fail").await;
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    let zero = (Some(0), Some(0), Some(0), Some(0), Some(0), Some(0));
+    let counts = |a: &kbind::api::core::BoundApi| {
+        (
+            a.in_sync,
+            a.pending,
+            a.conflict_count,
+            a.denied,
+            a.rejected,
+            a.orphaned,
+        )
+    };
+    s.resync(&[]);
+    let first = cbs.get(&s.cb).await.unwrap();
+    let st = first.status.clone().unwrap();
+    assert_eq!(counts(&s.binding_api_status().await), zero);
+    assert_eq!(cond(&st.conditions, "Conflicts").0, "False");
+    assert!(
+        st.resync.and_then(|r| r.last_complete_time).is_some(),
+        "the complete pass over the empty binding is recorded"
+    );
+    for run in 2..=3 {
+        let summary = s.resync(&[]);
+        assert_eq!(summary["data_writes"], 0, "run {run}: {summary}");
+        assert_eq!(
+            cbs.get(&s.cb).await.unwrap().resource_version(),
+            first.resource_version(),
+            "run {run}: nothing changed, so the binding is not written"
+        );
+    }
+    // One object, then none again: the count follows it down to 0.
+    s.create(&s.consumer(), "only", json!({"spec": {"size": 1}}))
+        .await;
+    s.resync(&[]);
+    assert_eq!(s.binding_api_status().await.in_sync, Some(1));
+    s.consumer()
+        .delete("only", &DeleteParams::default())
+        .await
+        .unwrap();
+    support::eventually("the consumer object is gone", || async {
+        s.resync(&[]);
+        s.consumer()
+            .get_opt("only")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    s.resync(&[]);
+    let a = s.binding_api_status().await;
+    assert_eq!((a.in_sync, a.conflict_count), (Some(0), Some(0)), "{a:?}");
+    // The binding re-created under the same name is recorded again.
+    cbs.delete(&s.cb, &DeleteParams::default()).await.unwrap();
+    support::eventually("the ClusterBinding is gone", || async {
+        s.fx.pass("resync", &[]);
+        s.fx.pass("schema", &[]);
+        cbs.get_opt(&s.cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert_eq!(s.fx.cluster_binding("cb", &s.conn, &[&s.api]).await, s.cb);
+    s.fx.pass("schema", &[]);
+    support::wait_established(&Api::all(s.fx.consumer.clone()), &s.api).await;
+    s.resync(&[]);
+    let st = cbs.get(&s.cb).await.unwrap().status.unwrap();
+    assert_eq!(cond(&st.conditions, "Conflicts").0, "False");
+    let a = s.binding_api_status().await;
+    assert_eq!((a.in_sync, a.conflict_count), (Some(0), Some(0)), "{a:?}");
+}
+
 /// Issue #10 reproduction: a conflictPolicy Fail conflict used to flap (annotation present,
 /// absent, present, …) because the provider LIST, narrowed to our copies, never shows the
 /// foreign object. Now it stays reported with no write and no new Event; it clears only when the

@@ -48,6 +48,19 @@ impl Run<'_> {
         let Some(mut sides) = self.observe_api(s).await else {
             return Ok(());
         };
+        // Both sides were read: every selected binding of this API gets its counts recorded,
+        // zero objects included, so an empty (or re-created) binding still shows that resync
+        // went over it (counts 0, Conflicts=False, resync.lastCompleteTime).
+        for b in self.bindings.iter().filter(|b| {
+            !b.deleting
+                && b.connection == s.api.connection
+                && b.apis.contains(&s.api.name)
+                && self.selected.contains(&b.key)
+        }) {
+            self.counts
+                .entry((b.key.clone(), s.api.name.clone()))
+                .or_default();
+        }
         if let Some(after) = start_after {
             let split = sides
                 .consumer
