@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB) and the
-# test tool helm (tests/install.rs renders and lints charts/kbind) from Go modules into a
-# version-keyed cache outside the repo, and extracts kcp's published CRDs from its module.
+# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB; kubelet
+# and kube-scheduler for the real node of hack/node.sh) and the test tool helm (tests/install.rs
+# renders and lints charts/kbind) from Go modules into a version-keyed cache outside the repo,
+# and extracts kcp's published CRDs from its module.
 # Anything already in the cache is reused.
 # Usage: hack/build-servers.sh                 (all)
 #        hack/build-servers.sh --print-dir      (print the cache dir and exit)
@@ -57,6 +58,9 @@ kube_ldflags() {
 build etcd "$ETCD_VERSION" etcd go.etcd.io/etcd/server/v3
 build kube-apiserver "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)"
 build kube-controller-manager "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags)"
+# The real node (hack/node.sh): same module, so most packages come from the build cache above.
+build kube-scheduler "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kube-scheduler "$(kube_ldflags)"
+build kubelet "$KUBE_VERSION" kube k8s.io/kubernetes/cmd/kubelet "$(kube_ldflags)"
 build spicedb "$SPICEDB_VERSION" spicedb github.com/authzed/spicedb/cmd/spicedb \
   "-X github.com/jzelinskie/cobrautil/v2.Version=$SPICEDB_VERSION"
 build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm \
