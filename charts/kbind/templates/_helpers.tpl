@@ -55,7 +55,8 @@ the container's name and its env (extraEnv is appended).
 
 From the values and the call: the namespace, Helm's labels, schedule, suspend,
 startingDeadlineSeconds, backoffLimit, activeDeadlineSeconds, image, imagePullPolicy, resources,
-volumeMounts and volumes (none when the call gives none), and the args: the pass, "lead"
+volumeMounts and volumes (none when the call gives none; with caBundle set, the bundle's
+ConfigMap and SSL_CERT_FILE pointing at it), and the args: the pass, "lead"
 (optional), --deadline, "args", --lease-namespace and the logging flags, "tail", extraArgs: the
 order of the kustomize manifests.
 */}}
@@ -99,15 +100,23 @@ order of the kustomize manifests.
 {{- $_ = set $c "image" (include "kbind.image" $root) -}}
 {{- $_ = set $c "imagePullPolicy" $root.Values.image.pullPolicy -}}
 {{- $_ = set $c "args" $argStrings -}}
-{{- $_ = set $c "env" (concat ($c.env | default (list)) ($v.extraEnv | default (list))) -}}
+{{- $env := $c.env | default (list) -}}
+{{- $mounts := .volumeMounts | default (list) -}}
+{{- $volumes := .volumes | default (list) -}}
+{{- if $root.Values.caBundle -}}
+{{- $env = append $env (dict "name" "SSL_CERT_FILE" "value" "/etc/kbind/ca-bundle/ca-bundle.pem") -}}
+{{- $mounts = append $mounts (dict "name" "ca-bundle" "mountPath" "/etc/kbind/ca-bundle" "readOnly" true) -}}
+{{- $volumes = append $volumes (dict "name" "ca-bundle" "configMap" (dict "name" "kbind-ca-bundle")) -}}
+{{- end -}}
+{{- $_ = set $c "env" (concat $env ($v.extraEnv | default (list))) -}}
 {{- $_ = set $c "resources" $v.resources -}}
-{{- if .volumeMounts -}}
-{{- $_ = set $c "volumeMounts" .volumeMounts -}}
+{{- if $mounts -}}
+{{- $_ = set $c "volumeMounts" $mounts -}}
 {{- else -}}
 {{- $_ = unset $c "volumeMounts" -}}
 {{- end -}}
-{{- if .volumes -}}
-{{- $_ = set $pod "volumes" .volumes -}}
+{{- if $volumes -}}
+{{- $_ = set $pod "volumes" $volumes -}}
 {{- else -}}
 {{- $_ = unset $pod "volumes" -}}
 {{- end -}}
