@@ -13,7 +13,7 @@ use std::path::Path;
 use kbind::pass::lease::{self, Acquired};
 use serde_json::Value;
 use support::fx::Fx;
-use support::pushgateway::{Labels, Pushgateway, Scrape};
+use support::pushgateway::{BasicAuth, Labels, Options, Pushgateway, Scrape};
 
 /// The series docs/monitoring.md lists, each a gauge.
 const DOCUMENTED: [&str; 9] = [
@@ -32,6 +32,13 @@ const DOCUMENTED: [&str; 9] = [
 const OUTCOMES: [&str; 5] = ["completed", "partial", "skipped", "dry-run", "failed"];
 
 const JOB: &str = "kbind-schema";
+
+/// Test credentials for a Pushgateway behind basic auth (bcrypt cost 4: checked on every request).
+const AUTH: BasicAuth = BasicAuth {
+    user: "kbind",
+    password: "pg-basic-auth-test-pw",
+    bcrypt: "$2a$04$.uWpZGEGYB9CAPQVMxgdf./haV95xHd50qhSWZI.uRScqKCyfiPvK",
+};
 
 /// One kbind run: its exit code, summary line, stderr, and the Unix time around it.
 struct Run {
@@ -161,9 +168,19 @@ fn assert_last_run(s: &Scrape, instance: &str, run: &Run) {
 )]
 async fn a_pass_pushes_the_documented_series_grouped_by_pass_and_shard() {
     let fx = Fx::new("push").await;
-    // A Pushgateway behind a path prefix: the prefix is kept, the query string dropped.
-    let pg = Pushgateway::start_with_prefix(Some("/pg")).await;
-    let url = format!("{}/?token=abcdefgh12345678", pg.url());
+    // A Pushgateway behind a path prefix and basic auth: the prefix is kept, the query string
+    // dropped, the URL's credentials sent as basic auth.
+    let pg = Pushgateway::start_with(Options {
+        route_prefix: Some("/pg"),
+        basic_auth: Some(AUTH),
+    })
+    .await;
+    let with_credentials = |password: &str| {
+        pg.url()
+            .replacen("http://", &format!("http://{}:{password}@", AUTH.user), 1)
+    };
+    let base = with_credentials(AUTH.password);
+    let url = format!("{base}/?token=abcdefgh12345678");
 
     let run = schema(
         &fx,
@@ -206,7 +223,7 @@ async fn a_pass_pushes_the_documented_series_grouped_by_pass_and_shard() {
         &fx.env.consumer,
         &fx.ns,
         &["--shard", "1/3"],
-        &[("KBIND_PUSHGATEWAY_URL", pg.url())],
+        &[("KBIND_PUSHGATEWAY_URL", &base)],
     )
     .await;
     assert_eq!(shard.code, 0, "{}", shard.stderr);
@@ -230,7 +247,7 @@ async fn a_pass_pushes_the_documented_series_grouped_by_pass_and_shard() {
         &fx,
         &fx.env.consumer,
         &fx.ns,
-        &["--pushgateway-url", pg.url(), "--dry-run"],
+        &["--pushgateway-url", &base, "--dry-run"],
         &[],
     )
     .await;
@@ -247,6 +264,31 @@ async fn a_pass_pushes_the_documented_series_grouped_by_pass_and_shard() {
         BTreeMap::from([("200".to_string(), 2.0)]),
         "two pushes, both taken; none from the dry run"
     );
+
+    // Wrong credentials: refused (401), a warning that does not show them, nothing changed.
+    let wrong = "wrong-pg-password-42";
+    let refused = schema(
+        &fx,
+        &fx.env.consumer,
+        &fx.ns,
+        &["--pushgateway-url", &with_credentials(wrong)],
+        &[],
+    )
+    .await;
+    assert_eq!(refused.code, 0, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("could not push metrics") && refused.stderr.contains("HTTP 401"),
+        "{}",
+        refused.stderr
+    );
+    for leak in [wrong, AUTH.password] {
+        assert!(
+            !refused.stderr.contains(leak),
+            "{leak} in {}",
+            refused.stderr
+        );
+    }
+    assert_eq!(pg.scrape().await.pushed(), s.pushed());
 }
 
 #[tokio::test]

@@ -5,7 +5,8 @@
 //! Metrics are kept in memory only (no `--persistence.file`).
 //!
 //! [`Pushgateway::spawn`] takes any command that runs it (e.g. under `ip netns exec`) and the URL
-//! it answers on; [`args`] is its command line for a listen address.
+//! it answers on; [`args`] is its command line for a listen address. [`Options`] put its routes
+//! under a path prefix or behind basic auth (the real Pushgateway's `--web.config.file`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -42,37 +43,59 @@ pub fn args(listen: &str, route_prefix: Option<&str>) -> Vec<String> {
     args
 }
 
+/// How a test's Pushgateway differs from a plain one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options<'a> {
+    /// Its routes under this path (`--web.route-prefix`), as behind a path prefix.
+    pub route_prefix: Option<&'a str>,
+    /// Every request needs these credentials.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// A user of the Pushgateway's basic auth: the password a client sends and its bcrypt hash,
+/// which the Pushgateway's web configuration holds.
+#[derive(Clone, Copy, Debug)]
+pub struct BasicAuth {
+    pub user: &'static str,
+    pub password: &'static str,
+    pub bcrypt: &'static str,
+}
+
 /// A running Pushgateway; killed when dropped.
 pub struct Pushgateway {
     child: Child,
     url: String,
-    log: PathBuf,
+    auth: Option<BasicAuth>,
+    /// Its log and web configuration, removed when dropped.
+    files: Vec<PathBuf>,
 }
 
 impl Drop for Pushgateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 
 impl Pushgateway {
-    /// One on a free loopback port.
+    /// A plain one on a free loopback port.
     pub async fn start() -> Self {
-        Self::start_with_prefix(None).await
+        Self::start_with(Options::default()).await
     }
 
-    /// One on a free loopback port with its routes under `route_prefix` (a Pushgateway behind a
-    /// path prefix). A port taken between choosing and binding it is retried (bounded).
-    pub async fn start_with_prefix(route_prefix: Option<&str>) -> Self {
+    /// One on a free loopback port. A port taken between choosing and binding it is retried
+    /// (bounded).
+    pub async fn start_with(options: Options<'_>) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .expect("a free port")
                 .port();
-            match Self::start_at(SocketAddr::from(([127, 0, 0, 1], port)), route_prefix).await {
+            match Self::start_at(SocketAddr::from(([127, 0, 0, 1], port)), options).await {
                 Ok(pg) => return pg,
                 Err(e) => last = e,
             }
@@ -81,21 +104,39 @@ impl Pushgateway {
     }
 
     /// One listening on `listen`, reached there.
-    pub async fn start_at(listen: SocketAddr, route_prefix: Option<&str>) -> Result<Self, String> {
+    pub async fn start_at(listen: SocketAddr, options: Options<'_>) -> Result<Self, String> {
+        let tag = listen.port().to_string();
         let mut cmd = Command::new(bin());
-        cmd.args(args(&listen.to_string(), route_prefix));
-        let url = format!("http://{listen}{}", route_prefix.unwrap_or(""));
-        Self::spawn(cmd, url, &listen.port().to_string()).await
+        cmd.args(args(&listen.to_string(), options.route_prefix));
+        let mut web_config = None;
+        if let Some(a) = options.basic_auth {
+            let path = temp_file(&tag, "web.yml");
+            let yaml = format!("basic_auth_users:\n  {}: '{}'\n", a.user, a.bcrypt);
+            std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+            cmd.arg(format!("--web.config.file={}", path.display()));
+            web_config = Some(path);
+        }
+        let url = format!("http://{listen}{}", options.route_prefix.unwrap_or(""));
+        let spawned = Self::spawn(cmd, url, &tag).await;
+        let mut pg = match spawned {
+            Ok(pg) => pg,
+            Err(e) => {
+                if let Some(p) = web_config {
+                    let _ = std::fs::remove_file(p);
+                }
+                return Err(e);
+            }
+        };
+        pg.files.extend(web_config);
+        pg.auth = options.basic_auth;
+        Ok(pg)
     }
 
     /// Run `cmd` (a Pushgateway command line, e.g. [`args`] under `ip netns exec`) with its output
     /// in a log file named after `tag`, and wait until it answers `<url>/-/ready`. `url` is its
     /// base, route prefix included, as this process reaches it.
     pub async fn spawn(mut cmd: Command, url: String, tag: &str) -> Result<Self, String> {
-        let log = std::env::temp_dir().join(format!(
-            "kbind-pushgateway-{}-{tag}.log",
-            std::process::id()
-        ));
+        let log = temp_file(tag, "log");
         let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = file.try_clone().map_err(|e| e.to_string())?;
         let child = cmd
@@ -104,7 +145,12 @@ impl Pushgateway {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("spawning {cmd:?}: {e}"))?;
-        let mut pg = Self { child, url, log };
+        let mut pg = Self {
+            child,
+            url,
+            auth: None,
+            files: vec![log],
+        };
         pg.wait_ready().await?;
         Ok(pg)
     }
@@ -116,8 +162,9 @@ impl Pushgateway {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("exited ({status}): {}", self.log_tail()));
             }
+            // Up is up: one behind basic auth answers 401 to a request without credentials.
             let ready = client.get(format!("{}/-/ready", self.url)).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
+            if ready.is_ok_and(|r| r.status().is_success() || r.status().as_u16() == 401) {
                 return Ok(());
             }
             if started.elapsed() > READY_TIMEOUT {
@@ -131,7 +178,7 @@ impl Pushgateway {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = std::fs::read_to_string(&self.files[0]).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
@@ -141,10 +188,19 @@ impl Pushgateway {
         &self.url
     }
 
+    /// A request to `path` under its URL, with its credentials if it has basic auth.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = client().request(method, format!("{}{path}", self.url));
+        match self.auth {
+            Some(a) => r.basic_auth(a.user, Some(a.password)),
+            None => r,
+        }
+    }
+
     /// `GET /metrics`, as Prometheus scrapes it.
     pub async fn scrape(&self) -> Scrape {
-        let resp = client()
-            .get(format!("{}/metrics", self.url))
+        let resp = self
+            .request(reqwest::Method::GET, "/metrics")
             .send()
             .await
             .expect("scrape the Pushgateway");
@@ -156,11 +212,8 @@ impl Pushgateway {
     /// the status and the answer.
     pub async fn push(&self, method: &str, job: &str, instance: &str, body: &str) -> (u16, String) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let resp = client()
-            .request(
-                method,
-                format!("{}/metrics/job/{job}/instance/{instance}", self.url),
-            )
+        let resp = self
+            .request(method, &format!("/metrics/job/{job}/instance/{instance}"))
             .header("content-type", "text/plain; version=0.0.4")
             .body(body.to_string())
             .send()
@@ -169,6 +222,13 @@ impl Pushgateway {
         let status = resp.status().as_u16();
         (status, resp.text().await.unwrap_or_default())
     }
+}
+
+fn temp_file(tag: &str, ext: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "kbind-pushgateway-{}-{tag}.{ext}",
+        std::process::id()
+    ))
 }
 
 fn client() -> reqwest::Client {
