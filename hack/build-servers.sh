@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB; kubelet
-# and kube-scheduler for the real node of hack/node.sh) and the test tool helm (tests/install.rs
-# renders and lints charts/kbind) from Go modules into a version-keyed cache outside the repo,
-# and extracts kcp's published CRDs from its module.
+# Builds the real test servers (etcd, kube-apiserver, kube-controller-manager, SpiceDB, the
+# Prometheus Pushgateway; kubelet and kube-scheduler for the real node of hack/node.sh) and the
+# test tool helm (tests/install.rs renders and lints charts/kbind) from Go modules into a
+# version-keyed cache outside the repo, and extracts kcp's published CRDs from its module.
 # Anything already in the cache is reused.
 # Usage: hack/build-servers.sh                 (all)
 #        hack/build-servers.sh --print-dir      (print the cache dir and exit)
 #        hack/build-servers.sh --print-helm     (print the helm binary's path)
+#        hack/build-servers.sh --print-pushgateway (print the Pushgateway binary's path)
 #        hack/build-servers.sh --print-kcp-crds (print where kcp's published CRDs are kept)
 #        hack/build-servers.sh --with-kcp       (also build kcp itself: not needed by the test suite;
 #                                                hack/kcp-claims.sh uses it; ~36 min cold on 2 cores)
@@ -17,6 +18,7 @@ ETCD_VERSION=v3.6.16
 SPICEDB_VERSION=v1.56.2
 KCP_VERSION=v0.31.2
 HELM_VERSION=v3.22.0
+PUSHGATEWAY_VERSION=v1.11.1
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KBIND_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kbind/bin}
@@ -25,6 +27,7 @@ mkdir -p "$cache"
 if [ "${1:-}" = "--print-dir" ]; then echo "$cache"; exit 0; fi
 if [ "${1:-}" = "--print-kcp-crds" ]; then echo "$cache/kcp-crds-$KCP_VERSION"; exit 0; fi
 if [ "${1:-}" = "--print-helm" ]; then echo "$cache/helm-$HELM_VERSION"; exit 0; fi
+if [ "${1:-}" = "--print-pushgateway" ]; then echo "$cache/pushgateway-$PUSHGATEWAY_VERSION"; exit 0; fi
 if [ "${1:-}" = "--print-kcp" ]; then echo "$cache/kcp-$KCP_VERSION"; exit 0; fi
 if ! command -v go >/dev/null 2>&1; then
   echo "build-servers: Go is needed to build the test servers (only Go; nothing is downloaded but modules)" >&2
@@ -65,6 +68,9 @@ build spicedb "$SPICEDB_VERSION" spicedb github.com/authzed/spicedb/cmd/spicedb 
   "-X github.com/jzelinskie/cobrautil/v2.Version=$SPICEDB_VERSION"
 build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+# The Pushgateway's own release stamps prometheus/common/version the same way (without the "v").
+build pushgateway "$PUSHGATEWAY_VERSION" pushgateway github.com/prometheus/pushgateway \
+  "-X github.com/prometheus/common/version.Version=${PUSHGATEWAY_VERSION#v}"
 
 # kcp's own published CRDs (APIBinding, APIExport, APIExportEndpointSlice, LogicalCluster), taken
 # from its Go module (nothing vendored), so a test checks the objects kbind writes against them.

@@ -10,7 +10,9 @@
 #   KBIND_TEST_<C>_KUBECONFIG             admin (system:masters)
 #   KBIND_TEST_<C>_RESTRICTED_KUBECONFIG  user kbind-restricted, no RBAC until a test grants it
 #   KBIND_TEST_<C>_URL
-# and KBIND_TEST_SPICEDB_URL (HTTP gateway), KBIND_TEST_SPICEDB_KEY (serve mode only).
+# and KBIND_TEST_SPICEDB_URL (HTTP gateway), KBIND_TEST_SPICEDB_KEY (serve mode only), and
+# KBIND_TEST_PUSHGATEWAY_BIN: the Pushgateway binary, which each test that needs one starts itself
+# (a group is per pass and shard, so concurrent tests would share groups in one Pushgateway).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +28,7 @@ etcd_bin=$cache/etcd-$ETCD_VERSION
 apiserver_bin=$cache/kube-apiserver-$KUBE_VERSION
 kcm_bin=$cache/kube-controller-manager-$KUBE_VERSION
 spicedb_bin=$cache/spicedb-$SPICEDB_VERSION
+pushgateway_bin=$("$here/build-servers.sh" --print-pushgateway)
 
 log() { echo "testenv: $*" >&2; }
 
@@ -43,7 +46,7 @@ down() {
 if [ "$cmd" = down ]; then down; exit 0; fi
 [ "$cmd" = up ] || { echo "usage: $0 up|down DIR" >&2; exit 2; }
 
-for b in "$etcd_bin" "$apiserver_bin" "$kcm_bin" "$spicedb_bin"; do
+for b in "$etcd_bin" "$apiserver_bin" "$kcm_bin" "$spicedb_bin" "$pushgateway_bin"; do
   [ -x "$b" ] || { echo "testenv: $b is missing: run hack/build-servers.sh (the README test command does)" >&2; exit 1; }
 done
 
@@ -172,6 +175,7 @@ for cluster in consumer provider; do
 done
 kcp_crds=$("$here/build-servers.sh" --print-kcp-crds)
 [ -d "$kcp_crds" ] && echo "export KBIND_TEST_KCP_CRDS=$kcp_crds" >> "$env_file"
+echo "export KBIND_TEST_PUSHGATEWAY_BIN=$pushgateway_bin" >> "$env_file"
 echo "export KBIND_TESTENV_DIR=$dir" >> "$env_file"
 trap - EXIT
 log "up: source $env_file"

@@ -6,6 +6,7 @@ pub mod claims_fx;
 pub mod fx;
 pub mod identity;
 pub mod issue_fx;
+pub mod pushgateway;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
