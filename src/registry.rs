@@ -135,7 +135,7 @@ pub const BIND: Descriptor = Descriptor {
     namespace: INSTALL_NAMESPACE,
     finalizers: &[],
     shows: &[],
-    jobs: &[],
+    jobs: &["oneoff-job.yaml"],
 };
 
 /// Every pass, in the order the docs and `kbind uninstall` list them.

@@ -236,7 +236,16 @@ pub(crate) async fn serve<S: Send + Sync + 'static>(
     state: Arc<S>,
     port: u16,
 ) -> std::io::Result<Running<S>> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    serve_at(router, state, SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+/// [`serve`] on another address: the real node's namespace (`kbind-fake-upstreams --host`).
+pub(crate) async fn serve_at<S: Send + Sync + 'static>(
+    router: axum::Router,
+    state: Arc<S>,
+    addr: SocketAddr,
+) -> std::io::Result<Running<S>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use super::{Control, Fault, Generated, Running, lock, serve};
+use super::{Control, Fault, Generated, Running, lock};
 
 #[derive(Clone, Debug, Default)]
 pub struct ScimUser {
@@ -64,6 +64,18 @@ impl ScimState {
 }
 
 pub async fn start(directory: Directory, port: u16) -> std::io::Result<Running<ScimState>> {
+    start_at(
+        directory,
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+    )
+    .await
+}
+
+/// [`start`] on another address (the real node's namespace).
+pub async fn start_at(
+    directory: Directory,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<Running<ScimState>> {
     let state = Arc::new(ScimState {
         directory: Mutex::new(Directory {
             max_results: directory.max_results.max(1),
@@ -78,7 +90,7 @@ pub async fn start(directory: Directory, port: u16) -> std::io::Result<Running<S
         .route("/scim/Groups/{id}", get(get_group))
         .route("/ping", get(|| async { "pong" }))
         .with_state(state.clone());
-    serve(router, state, port).await
+    crate::serve_at(router, state, addr).await
 }
 
 fn scim_error(status: StatusCode, detail: &str) -> Response {

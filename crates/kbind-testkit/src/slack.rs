@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Value, json};
 
-use super::{Control, Fault, Generated, Running, lock, serve};
+use super::{Control, Fault, Generated, Running, lock};
 
 #[derive(Clone, Debug, Default)]
 pub struct User {
@@ -82,6 +82,18 @@ impl SlackState {
 
 /// Start the fake on 127.0.0.1 (`port` 0 picks a free one).
 pub async fn start(workspace: Workspace, port: u16) -> std::io::Result<Running<SlackState>> {
+    start_at(
+        workspace,
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+    )
+    .await
+}
+
+/// [`start`] on another address (the real node's namespace).
+pub async fn start_at(
+    workspace: Workspace,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<Running<SlackState>> {
     let state = Arc::new(SlackState {
         workspace: Mutex::new(Workspace {
             max_page: workspace.max_page.max(1),
@@ -93,7 +105,7 @@ pub async fn start(workspace: Workspace, port: u16) -> std::io::Result<Running<S
     let router = Router::new()
         .route("/api/{method}", any(handle))
         .with_state(state.clone());
-    serve(router, state, port).await
+    crate::serve_at(router, state, addr).await
 }
 
 fn ok(mut body: Value) -> Response {

@@ -1,5 +1,6 @@
 //! Runs the local Slack and SCIM stand-ins for the demo, with a small sample directory.
 //! Usage: kbind-fake-upstreams --slack-port P --scim-port Q --slack-token T --scim-token U
+//! [--host IP] (default 127.0.0.1; the real node's tests serve them on its node IP)
 
 #![forbid(unsafe_code)]
 
@@ -74,8 +75,14 @@ async fn main() -> std::io::Result<()> {
         max_results: 100,
         ..Default::default()
     };
-    let s = slack::start(ws, port("--slack-port")).await?;
-    let c = scim::start(dir, port("--scim-port")).await?;
+    let host: std::net::IpAddr = match arg("--host") {
+        Some(h) => h
+            .parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        None => std::net::IpAddr::from([127, 0, 0, 1]),
+    };
+    let s = slack::start_at(ws, (host, port("--slack-port")).into()).await?;
+    let c = scim::start_at(dir, (host, port("--scim-port")).into()).await?;
     eprintln!("fake upstreams: slack {} scim {}", s.url(), c.url());
     tokio::signal::ctrl_c().await?;
     Ok(())
