@@ -8,7 +8,7 @@
 //! hack/test.sh builds the archive first (hack/image.sh). With the feature `servers` a missing
 //! archive fails these tests; without it they are ignored.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -301,7 +301,7 @@ impl Image {
 
 /// The user and group every shipped job definition runs as (`runAsUser`, `runAsGroup`).
 fn manifests_user() -> String {
-    let mut seen = std::collections::BTreeSet::new();
+    let (mut users, mut groups) = (BTreeSet::new(), BTreeSet::new());
     for pass in std::fs::read_dir(repo("jobs")).expect("jobs/") {
         let pass = pass.expect("entry").path();
         if !pass.is_dir() {
@@ -309,19 +309,21 @@ fn manifests_user() -> String {
         }
         for f in std::fs::read_dir(&pass).expect("jobs/<pass>") {
             let text = std::fs::read_to_string(f.expect("entry").path()).expect("read");
-            let field = |name: &str| -> Vec<String> {
-                text.lines()
-                    .filter_map(|l| l.trim().strip_prefix(name))
-                    .map(|v| v.trim().to_string())
-                    .collect()
-            };
-            for (u, g) in field("runAsUser:").into_iter().zip(field("runAsGroup:")) {
-                seen.insert(format!("{u}:{g}"));
+            for line in text.lines().map(str::trim) {
+                if let Some(v) = line.strip_prefix("runAsUser:") {
+                    users.insert(v.trim().to_string());
+                }
+                if let Some(v) = line.strip_prefix("runAsGroup:") {
+                    groups.insert(v.trim().to_string());
+                }
             }
         }
     }
-    assert_eq!(seen.len(), 1, "one user in all job definitions: {seen:?}");
-    seen.into_iter().next().expect("a user")
+    let one = |set: BTreeSet<String>, what: &str| -> String {
+        assert_eq!(set.len(), 1, "one {what} in all job definitions: {set:?}");
+        set.into_iter().next().expect("one")
+    };
+    format!("{}:{}", one(users, "runAsUser"), one(groups, "runAsGroup"))
 }
 
 #[test]
