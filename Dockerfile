@@ -1,13 +1,20 @@
 # syntax=docker/dockerfile:1
-# The kbind image: one static binary (musl, no libc needed at run time) on distroless/static,
-# run as the non-root user 65532.
+# The kbind image: one static binary (musl, no libc needed at run time) on a FROM-scratch root
+# with what the distroless static base provided (CA bundle, tzdata, passwd/group with the
+# non-root user 65532), run as 65532.
 #
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg REVISION=$(git rev-parse HEAD) -t ghcr.io/<you>/kbind:0.2.0 --push .
 #
-# The builder stage runs on the build machine's own platform ($BUILDPLATFORM) and cross-compiles
-# for each $TARGETARCH, so a multi-arch build needs no emulation. Then pin the pushed digest in
-# the manifests (docs/operations.md, "The image").
+# The builder and rootfs stages run on the build machine's own platform ($BUILDPLATFORM): the
+# builder cross-compiles for each $TARGETARCH, the rootfs holds no executable, so a multi-arch
+# build needs no emulation. Then pin the pushed digest in the manifests (docs/operations.md,
+# "The image").
+#
+# hack/image.sh builds the final stage `image` on a machine with no image registry: it builds the
+# same binary and rootfs there and hands them in as the stages `builder` and `rootfs`
+# (`podman build --target image --build-context builder=<dir> --build-context rootfs=<dir>`), so
+# the stages before `image` must leave /kbind and the rootfs at the paths `image` copies from.
 
 FROM --platform=$BUILDPLATFORM rust:1-bookworm AS builder
 ARG TARGETARCH
@@ -39,9 +46,25 @@ RUN set -eu; \
     cargo build --release --locked --bin kbind --target "$triple"; \
     cp "target/$triple/release/kbind" /kbind
 
-# No shell, no libc; CA certificates (kbind reads the system roots) and tzdata only. The
-# `nonroot` tag's user is 65532:65532, as the manifests' securityContext says.
-FROM gcr.io/distroless/static-debian12:nonroot
+# The files of distroless/static-debian12:nonroot, from Debian bookworm's packages, assembled by
+# the script hack/image.sh also runs (it says what it writes).
+FROM --platform=$BUILDPLATFORM debian:bookworm-slim AS rootfs-debian
+RUN set -eu; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends ca-certificates tzdata; \
+    rm -rf /var/lib/apt/lists/*
+COPY hack/image-rootfs.sh /usr/local/bin/image-rootfs.sh
+RUN sh /usr/local/bin/image-rootfs.sh /rootfs
+
+# The rootfs alone, so that `COPY --from=rootfs / /` below copies the same tree whether this
+# stage or hack/image.sh's directory provides it.
+FROM scratch AS rootfs
+COPY --from=rootfs-debian /rootfs/ /
+
+# No shell, no libc; CA certificates (kbind reads the system roots, SSL_CERT_FILE as the
+# distroless base set it) and tzdata only. The user is 65532:65532 (`nonroot`), as the
+# manifests' securityContext says.
+FROM scratch AS image
 ARG VERSION=0.2.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="kbind" \
@@ -52,6 +75,8 @@ LABEL org.opencontainers.image.title="kbind" \
       org.opencontainers.image.vendor="kbind" \
       org.opencontainers.image.version="$VERSION" \
       org.opencontainers.image.revision="$REVISION"
+COPY --from=rootfs / /
 COPY --from=builder /kbind /kbind
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532
 ENTRYPOINT ["/kbind"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: builds the real servers if they are not cached, starts them once,
+# The whole test suite: builds the real servers and the image (hack/image.sh, as root) if they are
+# not cached, starts the servers once,
 # runs every test against them, scans what kbind emitted for the credentials the tests used, and
 # stops them (also on failure or Ctrl-C).
 #   hack/test.sh                 cargo test
@@ -31,6 +32,11 @@ done
 
 hack/build-servers.sh
 echo "test.sh: servers ready after $((SECONDS - start))s"
+# The image ghcr.io/kbind/kbind:<version> in target/image/kbind.tar, from the Dockerfile's final
+# stage (tests/image.rs checks it). Not rebuilt while the archive is newer than every input
+# (src/, crates/, Cargo.*, Dockerfile, the image scripts); a cold build takes over 10 minutes.
+hack/image.sh
+echo "test.sh: image ready after $((SECONDS - start))s"
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-testenv.XXXXXX")
 cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }

@@ -787,11 +787,18 @@ fn crd_upgrade_path_keeps_existing_objects() {
 }
 
 /// One version everywhere: the crate (what `kbind --version` and the User-Agent say), the
-/// chart's version and appVersion, and the image every job definition (jobs/) and kustomize
-/// manifest names.
+/// chart's version and appVersion, the image every job definition (jobs/) and kustomize
+/// manifest names, and the Dockerfile's version label (its `ARG VERSION` default: the published
+/// build does not pass it).
 #[test]
 fn versions_agree() {
     let version = env!("CARGO_PKG_VERSION");
+    let dockerfile = read("Dockerfile");
+    let args: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("ARG VERSION="))
+        .collect();
+    assert_eq!(args, [version], "Dockerfile ARG VERSION");
     let chart = read("charts/kbind/Chart.yaml");
     for field in ["version: ", "appVersion: "] {
         let v = chart
