@@ -7,9 +7,10 @@
       the namespace is reachable from anywhere else. It binds every listener first, in this
       machine's namespace, then joins PID's (setns): every connection it opens from then on
       starts inside it.
-  nsenter -t PID --net hack/netns-forward.py --delay-ms N ADDR:PORT=ADDR:PORT ...
-      run inside a node's namespace: a slow path to a server there (each chunk of bytes waits N
-      ms before it is passed on), for tests that need a pass to take longer than a Pod may live.
+  nsenter -t PID --net hack/netns-forward.py --delay-file F ADDR:PORT=ADDR:PORT ...
+      run inside a node's namespace: a path to a server there that can be made slow (each chunk
+      of bytes waits the milliseconds file F holds, 0 when it is missing or empty, read again
+      every half second), for tests that need a pass to take longer than a Pod may live.
       It listens on one address, never all of them (0.0.0.0): the node IP exists only inside the
       node's namespace, so the bind fails anywhere else.
 """
@@ -24,14 +25,35 @@ import time
 CLONE_NEWNET = 0x40000000
 
 
+class Delay:
+    """The delay a chunk waits: the milliseconds in a file, re-read every half second."""
+
+    def __init__(self, path):
+        self.path, self.value, self.read_at = path, 0.0, 0.0
+
+    def seconds(self):
+        if not self.path:
+            return 0.0
+        now = time.monotonic()
+        if now - self.read_at > 0.5:
+            self.read_at = now
+            try:
+                with open(self.path) as f:
+                    self.value = float(f.read().strip() or 0) / 1000
+            except (OSError, ValueError):
+                self.value = 0.0
+        return self.value
+
+
 def pump(src, dst, delay):
     try:
         while True:
             data = src.recv(65536)
             if not data:
                 break
-            if delay:
-                time.sleep(delay)
+            wait = delay.seconds()
+            if wait:
+                time.sleep(wait)
             dst.sendall(data)
     except OSError:
         pass
@@ -64,7 +86,7 @@ def addr(text):
 def main():
     p = argparse.ArgumentParser(description="TCP forwarding for the real node's namespaces")
     p.add_argument("--netns", type=int, help="join this process's network namespace after binding")
-    p.add_argument("--delay-ms", type=int, default=0)
+    p.add_argument("--delay-file", help="milliseconds each chunk waits, read from this file")
     p.add_argument("pairs", nargs="+", metavar="LISTEN=TARGET")
     a = p.parse_args()
     routes = []
@@ -86,7 +108,7 @@ def main():
         if libc.setns(fd, CLONE_NEWNET) != 0:
             sys.exit(f"netns-forward: setns: {os.strerror(ctypes.get_errno())}")
         os.close(fd)
-    delay = a.delay_ms / 1000
+    delay = Delay(a.delay_file)
     threads = [threading.Thread(target=serve, args=(s, t, delay), daemon=True) for s, t in routes]
     for t in threads:
         t.start()

@@ -350,6 +350,7 @@ for node in $NODES; do
   wait_for "$node containerd" 30 in_node "$node" ctr --address /run/containerd/containerd.sock version
   in_node "$node" ctr --address /run/containerd/containerd.sock -n k8s.io images import "$dir/pause.tar" >/dev/null
   for image in ${KBIND_NODE_IMAGES:-}; do
+    image=$(realpath "$image")  # nsenter --mount leaves the working directory behind
     in_node "$node" ctr --address /run/containerd/containerd.sock -n k8s.io images import "$image" >/dev/null
   done
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The suite's secret scan (run by hack/test.sh after the tests, while the servers still run):
+# The suite's secret scan (run by hack/test.sh after the tests, while the servers and the real
+# node still run):
 # everything kbind emitted (each run's stdout and stderr, kept by the tests in $KBIND_TEST_EMIT_DIR),
-# and on both clusters every object of every listable kind except Secrets (kbind's objects whole,
+# and on every cluster (both test clusters, both of the real node's) every object of every listable kind except Secrets (kbind's objects whole,
 # annotations included; Leases; the provider copies; APIBindings; Events), searched for the
 # credentials the suite used: the apiservers' admin and restricted tokens, the SpiceDB key, the
 # tests' Slack/SCIM tokens, and any ServiceAccount token (a JWT), each also in its base64, JSON-
@@ -17,6 +18,8 @@ trap 'rm -rf "$scan"' EXIT
 # What must never appear. Test constants are listed here as they are written in tests/.
 {
   cut -d, -f1 "$testenv"/pki/*-tokens.csv
+  # The real node's clusters (hack/node.sh), when it ran: their tokens too.
+  [ -n "${KBIND_NODE_DIR:-}" ] && cut -d, -f1 "$KBIND_NODE_DIR"/pki/*-tokens.csv
   [ -n "${KBIND_TEST_SPICEDB_KEY:-}" ] && echo "$KBIND_TEST_SPICEDB_KEY"
   echo "xoxb-test-0000-secret"
   grep -rhoE '"(xox[bpae]-|scim-)[A-Za-z0-9-]{6,}"' tests | tr -d '"' | sort -u
@@ -41,8 +44,10 @@ for f in sorted(out):
         print(f)
 PY
 
-for cluster in CONSUMER PROVIDER; do
-  kc_var=KBIND_TEST_${cluster}_KUBECONFIG
+clusters="TEST_CONSUMER TEST_PROVIDER"
+[ -n "${KBIND_NODE_DIR:-}" ] && clusters+=" NODE_CONSUMER NODE_PROVIDER"
+for cluster in $clusters; do
+  kc_var=KBIND_${cluster}_KUBECONFIG
   kc=${!kc_var}
   kubectl --kubeconfig "$kc" get events.events.k8s.io -A -o json \
     | python3 -c 'import json,sys

@@ -5,11 +5,17 @@
 # stops them (also on failure or Ctrl-C).
 #   hack/test.sh                 cargo test
 #   hack/test.sh -- <filter>     extra arguments go to the test runner
+#   hack/test.sh --node-only     only the tests on the real node (tests/node.rs)
 #   KBIND_TEST_RUNNER=nextest hack/test.sh
+# The real node (hack/node.sh: kubelet, containerd, runc in network namespaces of its own) is
+# brought up beside the servers for tests/node.rs and torn down after, and the run fails if it
+# left anything behind (docs/testing.md "The real node").
 # The integration tests that need the servers run only with the feature `servers` (passed below);
 # a plain `cargo test` reports them ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+node_only=false
+if [ "${1:-}" = "--node-only" ]; then node_only=true; shift; fi
 
 start=$SECONDS
 # Style and lints first: a red lint fails in seconds, before any server starts.
@@ -30,6 +36,7 @@ for name in KBIND_CRASH_AFTER_WRITES kbind_testkit kbind-fake-upstreams; do
   fi
 done
 
+hack/node-packages.sh
 hack/build-servers.sh
 echo "test.sh: servers ready after $((SECONDS - start))s"
 # The image ghcr.io/kbind/kbind:<version> in target/image/kbind.tar, from the Dockerfile's final
@@ -39,12 +46,22 @@ hack/image.sh
 echo "test.sh: image ready after $((SECONDS - start))s"
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kbind-testenv.XXXXXX")
-cleanup() { hack/testenv.sh down "$dir"; rm -rf "$dir"; }
+cleanup() {
+  local rc=$?
+  hack/node.sh down "$dir/node" || true
+  hack/node.sh check "$dir/node" || rc=1
+  hack/testenv.sh down "$dir"
+  rm -rf "$dir"
+  exit $rc
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 hack/testenv.sh up "$dir"
 # shellcheck disable=SC1091
 source "$dir/env"
+KBIND_NODE_IMAGES=target/image/kbind.tar hack/node.sh up "$dir/node"
+# shellcheck disable=SC1091
+source "$dir/node/env"
 
 [ "${1:-}" = "--" ] && shift
 
@@ -52,7 +69,10 @@ source "$dir/env"
 export KBIND_TEST_EMIT_DIR=$dir/emitted
 mkdir -p "$KBIND_TEST_EMIT_DIR"
 t0=$SECONDS
-if [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
+if $node_only; then
+  cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
+  cargo test --features kbind/servers --test node "$@"
+elif [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
   cargo nextest run --workspace --all-targets --features kbind/servers "$@"
 else
   cargo test --workspace --all-targets --features kbind/servers "$@"

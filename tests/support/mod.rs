@@ -6,6 +6,7 @@ pub mod claims_fx;
 pub mod fx;
 pub mod identity;
 pub mod issue_fx;
+pub mod node;
 pub mod pushgateway;
 
 use std::path::PathBuf;
