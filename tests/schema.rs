@@ -1116,6 +1116,8 @@ impl Scene {
             "--lease-namespace",
             lease_ns,
             "--selector",
+            "--credential-namespace",
+            &self.fx.ns,
             selector,
             "-o",
             "json",

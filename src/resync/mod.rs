@@ -123,7 +123,7 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
             args.write.write_concurrency
         },
     };
-    let policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    let policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
     // The consumer's own identity, read now: copies are marked with it, so a Connection status
     // claiming another (forged, or restored onto another cluster) must not be trusted.
     let local = connection::cluster_uid(&client).await;

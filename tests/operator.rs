@@ -1,0 +1,201 @@
+//! What an operator relies on across runs of `kbind schema` and `kbind resync` (issue #31, "no
+//! surprises"): a one-off run with another Lease namespace changes nothing. Each checks a second
+//! run writes nothing and changes no condition.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kbind::api::core::{ClusterBinding, Connection};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use support::fx::{Fx, cond};
+
+/// `kbind <pass>` as an installation runs it: no `--credential-namespace` (its default applies),
+/// the Lease in `lease_ns` (`None`: the default), and `POD_NAMESPACE` set as in a Pod when
+/// `pod_ns` is given (unset otherwise, as on a laptop). It must exit 0.
+fn installed_run(fx: &Fx, pass: &str, lease_ns: Option<&str>, pod_ns: Option<&str>) -> Value {
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let selector = format!("kbind-test={}", fx.label);
+    let mut args = vec![
+        pass,
+        "--kubeconfig",
+        &kc,
+        "--selector",
+        &selector,
+        "-o",
+        "json",
+    ];
+    if let Some(ns) = lease_ns {
+        args.extend(["--lease-namespace", ns]);
+    }
+    let mut cmd = support::kbind_command(&args);
+    for var in [
+        "POD_NAMESPACE",
+        "KBIND_LEASE_NAMESPACE",
+        "KBIND_CREDENTIAL_NAMESPACES",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(ns) = pod_ns {
+        cmd.env("POD_NAMESPACE", ns);
+    }
+    let (code, summary, stderr) = support::outcome(cmd.output().expect("run kbind"));
+    assert_eq!(code, 0, "kbind {pass}: {summary}\n{stderr}");
+    summary
+}
+
+async fn conditions_of_connection(fx: &Fx, name: &str) -> Vec<Condition> {
+    fx.conn(name).await.status.unwrap_or_default().conditions
+}
+
+async fn conditions_of_cluster_binding(fx: &Fx, name: &str) -> Vec<Condition> {
+    Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+        .conditions
+}
+
+/// A namespace that may already exist (kbind-system is shared by the tests).
+async fn ensure_namespace(c: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    match Api::<Namespace>::all(c.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
+}
+
+fn resource(fx: &Fx, plural: &str) -> ApiResource {
+    let kind = format!(
+        "{}{}",
+        plural[..1].to_uppercase(),
+        &plural[1..plural.len() - 1]
+    );
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&fx.group, "v1", &kind), plural)
+}
+
+async fn create_object(fx: &Fx, plural: &str, name: &str) {
+    let ar = resource(fx, plural);
+    let mut o = DynamicObject::new(name, &ar).data(json!({"spec": {"size": 1}}));
+    o.metadata.namespace = Some(fx.ns.clone());
+    Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &ar)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+}
+
+/// Credential namespaces default to the install namespace, never to `--lease-namespace`: a
+/// one-off run with another Lease namespace, from a Job in the install namespace or from a
+/// laptop, leaves every Connection and binding exactly as the scheduled runs left them, and
+/// resync keeps syncing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_one_off_run_with_another_lease_namespace_leaves_every_connection_as_it_was() {
+    // In a Pod: the install namespace is $POD_NAMESPACE (here the fixture's), holding the Secret.
+    let pod = Fx::new("oneoff-pod").await;
+    // On a laptop: no $POD_NAMESPACE, so the install namespace is kbind-system.
+    let laptop = Fx::new("oneoff-laptop").await;
+    ensure_namespace(&laptop.consumer, "kbind-system").await;
+    let laptop_secret = format!("{}-provider", laptop.label);
+    let s = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(laptop_secret.clone()),
+            ..Default::default()
+        },
+        string_data: Some([("kubeconfig".to_string(), laptop.provider_kubeconfig())].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(laptop.consumer.clone(), "kbind-system")
+        .create(&PostParams::default(), &s)
+        .await
+        .unwrap();
+
+    let mut cases = Vec::new();
+    for (fx, pod_ns, scheduled_lease) in [
+        (&pod, Some(pod.ns.as_str()), None),
+        (&laptop, None, Some(laptop.ns.as_str())),
+    ] {
+        let api = fx
+            .provider_crd("widgets", "Namespaced", Some("true"), None)
+            .await;
+        let secret_ns = pod_ns.unwrap_or("kbind-system");
+        let secret = if pod_ns.is_some() {
+            fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+                .await;
+            "provider".to_string()
+        } else {
+            laptop_secret.clone()
+        };
+        let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+            "metadata": {"name": format!("{}-p", fx.label), "labels": {"kbind-test": fx.label}},
+            "spec": {"kubeconfigSecretRef": {"namespace": secret_ns, "name": secret}, "schema": {"source": "CRD"}}});
+        let conn = Api::<Connection>::all(fx.consumer.clone())
+            .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+            .await
+            .unwrap()
+            .name_any();
+        let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+        // The scheduled runs.
+        installed_run(fx, "schema", scheduled_lease, pod_ns);
+        support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+        installed_run(fx, "schema", scheduled_lease, pod_ns);
+        let st = fx.conn(&conn).await.status.unwrap();
+        assert_eq!(cond(&st.conditions, "Ready").0, "True", "{st:?}");
+        assert_eq!(cond(&st.conditions, "SecretValid").1, "Valid");
+        installed_run(fx, "resync", scheduled_lease, pod_ns);
+        cases.push((fx, pod_ns, conn, cb));
+    }
+
+    for (fx, pod_ns, conn, cb) in cases {
+        let before = (
+            conditions_of_connection(fx, &conn).await,
+            conditions_of_cluster_binding(fx, &cb).await,
+        );
+        let other = support::namespace(&fx.consumer, "oneoff-lease").await;
+        // Two one-off schema runs with another Lease namespace: nothing written, nothing moved.
+        for run in 1..=2 {
+            let s = installed_run(fx, "schema", Some(&other), pod_ns);
+            assert_eq!(s["data_writes"], 0, "one-off schema run {run}: {s}");
+            let after = (
+                conditions_of_connection(fx, &conn).await,
+                conditions_of_cluster_binding(fx, &cb).await,
+            );
+            assert_eq!(after, before, "no condition changed (run {run})");
+        }
+        // A one-off resync with another Lease namespace still reads the Secret and syncs.
+        ensure_namespace(&fx.provider, &fx.ns).await;
+        create_object(fx, "widgets", "w1").await;
+        let s = installed_run(fx, "resync", Some(&other), pod_ns);
+        assert!(
+            s["data_writes"].as_u64().unwrap_or(0) >= 2,
+            "finalizer and provider copy: {s}"
+        );
+        let copy = Api::<DynamicObject>::namespaced_with(
+            fx.provider.clone(),
+            &fx.ns,
+            &resource(fx, "widgets"),
+        )
+        .get_opt("w1")
+        .await
+        .unwrap();
+        assert!(copy.is_some(), "the one-off resync synced w1");
+        let s = installed_run(fx, "resync", Some(&other), pod_ns);
+        assert_eq!(s["data_writes"], 0, "a second one-off resync: {s}");
+        assert_eq!(
+            conditions_of_connection(fx, &conn).await,
+            before.0,
+            "resync changes no Connection condition"
+        );
+    }
+}
