@@ -1,13 +1,15 @@
 //! What an operator relies on across runs of `kbind schema` and `kbind resync` (issue #31, "no
-//! surprises"): a one-off run with another Lease namespace changes nothing. Each checks a second
-//! run writes nothing and changes no condition.
+//! surprises"): a one-off run with another Lease namespace changes nothing, and CRDs managed in
+//! Git and bound with `pullPolicy: None` survive an unbind with their objects. Each checks a
+//! second run writes nothing and changes no condition.
 
 mod support;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use support::fx::{Fx, cond};
@@ -197,5 +199,240 @@ async fn a_one_off_run_with_another_lease_namespace_leaves_every_connection_as_i
             before.0,
             "resync changes no Connection condition"
         );
+    }
+}
+
+/// A consumer CRD as a GitOps tool applies it: the provider's API with one property of the
+/// Git copy's own (so the schema kbind would pull is told apart from it).
+fn git_crd(group: &str, plural: &str) -> CustomResourceDefinition {
+    let kind = format!(
+        "{}{}",
+        plural[..1].to_uppercase(),
+        &plural[1..plural.len() - 1]
+    );
+    serde_json::from_value(json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {"group": group, "scope": "Namespaced",
+            "names": {"plural": plural, "kind": kind, "singular": &plural[..plural.len() - 1]},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "size": {"type": "integer"}, "fromGit": {"type": "string"}}},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}}))
+    .unwrap()
+}
+
+fn has_git_schema(crd: &CustomResourceDefinition) -> bool {
+    crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .and_then(|s| s.properties.as_ref())
+        .is_some_and(|p| p.contains_key("fromGit"))
+}
+
+/// One round as the CronJobs run it: schema, then resync, for this fixture's objects.
+fn round(fx: &Fx) -> (Value, Value) {
+    (fx.run(&[]), fx.pass("resync", &[]))
+}
+
+/// `pullPolicy: None` stamps only the CRDs a binding lists, never touches their schema (the
+/// provider's changes included), and a ClusterBinding's teardown deletes only CRDs kbind created
+/// (`core.kbind.io/created`): a stamped CRD stays with its objects, and so does one created
+/// before the record existed (kbind 0.2), even after kbind updated its schema. A CRD kbind
+/// created is removed at unbind as before. Every second round writes nothing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn unbind_deletes_only_crds_kbind_created_and_none_stamps_only_listed_crds() {
+    let fx = Fx::new("gitops").await;
+    let mut apis = Vec::new();
+    for plural in ["widgets", "gadgets", "gizmos", "relics"] {
+        apis.push(
+            fx.provider_crd(plural, "Namespaced", Some("true"), None)
+                .await,
+        );
+    }
+    let [widgets, gadgets, gizmos, relics] = [&apis[0], &apis[1], &apis[2], &apis[3]];
+    // widgets and gadgets are managed in Git on the consumer; only widgets is bound.
+    support::apply_crds(
+        &fx.consumer,
+        &[git_crd(&fx.group, "widgets"), git_crd(&fx.group, "gadgets")],
+    )
+    .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let none = fx
+        .connection(
+            "none",
+            "provider",
+            json!({"source": "CRD", "pullPolicy": "None"}),
+            false,
+        )
+        .await;
+    let bound = fx
+        .connection("bound", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let none_cb = fx.cluster_binding("none-cb", &none, &[widgets]).await;
+    let bound_cb = fx
+        .cluster_binding("bound-cb", &bound, &[gizmos, relics])
+        .await;
+    let crds: Api<CustomResourceDefinition> = Api::all(fx.consumer.clone());
+    let get = |name: &str| {
+        let crds = crds.clone();
+        let name = name.to_string();
+        async move { crds.get_opt(&name).await.unwrap() }
+    };
+
+    fx.run(&[]);
+    for api in [gizmos, relics] {
+        support::wait_established(&crds, api).await;
+    }
+    let w = get(widgets).await.unwrap();
+    assert_eq!(w.labels()["core.kbind.io/managed"], "true");
+    assert_eq!(w.annotations()["core.kbind.io/connection"], none);
+    assert!(
+        !w.annotations().contains_key("core.kbind.io/created"),
+        "stamped, not created"
+    );
+    assert!(has_git_schema(&w), "the schema stays Git's");
+    let g = get(gadgets).await.unwrap();
+    assert!(
+        g.labels().is_empty() && g.annotations().is_empty(),
+        "None stamps only what a binding lists: {:?} {:?}",
+        g.labels(),
+        g.annotations()
+    );
+    for api in [gizmos, relics] {
+        let c = get(api).await.unwrap();
+        assert_eq!(c.annotations()["core.kbind.io/created"], "true", "{api}");
+    }
+    // relics as kbind 0.2 left it: created, with no record of it.
+    crds.patch(
+        relics,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"core.kbind.io/created": null}}})),
+    )
+    .await
+    .unwrap();
+    // The provider changes widgets' and relics' schemas: None leaves widgets alone, Always
+    // updates relics without claiming to have created it.
+    for plural in ["widgets", "relics"] {
+        fx.provider_crd(plural, "Namespaced", Some("true"), Some("color"))
+            .await;
+    }
+    for plural in ["widgets", "gizmos", "relics"] {
+        create_object(&fx, plural, "o1").await;
+    }
+    ensure_namespace(&fx.provider, &fx.ns).await;
+    let first = round(&fx);
+    let relic = get(relics).await.unwrap();
+    assert!(
+        relic.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|s| s.properties.as_ref())
+            .and_then(|p| p.get("spec"))
+            .and_then(|s| s.properties.as_ref())
+            .is_some_and(|p| p.contains_key("color")),
+        "relics followed the provider: {first:?}"
+    );
+    assert!(
+        !relic.annotations().contains_key("core.kbind.io/created"),
+        "an update never records a creation"
+    );
+    let before: Vec<Vec<Condition>> = vec![
+        conditions_of_connection(&fx, &none).await,
+        conditions_of_connection(&fx, &bound).await,
+        conditions_of_cluster_binding(&fx, &none_cb).await,
+        conditions_of_cluster_binding(&fx, &bound_cb).await,
+    ];
+    for run in 1..=2 {
+        let (schema, resync) = round(&fx);
+        assert_eq!(schema["data_writes"], 0, "round {run}: {schema}");
+        assert_eq!(resync["data_writes"], 0, "round {run}: {resync}");
+        let w = get(widgets).await.unwrap();
+        assert!(has_git_schema(&w), "round {run}: the None guard holds");
+        assert!(
+            !w.annotations().contains_key("core.kbind.io/schema-hash"),
+            "round {run}: None claims no schema"
+        );
+        let g = get(gadgets).await.unwrap();
+        assert!(g.labels().is_empty(), "round {run}: gadgets untouched");
+        let after = vec![
+            conditions_of_connection(&fx, &none).await,
+            conditions_of_connection(&fx, &bound).await,
+            conditions_of_cluster_binding(&fx, &none_cb).await,
+            conditions_of_cluster_binding(&fx, &bound_cb).await,
+        ];
+        assert_eq!(after, before, "round {run}: no condition changed");
+    }
+    let provider_copy = |plural: &str| {
+        let api = Api::<DynamicObject>::namespaced_with(
+            fx.provider.clone(),
+            &fx.ns,
+            &resource(&fx, plural),
+        );
+        async move { api.get("o1").await.unwrap() }
+    };
+    for plural in ["widgets", "gizmos", "relics"] {
+        provider_copy(plural).await;
+    }
+
+    // Unbind both.
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    for cb in [&none_cb, &bound_cb] {
+        cbs.delete(cb, &Default::default()).await.unwrap();
+    }
+    for _ in 0..2 {
+        round(&fx);
+    }
+    for cb in [&none_cb, &bound_cb] {
+        assert!(cbs.get_opt(cb).await.unwrap().is_none(), "{cb} torn down");
+    }
+    support::eventually("the CRD kbind created removed", || async {
+        get(gizmos).await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        provider_copy("gizmos").await.annotations()["core.kbind.io/orphaned"],
+        "Unbound"
+    );
+    for (api, plural) in [(widgets, "widgets"), (relics, "relics")] {
+        assert!(get(api).await.is_some(), "{api} kept");
+        let ar = resource(&fx, plural);
+        let o = Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &ar)
+            .get("o1")
+            .await
+            .unwrap_or_else(|e| panic!("{plural}/o1 kept with its CRD: {e}"));
+        assert!(
+            !o.finalizers().iter().any(|f| f == "core.kbind.io/syncer"),
+            "{plural}/o1 released"
+        );
+        assert!(
+            !provider_copy(plural)
+                .await
+                .annotations()
+                .contains_key("core.kbind.io/orphaned"),
+            "{plural}: its consumer object lives, the copy is no orphan"
+        );
+    }
+    for run in 1..=2 {
+        let (schema, resync) = round(&fx);
+        assert_eq!(
+            schema["data_writes"], 0,
+            "after unbind, round {run}: {schema}"
+        );
+        assert_eq!(
+            resync["data_writes"], 0,
+            "after unbind, round {run}: {resync}"
+        );
+        assert!(get(widgets).await.is_some() && get(relics).await.is_some());
     }
 }

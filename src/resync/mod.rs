@@ -68,6 +68,9 @@ struct BoundApi {
     connection: String,
     resource: ApiResource,
     namespaced: bool,
+    /// kbind created the consumer CRD (`core.kbind.io/created`): only then does an unbind
+    /// remove it, and its objects with it.
+    created: bool,
 }
 
 /// A provider reached through a Connection, after its identity was checked.

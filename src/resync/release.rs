@@ -73,12 +73,14 @@ async fn release_one(
         }
         let mut done = true;
         // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
-        // no other live binding listing the API): their consumer objects go with the CRD.
+        // no other live binding listing the API, a CRD kbind created): their consumer objects
+        // go with the CRD. A CRD kbind only stamped stays with its objects, like a Binding's.
         let unbound: Vec<&BoundApi> = apis
             .iter()
             .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
             .filter(|a| {
-                b.key.namespace.is_none()
+                a.created
+                    && b.key.namespace.is_none()
                     && !bindings
                         .iter()
                         .any(|o| !o.deleting && o.apis.contains(&a.name))

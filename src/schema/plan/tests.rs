@@ -43,6 +43,7 @@ fn meta(managed: bool, conn: Option<&str>, hash: Option<&str>) -> CrdMeta {
         managed,
         connection: conn.map(String::from),
         schema_hash: hash.map(String::from),
+        created: managed && hash.is_some(),
         deleting: false,
     }
 }
@@ -152,13 +153,37 @@ fn install_table() {
             vec![],
         ),
         (
-            "None + CRD stamps unmarked",
+            "None + CRD stamps an unmarked CRD a binding lists",
             Case {
                 policy: policy(PullPolicy::None, UpdatePolicy::Always),
-                crds: BTreeMap::from([("a.x.io".into(), meta(false, None, None))]),
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([
+                    ("a.x.io".into(), meta(false, None, None)),
+                    ("b.x.io".into(), meta(false, None, None)),
+                ]),
                 ..Default::default()
             },
             vec!["stamp a.x.io"],
+        ),
+        (
+            "None stamps nothing no binding lists",
+            Case {
+                policy: policy(PullPolicy::None, UpdatePolicy::Always),
+                bindings: vec![binding(None, "cb", "other", &["a.x.io"])],
+                crds: BTreeMap::from([("a.x.io".into(), meta(false, None, None))]),
+                ..Default::default()
+            },
+            vec![],
+        ),
+        (
+            "None never updates a CRD it stamped, whatever the provider's schema",
+            Case {
+                policy: policy(PullPolicy::None, UpdatePolicy::Always),
+                bindings: bound_a.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), None))]),
+                ..Default::default()
+            },
+            vec![],
         ),
         (
             "None + OpenAPI only reads",
@@ -279,6 +304,52 @@ fn install_table() {
     ];
     for (what, case, want) in cases {
         assert_eq!(case.actions(), want, "{what}");
+    }
+}
+
+/// Only a CRD kbind creates carries `core.kbind.io/created`; an update keeps the record exactly
+/// as observed (a CRD created before the record existed, or stamped, never gains it).
+#[test]
+fn the_creation_record_is_written_only_at_creation() {
+    let created = |a: &CrdAction| match a {
+        CrdAction::Create(c) | CrdAction::Update(c) => c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|m| m.get(crate::api::keys::CREATED))
+            .cloned(),
+        CrdAction::Stamp { .. } => None,
+    };
+    let bound = vec![binding(None, "cb", "c", &["a.x.io"])];
+    let case = Case {
+        bindings: bound.clone(),
+        ..Default::default()
+    };
+    let actions = plan_crds(&case.observed());
+    assert_eq!(created(&actions[0]).as_deref(), Some("true"), "create");
+    let after = crds_after(&case.observed(), &actions, &[CrdOutcome::Done]);
+    assert!(after["a.x.io"].created, "a created CRD is known as created");
+    for (was_created, want) in [(true, Some("true")), (false, None)] {
+        let case = Case {
+            bindings: bound.clone(),
+            crds: BTreeMap::from([(
+                "a.x.io".into(),
+                CrdMeta {
+                    created: was_created,
+                    ..meta(true, Some("c"), Some("old"))
+                },
+            )]),
+            ..Default::default()
+        };
+        let actions = plan_crds(&case.observed());
+        assert!(matches!(actions[0], CrdAction::Update(_)));
+        assert_eq!(
+            created(&actions[0]).as_deref(),
+            want,
+            "update of {was_created}"
+        );
+        let after = crds_after(&case.observed(), &actions, &[CrdOutcome::Done]);
+        assert_eq!(after["a.x.io"].created, was_created);
     }
 }
 
