@@ -1,11 +1,13 @@
 //! What an operator relies on across runs of `kbind schema` and `kbind resync` (issue #31, "no
 //! surprises"): a one-off run with another Lease namespace changes nothing, and CRDs managed in
-//! Git and bound with `pullPolicy: None` survive an unbind with their objects. Each checks a
-//! second run writes nothing and changes no condition.
+//! Git and bound with `pullPolicy: None` survive an unbind with their objects, and a binding says
+//! what the provider refused instead of `Permitted`. Each checks a second run writes nothing and
+//! changes no condition.
 
 mod support;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kbind::api::core::{ClusterBinding, Connection};
@@ -434,5 +436,118 @@ async fn unbind_deletes_only_crds_kbind_created_and_none_stamps_only_listed_crds
             "after unbind, round {run}: {resync}"
         );
         assert!(get(widgets).await.is_some() && get(relics).await.is_some());
+    }
+}
+
+/// Grant `user` on the provider exactly `rules`, under a name unique to the fixture.
+async fn grant(fx: &Fx, what: &str, user: &str, rules: Value) {
+    let name = format!("{}-{what}", fx.label);
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
+    let rb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "User", "name": user}]}))
+    .unwrap();
+    Api::<ClusterRole>::all(fx.provider.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(fx.provider.clone())
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+}
+
+/// Run schema until the Connection's PermissionDenied has `reason` (RBAC reaches the authorizer
+/// a moment after it is written), at most 30 runs.
+async fn until_permission(fx: &Fx, conn: &str, reason: &str) {
+    for _ in 0..30 {
+        fx.run(&[]);
+        let st = fx.conn(conn).await.status.unwrap_or_default();
+        if st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "PermissionDenied" && c.reason == reason)
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    panic!("PermissionDenied never became {reason}");
+}
+
+/// A binding never reports `PermissionDenied=False Permitted` while the provider refused its
+/// Connection something: a real apiserver refuses (RBAC) first the identity read, then the CRD
+/// list; each time the binding names what was refused, like its Connection, and a second run
+/// writes nothing. Once everything is allowed, it is `Permitted`.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_binding_names_what_the_provider_refused_and_never_says_permitted_then() {
+    let fx = Fx::new("refused").await;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let pns = support::namespace(&fx.provider, "refused").await;
+    let kc = support::service_account_kubeconfig(&fx.env.provider, &pns, "reader").await;
+    let user = format!("system:serviceaccount:{pns}:reader");
+    fx.secret("reader", "kubeconfig", &kc).await;
+    let conn = fx
+        .connection("p", "reader", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+
+    let steps: [(&str, Option<(&str, Value)>); 3] = [
+        ("IdentityForbidden", None),
+        (
+            "DiscoveryForbidden",
+            Some((
+                "identity",
+                json!([{"apiGroups": [""], "resources": ["namespaces"],
+                    "resourceNames": ["kube-system"], "verbs": ["get"]}]),
+            )),
+        ),
+        (
+            "Permitted",
+            Some((
+                "crds",
+                json!([{"apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]}]),
+            )),
+        ),
+    ];
+    for (reason, rbac) in steps {
+        if let Some((what, rules)) = rbac {
+            grant(&fx, what, &user, rules).await;
+        }
+        until_permission(&fx, &conn, reason).await;
+        let want = if reason == "Permitted" {
+            "False"
+        } else {
+            "True"
+        };
+        let conn_conds = conditions_of_connection(&fx, &conn).await;
+        let cb_conds = conditions_of_cluster_binding(&fx, &cb).await;
+        let (s, r, m) = cond(&cb_conds, "PermissionDenied");
+        assert_eq!((s, r), (want, reason), "the binding: {m}");
+        if want == "True" {
+            assert!(m.to_lowercase().contains("forbidden"), "{reason}: {m}");
+            assert_eq!(cond(&cb_conds, "Ready").0, "False", "{reason}");
+        } else {
+            assert_eq!(cond(&cb_conds, "Ready").0, "True", "{cb_conds:?}");
+        }
+        assert_eq!(cond(&conn_conds, "PermissionDenied").1, reason);
+        let s = fx.run(&[]);
+        assert_eq!(s["data_writes"], 0, "{reason}, a second run: {s}");
+        assert_eq!(
+            (
+                conditions_of_connection(&fx, &conn).await,
+                conditions_of_cluster_binding(&fx, &cb).await
+            ),
+            (conn_conds, cb_conds),
+            "{reason}: a second run changes no condition"
+        );
     }
 }

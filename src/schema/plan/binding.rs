@@ -126,6 +126,7 @@ pub(super) fn binding_status(
     states: &[(String, ApiState)],
     connection_ready: bool,
     conn_err: Option<&(&str, String)>,
+    refused: Option<&(&'static str, String)>,
     update: UpdatePolicy,
     now: Timestamp,
 ) -> BindingStatus {
@@ -208,7 +209,7 @@ pub(super) fn binding_status(
         };
         c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
     }
-    permission_denied(c, &denied, g, now);
+    permission_denied(c, &denied, refused, g, now);
     st.observed_generation = g;
     st
 }
@@ -230,9 +231,19 @@ fn keep_resync_entries(previous: &[BoundApi], bound: &mut Vec<BoundApi>) {
     bound.sort_by(|a, b| a.name.cmp(&b.name));
 }
 
-/// A binding's PermissionDenied: the denied CRD writes of its APIs, if any.
-fn permission_denied(c: &mut Vec<Condition>, denied: &[&String], g: Option<i64>, now: Timestamp) {
-    if denied.is_empty() {
+/// A binding's PermissionDenied: what the provider refused its Connection this run (the identity
+/// read, discovery: reason `IdentityForbidden`, `DiscoveryForbidden`), else the denied CRD writes
+/// of its APIs; `Permitted` only when nothing was refused.
+fn permission_denied(
+    c: &mut Vec<Condition>,
+    denied: &[&String],
+    refused: Option<&(&'static str, String)>,
+    g: Option<i64>,
+    now: Timestamp,
+) {
+    if let Some((reason, msg)) = refused {
+        c.set_condition(PERMISSION_DENIED, S::True, reason, msg, g, now);
+    } else if denied.is_empty() {
         c.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
     } else {
         let msg = denied

@@ -49,7 +49,7 @@ pub fn plan_status(
 
     let mut st = o.status.clone();
     let g = o.generation;
-    let ready = connection_conditions(o, &mut st, &denied, now);
+    let (ready, refused) = connection_conditions(o, &mut st, &denied, now);
     let d = o.exports();
 
     // Bindings (setup side), then SchemaInSync over what they bind.
@@ -76,6 +76,7 @@ pub fn plan_status(
             &states,
             ready.is_ok(),
             ready.as_ref().err(),
+            refused.as_ref(),
             o.policy.update_policy,
             now,
         );
@@ -126,14 +127,18 @@ pub fn plan_status(
 /// Why the Connection is not Ready (reason, message), if it is not.
 type NotReady = Result<(), (&'static str, String)>;
 
+/// A read the provider refused this run (reason naming it, message): the identity read or
+/// discovery. Every binding of the Connection says so in its own PermissionDenied.
+type Refused = Option<(&'static str, String)>;
+
 /// SecretValid, Connected and PermissionDenied, and the exported APIs discovery found; returns
-/// whether the Connection can be Ready as far as these go.
+/// whether the Connection can be Ready as far as these go, and what the provider refused.
 fn connection_conditions(
     o: &Observed,
     st: &mut ConnectionStatus,
     denied: &[String],
     now: Timestamp,
-) -> NotReady {
+) -> (NotReady, Refused) {
     let g = o.generation;
     let conds = &mut st.conditions;
     let mut ready: NotReady = Ok(());
@@ -183,6 +188,7 @@ fn connection_conditions(
         }
         _ => {}
     }
+    let refused = permission_denied.clone();
     if permission_denied.is_none() && !denied.is_empty() {
         permission_denied = Some((
             "CRDWriteForbidden",
@@ -199,7 +205,7 @@ fn connection_conditions(
         }
         None => {}
     }
-    ready
+    (ready, refused)
 }
 
 /// CredentialRotation, for a Secret that pulls from its Grant's Secret: True `Current` while in

@@ -56,6 +56,8 @@ struct Case {
     crds: BTreeMap<String, CrdMeta>,
     status: ConnectionStatus,
     remote: Option<Result<String, IdentityError>>,
+    /// Discovery failed this way instead of finding `exports`.
+    discovery_error: Option<DiscoveryError>,
 }
 
 impl Default for Case {
@@ -71,6 +73,7 @@ impl Default for Case {
             crds: BTreeMap::new(),
             status: ConnectionStatus::default(),
             remote: Some(Ok("remote".into())),
+            discovery_error: None,
         }
     }
 }
@@ -86,11 +89,14 @@ impl Case {
             refresh: None,
             remote_uid: self.remote.clone(),
             local_uid: "local",
-            discovery: Some(Ok(Discovered {
-                source: self.source,
-                exports: self.exports.clone(),
-                skipped: vec![],
-            })),
+            discovery: Some(match &self.discovery_error {
+                Some(e) => Err(e.clone()),
+                None => Ok(Discovered {
+                    source: self.source,
+                    exports: self.exports.clone(),
+                    skipped: vec![],
+                }),
+            }),
             bindings: &self.bindings,
             consumer_crds: &self.crds,
         }
@@ -495,6 +501,94 @@ fn a_rejected_credential_is_credential_rejected() {
         "False/CredentialRejected"
     );
     assert_eq!(reason(&st.conditions, READY), "False/CredentialRejected");
+}
+
+/// A binding never says `Permitted` while its Connection's identity read or discovery was
+/// refused: its PermissionDenied names what was refused, as the Connection's does.
+#[test]
+fn a_refused_identity_read_or_discovery_is_every_bindings_permission_denied() {
+    let forbidden = || {
+        IdentityError::Forbidden(std::sync::Arc::new(kube::Error::Api(Box::new(
+            kube::core::Status {
+                code: 403,
+                message: "namespaces \"kube-system\" is forbidden".into(),
+                ..Default::default()
+            },
+        ))))
+    };
+    let bindings = vec![
+        binding(None, "cb", "c", &["a.x.io"]),
+        binding(Some("ns"), "b", "c", &["a.x.io"]),
+    ];
+    let cases = [
+        (
+            "identity read refused",
+            Case {
+                bindings: bindings.clone(),
+                remote: Some(Err(forbidden())),
+                ..Default::default()
+            },
+            "True/IdentityForbidden",
+        ),
+        (
+            "discovery refused",
+            Case {
+                bindings: bindings.clone(),
+                discovery_error: Some(DiscoveryError {
+                    forbidden: true,
+                    message: "listing CRDs: forbidden".into(),
+                }),
+                ..Default::default()
+            },
+            "True/DiscoveryForbidden",
+        ),
+        (
+            "discovery failed, nothing refused",
+            Case {
+                bindings: bindings.clone(),
+                discovery_error: Some(DiscoveryError {
+                    forbidden: false,
+                    message: "listing CRDs: 500".into(),
+                }),
+                ..Default::default()
+            },
+            "False/Permitted",
+        ),
+        (
+            "nothing refused",
+            Case {
+                bindings: bindings.clone(),
+                crds: BTreeMap::from([("a.x.io".into(), meta(true, Some("c"), Some("h1")))]),
+                ..Default::default()
+            },
+            "False/Permitted",
+        ),
+    ];
+    for (what, case, want) in cases {
+        let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+        assert_eq!(plan.bindings.len(), 2, "{what}");
+        for (key, st) in &plan.bindings {
+            assert_eq!(
+                reason(&st.conditions, PERMISSION_DENIED),
+                want,
+                "{what}: {key}"
+            );
+            if want.starts_with("True") {
+                let msg = &st
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == PERMISSION_DENIED)
+                    .unwrap()
+                    .message;
+                assert!(msg.contains("forbidden"), "{what}: {msg}");
+                assert_eq!(
+                    reason(&plan.connection.conditions, PERMISSION_DENIED),
+                    want,
+                    "{what}: the Connection says the same"
+                );
+            }
+        }
+    }
 }
 
 #[test]
