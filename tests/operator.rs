@@ -1,8 +1,8 @@
 //! What an operator relies on across runs of `kbind schema` and `kbind resync` (issue #31, "no
-//! surprises"): a one-off run with another Lease namespace changes nothing, and CRDs managed in
-//! Git and bound with `pullPolicy: None` survive an unbind with their objects, and a binding says
-//! what the provider refused instead of `Permitted`. Each checks a second run writes nothing and
-//! changes no condition.
+//! surprises"): a one-off run with another Lease namespace changes nothing, CRDs managed in Git
+//! and bound with `pullPolicy: None` survive an unbind with their objects, a binding says what
+//! the provider refused instead of `Permitted`, and `source: Auto` picks the labelled CRDs when
+//! there are any. Each checks a second run writes nothing and changes no condition.
 
 mod support;
 
@@ -549,5 +549,52 @@ async fn a_binding_names_what_the_provider_refused_and_never_says_permitted_then
             (conn_conds, cb_conds),
             "{reason}: a second run changes no condition"
         );
+    }
+}
+
+/// `source: Auto` with a non-empty labelled CRD list selects CRD: `activeSchemaSource` says so,
+/// and only the labelled APIs are exported (OpenAPI would add every unlabelled one).
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn auto_selects_crd_when_the_labelled_list_is_not_empty() {
+    let fx = Fx::new("autocrd").await;
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let unlabelled = fx.provider_crd("gadgets", "Namespaced", None, None).await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "Auto"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
+    for run in 1..=2 {
+        let s = fx.run(&[]);
+        let st = fx.conn(&conn).await.status.unwrap();
+        assert_eq!(
+            st.active_schema_source.as_deref(),
+            Some("CRD"),
+            "run {run}: {:?}",
+            st.conditions
+        );
+        let exported: Vec<&str> = st.exported_apis.iter().map(|e| e.name.as_str()).collect();
+        assert!(exported.contains(&widgets.as_str()), "{exported:?}");
+        assert!(
+            !exported.contains(&unlabelled.as_str())
+                && !exported.contains(&"connections.core.kbind.io"),
+            "only labelled CRDs: {exported:?}"
+        );
+        assert_eq!(
+            cond(&conditions_of_cluster_binding(&fx, &cb).await, "Ready").0,
+            "True"
+        );
+        if run == 2 {
+            assert_eq!(s["data_writes"], 0, "{s}");
+        }
     }
 }
