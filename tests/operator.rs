@@ -125,7 +125,6 @@ async fn a_one_off_run_with_another_lease_namespace_leaves_every_connection_as_i
         .await
         .unwrap();
 
-    let mut cases = Vec::new();
     for (fx, pod_ns, scheduled_lease) in [
         (&pod, Some(pod.ns.as_str()), None),
         (&laptop, None, Some(laptop.ns.as_str())),
@@ -158,10 +157,7 @@ async fn a_one_off_run_with_another_lease_namespace_leaves_every_connection_as_i
         assert_eq!(cond(&st.conditions, "Ready").0, "True", "{st:?}");
         assert_eq!(cond(&st.conditions, "SecretValid").1, "Valid");
         installed_run(fx, "resync", scheduled_lease, pod_ns);
-        cases.push((fx, pod_ns, conn, cb));
-    }
 
-    for (fx, pod_ns, conn, cb) in cases {
         let before = (
             conditions_of_connection(fx, &conn).await,
             conditions_of_cluster_binding(fx, &cb).await,
