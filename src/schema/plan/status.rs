@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use super::binding::{ApiState, api_state, binding_status};
+use super::binding::{ApiState, ConnectionSide, api_state, binding_status};
 use super::*;
 
 /// Statuses to record after the CRD writes.
@@ -71,33 +71,17 @@ pub fn plan_status(
                 drift.note(o.policy.update_policy, api);
             }
         }
-        let desired = binding_status(
-            b,
-            &states,
-            ready.is_ok(),
-            ready.as_ref().err(),
-            refused.as_ref(),
-            o.policy.update_policy,
-            now,
-        );
+        let conn = ConnectionSide {
+            ready: ready.is_ok(),
+            not_ready: ready.as_ref().err(),
+            refused: refused.as_ref(),
+        };
+        let desired = binding_status(b, &states, &conn, o.policy.update_policy, now);
         if schema_owned(&desired) != schema_owned(&b.status) {
             bindings.push((b.key.clone(), desired));
         }
     }
-    if o.policy.pull_policy == PullPolicy::All
-        && let Some(d) = d
-    {
-        for e in &d.exports {
-            match crds.get(&e.api.name) {
-                Some(m)
-                    if ours(m, o.name) && m.schema_hash.as_deref() != Some(&e.api.schema_hash) =>
-                {
-                    drift.note(o.policy.update_policy, &e.api.name);
-                }
-                _ => {}
-            }
-        }
-    }
+    drift.note_pulled(o, d, &crds);
     if d.is_some() {
         drift.record(&mut st.conditions, g, now);
     }
@@ -313,6 +297,28 @@ struct Drift {
 }
 
 impl Drift {
+    /// Under `pullPolicy: All` every export is pulled, bound or not: its drift counts too.
+    fn note_pulled(
+        &mut self,
+        o: &Observed,
+        d: Option<&Discovered>,
+        crds: &std::collections::BTreeMap<String, CrdMeta>,
+    ) {
+        let Some(d) = d.filter(|_| o.policy.pull_policy == PullPolicy::All) else {
+            return;
+        };
+        for e in &d.exports {
+            match crds.get(&e.api.name) {
+                Some(m)
+                    if ours(m, o.name) && m.schema_hash.as_deref() != Some(&e.api.schema_hash) =>
+                {
+                    self.note(o.policy.update_policy, &e.api.name);
+                }
+                _ => {}
+            }
+        }
+    }
+
     fn note(&mut self, update: UpdatePolicy, api: &str) {
         if update == UpdatePolicy::Once {
             self.pinned.insert(api.to_string())
