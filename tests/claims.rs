@@ -142,6 +142,47 @@ async fn requirements_missing_on_the_export_are_reported_not_claimed() {
     assert_eq!(condition(&e, "Ready").0, "True");
 }
 
+/// Spec 001: own requirements are Accepted "for platform and org-owned providers alike", and a
+/// composition needs the workspace's consent for both. Two providers, one with `spec.org`, one
+/// without, bound from one workspace: the same claims, over two runs (the second writes nothing).
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn own_requirements_are_accepted_for_platform_and_org_owned_providers_alike() {
+    let fx = ClaimsFx::new("cl-org").await;
+    let ws = fx.workspace("ws").await;
+    let mut entries = Vec::new();
+    for (binding, org) in [("platform", None), ("orgowned", Some("7c0e1d2a-org-acme"))] {
+        let (path, export) = fx.provider().await;
+        let entry = unique(binding);
+        let requires = vec![
+            req("", "configmaps", None),
+            req("storage.io", "volumes", Some("storage")),
+        ];
+        fx.entry_in_org(&entry, &path, &export, requires, org).await;
+        fx.binding(&ws, binding, &path, &export, vec![]).await;
+        entries.push((binding, entry, org));
+    }
+    let want = pairs(&[
+        ("configmaps", "Accepted"),
+        ("storage.io/volumes", "Rejected"),
+    ]);
+    for run in 1..=2 {
+        let s = fx.run(&[]).await;
+        if run == 2 {
+            assert_eq!(s["data_writes"], 0, "{s}");
+        }
+        for (binding, entry, org) in &entries {
+            assert_eq!(fx.claims(&ws, binding).await, want, "{binding}, run {run}");
+            let e = fx.catalog_entry(entry).await;
+            assert_eq!(e.spec.org, org.unwrap_or_default(), "{binding}");
+            assert_eq!(condition(&e, "Ready").0, "True", "{binding}");
+        }
+    }
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(feature = "servers"),

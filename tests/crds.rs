@@ -119,6 +119,17 @@ fn catalog_entry_keeps_its_old_short_name() {
     );
 }
 
+/// `kubectl get relsrc` (docs/relsync.md): RelationshipSource keeps its short name.
+#[test]
+fn relationship_source_answers_to_relsrc() {
+    let crd = kbind::crds::kbind_crds()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "RelationshipSource")
+        .unwrap();
+    let short = crd.spec.names.short_names.unwrap_or_default();
+    assert!(short.contains(&"relsrc".to_string()), "{short:?}");
+}
+
 fn resource_of(obj: &Value) -> ApiResource {
     let api_version = obj["apiVersion"].as_str().unwrap();
     let (group, version) = api_version.split_once('/').unwrap();
@@ -189,6 +200,24 @@ async fn every_crd_installs_and_every_sample_is_accepted() {
         }
     }
     assert_eq!(n, 8, "every sample document validated");
+
+    // Short names reach kubectl through discovery: `kubectl get relsrc`.
+    let req = http::Request::get("/apis/agentprimitives.authzed.com/v1alpha1")
+        .body(Vec::new())
+        .unwrap();
+    let list: Value = client.request(req).await.unwrap();
+    let sources = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "relationshipsources")
+        .unwrap_or_else(|| panic!("relationshipsources served: {list}"));
+    assert!(
+        sources["shortNames"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!("relsrc"))),
+        "{sources}"
+    );
 
     // Defaults: a minimal Connection gets the contract's defaults.
     let minimal = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",

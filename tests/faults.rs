@@ -158,6 +158,8 @@ impl Faulty {
             &kc,
             "--lease-namespace",
             &self.fx.ns,
+            "--credential-namespace",
+            &self.fx.ns,
             "--selector",
             &selector,
             "--allow-kubeconfig-field",

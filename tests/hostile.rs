@@ -1750,6 +1750,8 @@ async fn hostile_provider_apiservers_fail_their_connection_with_the_bound_they_m
         &kc,
         "--lease-namespace",
         &fx.ns,
+        "--credential-namespace",
+        &fx.ns,
         "--selector",
         &selector,
         "--allow-kubeconfig-field",

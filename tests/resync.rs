@@ -1095,6 +1095,8 @@ async fn a_run_killed_mid_pass_converges_with_nothing_lost_or_duplicated() {
             &kc,
             "--lease-namespace",
             &s.ns,
+            "--credential-namespace",
+            &s.ns,
             "--selector",
             &selector,
             // One object at a time: write n is the same write on every run.
@@ -1175,6 +1177,8 @@ async fn a_concurrent_pass_killed_mid_flight_converges_on_the_next_run() {
         "--kubeconfig",
         &kc,
         "--lease-namespace",
+        &s.ns,
+        "--credential-namespace",
         &s.ns,
         "--selector",
         &selector,

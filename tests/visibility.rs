@@ -48,6 +48,8 @@ async fn a_pass_says_kbind_and_its_name_to_its_own_cluster_and_to_the_provider()
         &kc.to_string_lossy(),
         "--lease-namespace",
         &fx.ns,
+        "--credential-namespace",
+        &fx.ns,
         "--selector",
         &selector,
         // The recording proxy speaks plain HTTP on loopback.

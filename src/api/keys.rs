@@ -8,6 +8,10 @@ pub const MANAGED: &str = "core.kbind.io/managed";
 pub const CONNECTION: &str = "core.kbind.io/connection";
 /// Finalizer on Connection, its Secret, Binding and ClusterBinding: teardown not finished.
 pub const CLEANUP_FINALIZER: &str = "core.kbind.io/cleanup";
+/// Consumer CRD annotation, value `"true"`: kbind created this CRD. Set only when `kbind schema`
+/// creates it (kept by its schema updates), never by stamping; teardown deletes only CRDs
+/// carrying it (docs/contract.md "Unbind and teardown").
+pub const CREATED: &str = "core.kbind.io/created";
 /// Consumer CRD annotation: hash of the provider schema it was made from.
 pub const SCHEMA_HASH: &str = "core.kbind.io/schema-hash";
 /// Provider object label: the consumer cluster UID that owns it.

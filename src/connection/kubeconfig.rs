@@ -105,8 +105,8 @@ pub enum KubeconfigField {
 pub struct CredentialArgs {
     /// Namespace Connection Secrets may live in (repeatable, or comma-separated). A Connection
     /// naming a Secret elsewhere gets SecretValid=False SecretNamespaceNotAllowed and is never
-    /// read. Default: the install namespace (the pass Lease's: --lease-namespace, else
-    /// $POD_NAMESPACE, else kbind-system).
+    /// read. Default: the install namespace ($POD_NAMESPACE, else kbind-system), whatever
+    /// --lease-namespace says.
     #[arg(
         long = "credential-namespace",
         env = "KBIND_CREDENTIAL_NAMESPACES",

@@ -115,16 +115,29 @@ pub struct CommonArgs {
     pub log_level: LogLevel,
 }
 
+/// The namespace kbind is installed in when nothing says otherwise (docs/operations.md).
+pub const DEFAULT_INSTALL_NAMESPACE: &str = "kbind-system";
+
+/// The install namespace: `$POD_NAMESPACE` in a Pod, else [`DEFAULT_INSTALL_NAMESPACE`]. It
+/// never follows `--lease-namespace`: the credential namespaces default to it, so a one-off run
+/// with another Lease namespace reads the same Secrets as the CronJob (docs/contract.md
+/// "Boundaries").
+pub fn install_namespace() -> String {
+    install_namespace_from(std::env::var("POD_NAMESPACE").ok())
+}
+
+fn install_namespace_from(pod_namespace: Option<String>) -> String {
+    pod_namespace
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_INSTALL_NAMESPACE.into())
+}
+
 impl CommonArgs {
+    /// `--lease-namespace`, else the install namespace.
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
             .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|s| !s.is_empty())
-            })
-            .unwrap_or_else(|| "kbind-system".into())
+            .unwrap_or_else(install_namespace)
     }
 }
 
@@ -146,6 +159,13 @@ pub fn parse_lease_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_install_namespace_is_the_pods_else_kbind_system() {
+        assert_eq!(install_namespace_from(Some("team-x".into())), "team-x");
+        assert_eq!(install_namespace_from(Some(String::new())), "kbind-system");
+        assert_eq!(install_namespace_from(None), "kbind-system");
+    }
 
     #[test]
     fn lease_durations_are_whole_seconds() {

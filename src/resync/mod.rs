@@ -68,6 +68,9 @@ struct BoundApi {
     connection: String,
     resource: ApiResource,
     namespaced: bool,
+    /// kbind created the consumer CRD (`core.kbind.io/created`): only then does an unbind
+    /// remove it, and its objects with it.
+    created: bool,
 }
 
 /// A provider reached through a Connection, after its identity was checked.
@@ -98,32 +101,14 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
     let client = ctx.client.clone();
     let seen = observe::consumer(&ctx, args.selector.as_deref()).await?;
     let mut apis = seen.apis;
-    // Resume where the last budget-limited run stopped: its API first, after its object.
-    let cursor: Option<(String, String)> = ctx
-        .resume_after
-        .as_deref()
-        .and_then(|c| c.split_once('|'))
-        .map(|(a, k)| (a.to_string(), k.to_string()));
-    if let Some((api, _)) = &cursor {
-        let split = apis.partition_point(|a| &a.name < api);
-        apis.rotate_left(split);
-    }
-    let mut run = Run {
-        ctx: &ctx,
-        bindings: seen.bindings,
-        selected: seen.selected,
-        counts: BTreeMap::new(),
-        unread: BTreeSet::new(),
-        resume_after: None,
-        writes: Writes::new(ctx.args.dry_run),
-        summary: Summary::new(PASS, ctx.args.dry_run),
-        write_concurrency: if ctx.args.dry_run {
-            std::num::NonZeroUsize::MIN
-        } else {
-            args.write.write_concurrency
-        },
-    };
-    let policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    let cursor = resume(ctx.resume_after.as_deref(), &mut apis);
+    let mut run = Run::new(
+        &ctx,
+        seen.bindings,
+        seen.selected,
+        args.write.write_concurrency,
+    );
+    let policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
     // The consumer's own identity, read now: copies are marked with it, so a Connection status
     // claiming another (forged, or restored onto another cluster) must not be trusted.
     let local = connection::cluster_uid(&client).await;
@@ -182,6 +167,45 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         }
     }
     run.finish(&client, &apis, &providers, stopped).await
+}
+
+/// Resume where the last budget-limited run stopped (`<api>|<namespace>/<name>`): its API first
+/// (`apis` rotated to it), after its object. Returns the (API, object) cursor.
+fn resume(resume_after: Option<&str>, apis: &mut [BoundApi]) -> Option<(String, String)> {
+    let cursor = resume_after
+        .and_then(|c| c.split_once('|'))
+        .map(|(a, k)| (a.to_string(), k.to_string()));
+    if let Some((api, _)) = &cursor {
+        let split = apis.partition_point(|a| &a.name < api);
+        apis.rotate_left(split);
+    }
+    cursor
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        ctx: &'a PassContext,
+        bindings: Vec<BindingRef>,
+        selected: BTreeSet<BindingKey>,
+        write_concurrency: std::num::NonZeroUsize,
+    ) -> Self {
+        Run {
+            ctx,
+            bindings,
+            selected,
+            counts: BTreeMap::new(),
+            unread: BTreeSet::new(),
+            resume_after: None,
+            writes: Writes::new(ctx.args.dry_run),
+            summary: Summary::new(PASS, ctx.args.dry_run),
+            // A dry run plans one write at a time, in order.
+            write_concurrency: if ctx.args.dry_run {
+                std::num::NonZeroUsize::MIN
+            } else {
+                write_concurrency
+            },
+        }
+    }
 }
 
 impl Run<'_> {

@@ -141,6 +141,10 @@ fn bound_api(c: &CustomResourceDefinition) -> Option<BoundApi> {
         connection,
         resource: ApiResource::from_gvk_with_plural(&gvk, &c.spec.names.plural),
         namespaced: c.spec.scope == "Namespaced",
+        created: c
+            .annotations()
+            .get(keys::CREATED)
+            .is_some_and(|v| v == "true"),
     })
 }
 

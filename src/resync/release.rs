@@ -67,75 +67,81 @@ async fn release_one(
     provider: Option<&Provider>,
     writes: &mut Writes,
 ) -> Result<bool, kube::Error> {
-    {
-        if b.status.conditions.is_true(INSTANCES_RELEASED) {
-            return Ok(false);
-        }
-        let mut done = true;
-        // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
-        // no other live binding listing the API): their consumer objects go with the CRD.
-        let unbound: Vec<&BoundApi> = apis
-            .iter()
-            .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
-            .filter(|a| {
-                b.key.namespace.is_none()
-                    && !bindings
-                        .iter()
-                        .any(|o| !o.deleting && o.apis.contains(&a.name))
-            })
-            .collect();
-        let mut kept = 0;
-        for api in &unbound {
-            match provider {
-                Some(p) => match mark_unbound(ctx, p, api, writes).await {
-                    Ok((n, complete)) => {
-                        kept += n;
-                        done &= complete;
-                    }
-                    // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
-                    // at the re-bind instead; it is never deleted either way.
-                    Err(e) => {
-                        tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
-                    }
-                },
-                None => {
-                    tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
+    if b.status.conditions.is_true(INSTANCES_RELEASED) {
+        return Ok(false);
+    }
+    let mut done = true;
+    // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
+    // no other live binding listing the API, a CRD kbind created): their consumer objects
+    // go with the CRD. A CRD kbind only stamped stays with its objects, like a Binding's.
+    let unbound: Vec<&BoundApi> = apis
+        .iter()
+        .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
+        .filter(|a| {
+            a.created
+                && b.key.namespace.is_none()
+                && !bindings
+                    .iter()
+                    .any(|o| !o.deleting && o.apis.contains(&a.name))
+        })
+        .collect();
+    let mut kept = 0;
+    for api in &unbound {
+        match provider {
+            Some(p) => match mark_unbound(ctx, p, api, writes).await {
+                Ok((n, complete)) => {
+                    kept += n;
+                    done &= complete;
                 }
+                // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
+                // at the re-bind instead; it is never deleted either way.
+                Err(e) => {
+                    tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
+                }
+            },
+            None => {
+                tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
             }
         }
-        if !done {
-            return Ok(false);
-        }
-        if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
-            return Ok(false);
-        }
-        if !unbound.is_empty() {
-            let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
-            let note = format!(
-                "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
-                 the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
-                names.join(", "),
-                keys::ORPHANED,
-                keys::ORPHANED_UNBOUND
-            );
-            let reference = k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("core.kbind.io/v1alpha1".into()),
-                kind: Some("ClusterBinding".into()),
-                name: Some(b.key.name.clone()),
-                uid: Some(b.uid.clone()),
-                ..Default::default()
-            };
-            ctx.recorder
-                .publish(&reference, EventType::Normal, "ProviderCopiesKept", &note)
-                .await;
-        }
-        let status = super::record::released_status(b, Timestamp::now());
-        if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
-            write(client, &b.key, status).await?;
-            writes.bookkeeping_done();
-        }
-        Ok(true)
     }
+    if !done {
+        return Ok(false);
+    }
+    if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
+        return Ok(false);
+    }
+    if !unbound.is_empty() {
+        copies_kept(ctx, b, &unbound, kept).await;
+    }
+    let status = super::record::released_status(b, Timestamp::now());
+    if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
+        write(client, &b.key, status).await?;
+        writes.bookkeeping_done();
+    }
+    Ok(true)
+}
+
+/// The `ProviderCopiesKept` Event on a released ClusterBinding: which consumer CRDs `kbind schema`
+/// now removes, and how many provider copies stay.
+async fn copies_kept(ctx: &PassContext, b: &BindingRef, unbound: &[&BoundApi], kept: i64) {
+    let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
+    let note = format!(
+        "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
+         the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
+        names.join(", "),
+        keys::ORPHANED,
+        keys::ORPHANED_UNBOUND
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("core.kbind.io/v1alpha1".into()),
+        kind: Some("ClusterBinding".into()),
+        name: Some(b.key.name.clone()),
+        uid: Some(b.uid.clone()),
+        ..Default::default()
+    };
+    ctx.recorder
+        .publish(&reference, EventType::Normal, "ProviderCopiesKept", &note)
+        .await;
 }
 
 /// Annotate every copy of ours of an unbound API `core.kbind.io/orphaned: Unbound` (those not

@@ -59,7 +59,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     let mut summary = Summary::new(PASS, ctx.args.dry_run);
     let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe::observe(&ctx, args.selector.as_deref()).await?;
-    world.policy = CredentialPolicy::new(&args.credentials, ctx.args.lease_namespace());
+    world.policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
     let names: Vec<String> = world
         .connections
         .iter()

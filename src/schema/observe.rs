@@ -76,6 +76,7 @@ fn crd_meta(m: PartialObjectMeta<CustomResourceDefinition>) -> (String, CrdMeta)
         managed: labels.get(keys::MANAGED).is_some_and(|v| v == "true"),
         connection: ann.get(keys::CONNECTION).cloned(),
         schema_hash: ann.get(keys::SCHEMA_HASH).cloned(),
+        created: ann.get(keys::CREATED).is_some_and(|v| v == "true"),
         deleting: m.metadata.deletion_timestamp.is_some(),
     };
     (m.metadata.name.unwrap_or_default(), meta)

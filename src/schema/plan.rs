@@ -24,6 +24,8 @@ pub struct CrdMeta {
     pub managed: bool,
     pub connection: Option<String>,
     pub schema_hash: Option<String>,
+    /// kbind created it (annotation `core.kbind.io/created`): only such a CRD is ever deleted.
+    pub created: bool,
     pub deleting: bool,
 }
 
@@ -148,7 +150,7 @@ pub fn plan_crds(o: &Observed) -> Vec<CrdAction> {
         };
         match o.consumer_crds.get(name) {
             Some(m) if m.deleting => {}
-            None if wanted => actions.push(CrdAction::Create(Box::new(with_markers(e, o.name)))),
+            None if wanted => actions.push(CrdAction::Create(Box::new(consumer_crd(e, o, true)))),
             None => {}
             Some(m) if ours(m, o.name) => {
                 let drifted = m.schema_hash.as_deref() != Some(e.api.schema_hash.as_str());
@@ -156,13 +158,19 @@ pub fn plan_crds(o: &Observed) -> Vec<CrdAction> {
                     && o.policy.update_policy == UpdatePolicy::Always
                     && o.policy.pull_policy != PullPolicy::None
                 {
-                    actions.push(CrdAction::Update(Box::new(with_markers(e, o.name))));
+                    // The creation record stays exactly as observed: an update never claims a
+                    // CRD kbind did not create.
+                    let crd = consumer_crd(e, o, m.created);
+                    actions.push(CrdAction::Update(Box::new(crd)));
                 }
             }
+            // Only a CRD a binding of this Connection lists: None never marks a CRD nobody asked
+            // kbind to sync (docs/deviations.md "pullPolicy None").
             Some(m)
                 if unmarked(m)
                     && o.policy.pull_policy == PullPolicy::None
-                    && d.source == SchemaSource::Crd =>
+                    && d.source == SchemaSource::Crd
+                    && bound.contains(name) =>
             {
                 actions.push(CrdAction::Stamp {
                     name: name.to_string(),
@@ -173,6 +181,22 @@ pub fn plan_crds(o: &Observed) -> Vec<CrdAction> {
         }
     }
     actions
+}
+
+/// The consumer CRD for export `e` with kbind's markers, and the creation record when `created`.
+fn consumer_crd(
+    e: &super::crdpull::Export,
+    o: &Observed,
+    created: bool,
+) -> CustomResourceDefinition {
+    let mut crd = with_markers(e, o.name);
+    if created {
+        crd.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(crate::api::keys::CREATED.to_string(), "true".to_string());
+    }
+    crd
 }
 
 fn ours(m: &CrdMeta, connection: &str) -> bool {
@@ -221,6 +245,10 @@ pub fn crds_after(
                 managed: true,
                 connection: Some(o.name.to_string()),
                 schema_hash: hash,
+                created: match a {
+                    CrdAction::Create(_) => true,
+                    _ => o.consumer_crds.get(&a.name()).is_some_and(|m| m.created),
+                },
                 deleting: false,
             },
         );

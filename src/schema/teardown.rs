@@ -1,6 +1,7 @@
 //! Teardown, in the contract's order. A deleting binding keeps its finalizer until `kbind
-//! resync` has released its instances (`InstancesReleased=True`); then a ClusterBinding's managed
-//! consumer CRDs are removed (a Binding keeps them) and the finalizer goes. A deleting Connection
+//! resync` has released its instances (`InstancesReleased=True`); then the managed consumer CRDs
+//! of a ClusterBinding that kbind created (`core.kbind.io/created`) are removed (a Binding keeps
+//! them, and a CRD kbind only stamped always stays) and the finalizer goes. A deleting Connection
 //! waits while bindings reference it, removes its autoBind ClusterBinding, then releases the
 //! Secret's finalizer (when no other Connection uses it) and its own. Provider data is never
 //! deleted because of an unbind.
@@ -160,32 +161,15 @@ pub async fn binding(
         tracing::info!(binding = %b.view.key, "waiting for kbind resync to release the binding's instances");
         return Ok(());
     }
-    if b.view.key.namespace.is_none() {
-        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for name in &b.view.apis {
-            // A CRD already being deleted (by an earlier run, the apiserver still finishing) has
-            // nothing left to do: deleting it again would be a write redone.
-            let ours = crds.get(name).is_some_and(|m| {
-                m.managed
-                    && !m.deleting
-                    && m.connection.as_deref() == Some(b.view.connection.as_str())
-            });
-            let still_bound = all
-                .iter()
-                .any(|o| !o.view.deleting && o.view.apis.contains(name));
-            if ours
-                && !still_bound
-                && writes.will(
-                    "delete",
-                    format!("CustomResourceDefinition {name}"),
-                    "ClusterBinding removed",
-                )
-            {
-                let uid = crds.get(name).map(|m| m.uid.as_str()).unwrap_or_default();
-                if delete_observed(&api, name, uid).await? {
-                    writes.data_done();
-                }
-            }
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (name, uid) in crds_to_delete(b, all, crds) {
+        if writes.will(
+            "delete",
+            format!("CustomResourceDefinition {name}"),
+            "ClusterBinding removed",
+        ) && delete_observed(&api, name, uid).await?
+        {
+            writes.data_done();
         }
     }
     if writes.will(
@@ -197,6 +181,41 @@ pub async fn binding(
         writes.bookkeeping_done();
     }
     Ok(())
+}
+
+/// The consumer CRDs a deleted binding's teardown removes, with the UIDs observed: only a
+/// ClusterBinding's, only CRDs kbind created for its Connection (`core.kbind.io/created`), not
+/// already being deleted (deleting again would be a write redone), and listed by no other live
+/// binding. A CRD kbind only stamped (pullPolicy None), or created by kbind 0.2 before the record
+/// existed, stays with its objects (docs/upgrade.md, 0.3).
+pub(crate) fn crds_to_delete<'c>(
+    b: &BindingObj,
+    all: &[BindingObj],
+    crds: &'c BTreeMap<String, CrdMeta>,
+) -> Vec<(&'c str, &'c str)> {
+    if b.view.key.namespace.is_some() {
+        return Vec::new();
+    }
+    crds.iter()
+        .filter(|(name, m)| {
+            b.view.apis.contains(name)
+                && m.managed
+                && !m.deleting
+                && m.connection.as_deref() == Some(b.view.connection.as_str())
+        })
+        .filter(|(name, m)| {
+            if !m.created {
+                tracing::info!(binding = %b.view.key, crd = %name, "consumer CRD kept: kbind did not create it");
+            }
+            m.created
+        })
+        .filter(|(name, _)| {
+            !all
+                .iter()
+                .any(|o| !o.view.deleting && o.view.apis.contains(name))
+        })
+        .map(|(name, m)| (name.as_str(), m.uid.as_str()))
+        .collect()
 }
 
 /// Delete the object observed with `uid` (a precondition: a same-named replacement is never
@@ -278,4 +297,78 @@ pub async fn orphan_binding(
     crate::bindings::apply_status(client, manager, &b.view.key, status).await?;
     writes.bookkeeping_done();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::BindingKey;
+    use crate::schema::plan::BindingView;
+
+    fn binding(ns: Option<&str>, name: &str, apis: &[&str], deleting: bool) -> BindingObj {
+        BindingObj {
+            view: BindingView {
+                key: BindingKey {
+                    namespace: ns.map(String::from),
+                    name: name.into(),
+                },
+                connection: "c".into(),
+                apis: apis.iter().map(|a| a.to_string()).collect(),
+                deleting,
+                ..Default::default()
+            },
+            uid: format!("uid-{name}"),
+            finalizers: vec![keys::CLEANUP_FINALIZER.into()],
+            owner_uids: vec![],
+        }
+    }
+
+    fn crd(connection: &str, created: bool, deleting: bool) -> CrdMeta {
+        CrdMeta {
+            uid: format!("uid-{connection}-{created}"),
+            managed: true,
+            connection: Some(connection.into()),
+            schema_hash: created.then(|| "h".into()),
+            created,
+            deleting,
+        }
+    }
+
+    #[test]
+    fn teardown_deletes_only_crds_kbind_created_and_nobody_else_lists() {
+        let crds = BTreeMap::from([
+            ("created.x.io".to_string(), crd("c", true, false)),
+            ("stamped.x.io".to_string(), crd("c", false, false)),
+            ("others.x.io".to_string(), crd("d", true, false)),
+            ("going.x.io".to_string(), crd("c", true, true)),
+            ("shared.x.io".to_string(), crd("c", true, false)),
+        ]);
+        let apis = [
+            "created.x.io",
+            "stamped.x.io",
+            "others.x.io",
+            "going.x.io",
+            "shared.x.io",
+            "absent.x.io",
+        ];
+        let deleting = binding(None, "cb", &apis, true);
+        let all = vec![
+            deleting.clone(),
+            binding(Some("ns"), "b", &["shared.x.io"], false),
+            // Another deleting binding listing it does not keep it.
+            binding(None, "gone", &["created.x.io"], true),
+        ];
+        // Of a ClusterBinding's APIs, only the CRD kbind created that nobody else lists goes:
+        // not the stamped one, another Connection's, one already going, one a live Binding
+        // lists, or one that does not exist.
+        assert_eq!(
+            crds_to_delete(&deleting, &all, &crds),
+            [("created.x.io", "uid-c-true")]
+        );
+        assert_eq!(
+            crds_to_delete(&all[1], &all, &crds),
+            [],
+            "a Binding removes no CRD"
+        );
+    }
 }

@@ -301,13 +301,28 @@ impl ClaimsFx {
         out
     }
 
-    /// A CatalogEntry labelled for this fixture.
+    /// A CatalogEntry labelled for this fixture (a platform provider: no `spec.org`).
     pub async fn entry(&self, name: &str, path: &str, export: &str, requires: Vec<Requirement>) {
-        let body = json!({
+        self.entry_in_org(name, path, export, requires, None).await
+    }
+
+    /// [`ClaimsFx::entry`] owned by `org` (`spec.org`) when given.
+    pub async fn entry_in_org(
+        &self,
+        name: &str,
+        path: &str,
+        export: &str,
+        requires: Vec<Requirement>,
+        org: Option<&str>,
+    ) {
+        let mut body = json!({
             "apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
             "metadata": {"name": name, "labels": {"kbind-test": self.label}},
             "spec": {"export": {"path": path, "name": export}, "requires": requires},
         });
+        if let Some(org) = org {
+            body["spec"]["org"] = json!(org);
+        }
         self.api::<CatalogEntry>()
             .patch(
                 name,

@@ -168,7 +168,9 @@ impl Fx {
         )
     }
 
-    /// The command line of pass `name` limited to this fixture's objects, then `extra`.
+    /// The command line of pass `name` limited to this fixture's objects, then `extra`. The
+    /// fixture's namespace holds its Lease and, for schema and resync, its Connection Secrets
+    /// (`--credential-namespace`: the default is the install namespace, never the Lease's).
     fn args(&self, name: &str, extra: &[&str]) -> Vec<String> {
         let selector = format!("kbind-test={}", self.label);
         let kc = self.env.consumer.to_string_lossy().to_string();
@@ -183,6 +185,9 @@ impl Fx {
             "-o",
             "json",
         ];
+        if ["schema", "resync"].contains(&name) {
+            args.extend(["--credential-namespace", &self.ns]);
+        }
         args.extend_from_slice(extra);
         args.into_iter().map(String::from).collect()
     }

@@ -35,6 +35,7 @@ pub struct Env {
 /// never a skip.
 pub fn env() -> Env {
     kbind::install_crypto_provider();
+    scoped();
     let var = |k: &str| {
         std::env::var(k)
             .ok()
@@ -290,11 +291,9 @@ pub fn temp_file(prefix: &str, text: &str) -> PathBuf {
     path
 }
 
-/// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
-/// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
-/// exports must stay its own over a long run holds it shared. A file lock in the servers'
-/// directory, so it holds across test processes (nextest) as well; dropped, it is released.
-pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
+/// A file lock in the servers' directory (so it holds across test processes, e.g. nextest's),
+/// taken shared or exclusive; dropped, it is released.
+fn lock_file(name: &str, exclusive: bool) -> std::fs::File {
     let dir = std::env::var_os("KBIND_TESTENV_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -302,10 +301,42 @@ pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join("all-exports.lock"))
-        .expect("open the exports lock");
-    if exclusive { f.lock() } else { f.lock_shared() }.expect("take the exports lock");
+        .open(dir.join(name))
+        .unwrap_or_else(|e| panic!("open the lock {name}: {e}"));
+    if exclusive { f.lock() } else { f.lock_shared() }
+        .unwrap_or_else(|e| panic!("take the lock {name}: {e}"));
     f
+}
+
+/// Whether this process runs passes without `--selector` ([`unscoped_lock`]).
+static UNSCOPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Every server test process holds the unscoped lock shared, from its first [`env`] until it
+/// exits (a test binary under `cargo test`, one test under nextest): its objects are in flux
+/// while it lives, and a pass run without `--selector` must not touch them.
+fn scoped() {
+    static SHARED: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    if !UNSCOPED.load(std::sync::atomic::Ordering::SeqCst) {
+        SHARED.get_or_init(|| lock_file("unscoped.lock", false));
+    }
+}
+
+/// For the tests that run schema and resync as users run them, without `--selector` (they see
+/// every test's objects): waits until no other server test process lives, and keeps new ones
+/// from starting until the returned lock is dropped. Only what earlier tests left behind remains,
+/// and it stays put. Take it before anything else in the test (before [`env`]); a process that
+/// takes it never holds the shared side (tests/unscoped.rs is such a process).
+pub fn unscoped_lock() -> std::fs::File {
+    UNSCOPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    lock_file("unscoped.lock", true)
+}
+
+/// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
+/// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
+/// exports must stay its own over a long run holds it shared. A file lock in the servers'
+/// directory, so it holds across test processes (nextest) as well; dropped, it is released.
+pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
+    lock_file("all-exports.lock", exclusive)
 }
 
 /// Run `cmd`, send it `signal` (`KILL`, `TERM`) once `trigger` completes if it is still running,

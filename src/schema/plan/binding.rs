@@ -121,20 +121,22 @@ pub(super) fn api_state(
     }
 }
 
-pub(super) fn binding_status(
-    b: &BindingView,
-    states: &[(String, ApiState)],
-    connection_ready: bool,
-    conn_err: Option<&(&str, String)>,
-    update: UpdatePolicy,
-    now: Timestamp,
-) -> BindingStatus {
-    let mut st = b.status.clone();
-    let g = b.generation;
-    let mut bound: Vec<BoundApi> = Vec::new();
-    let mut problems: Vec<(&str, String)> = Vec::new();
-    let mut pending: Vec<&str> = Vec::new();
-    let mut warnings: Vec<String> = Vec::new();
+/// What a binding's API states add up to: the bound APIs (schema fields set), the problems
+/// (reason, message), the APIs with a schema update pending, and warnings.
+struct Summed<'s> {
+    bound: Vec<BoundApi>,
+    problems: Vec<(&'static str, String)>,
+    pending: Vec<&'s str>,
+    warnings: Vec<String>,
+}
+
+fn sum<'s>(b: &BindingView, states: &'s [(String, ApiState)], update: UpdatePolicy) -> Summed<'s> {
+    let mut out = Summed {
+        bound: Vec::new(),
+        problems: Vec::new(),
+        pending: Vec::new(),
+        warnings: Vec::new(),
+    };
     for (api, s) in states {
         match s {
             ApiState::Bound {
@@ -144,7 +146,7 @@ pub(super) fn binding_status(
                 in_sync,
                 warning,
             } => {
-                warnings.extend(warning.iter().cloned());
+                out.warnings.extend(warning.iter().cloned());
                 let prev = b
                     .status
                     .bound_apis
@@ -152,7 +154,7 @@ pub(super) fn binding_status(
                     .find(|x| &x.name == api)
                     .cloned()
                     .unwrap_or_default();
-                bound.push(BoundApi {
+                out.bound.push(BoundApi {
                     name: api.clone(),
                     scope: Some(scope.clone()),
                     version: Some(version.clone()),
@@ -160,12 +162,38 @@ pub(super) fn binding_status(
                     ..prev
                 });
                 if !in_sync && update == UpdatePolicy::Always {
-                    pending.push(api);
+                    out.pending.push(api);
                 }
             }
-            ApiState::Problem { reason, message } => problems.push((reason, message.clone())),
+            ApiState::Problem { reason, message } => out.problems.push((*reason, message.clone())),
         }
     }
+    out
+}
+
+/// The Connection as its bindings see it this run: Ready or why not, and what the provider
+/// refused it (identity read, discovery).
+pub(super) struct ConnectionSide<'a> {
+    pub ready: bool,
+    pub not_ready: Option<&'a (&'static str, String)>,
+    pub refused: Option<&'a (&'static str, String)>,
+}
+
+pub(super) fn binding_status(
+    b: &BindingView,
+    states: &[(String, ApiState)],
+    conn: &ConnectionSide<'_>,
+    update: UpdatePolicy,
+    now: Timestamp,
+) -> BindingStatus {
+    let mut st = b.status.clone();
+    let g = b.generation;
+    let Summed {
+        mut bound,
+        problems,
+        pending,
+        warnings,
+    } = sum(b, states, update);
     keep_resync_entries(&b.status.bound_apis, &mut bound);
     st.bound_apis = bound;
     let denied: Vec<&String> = problems
@@ -174,9 +202,10 @@ pub(super) fn binding_status(
         .map(|(_, m)| m)
         .collect();
     let c = &mut st.conditions;
-    match (connection_ready, problems.first()) {
+    match (conn.ready, problems.first()) {
         (false, _) => {
-            let (reason, msg) = conn_err
+            let (reason, msg) = conn
+                .not_ready
                 .map(|(r, m)| (*r, m.as_str()))
                 .unwrap_or(("ConnectionNotReady", ""));
             c.set_condition(
@@ -198,7 +227,7 @@ pub(super) fn binding_status(
         }
         (true, None) => c.set_condition(READY, S::True, "Bound", &warnings.join("; "), g, now),
     };
-    if pending.is_empty() && problems.is_empty() && connection_ready {
+    if pending.is_empty() && problems.is_empty() && conn.ready {
         c.set_condition(SYNCED, S::True, "SchemasInstalled", "", g, now);
     } else {
         let msg = if pending.is_empty() {
@@ -208,7 +237,7 @@ pub(super) fn binding_status(
         };
         c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
     }
-    permission_denied(c, &denied, g, now);
+    permission_denied(c, &denied, conn.refused, g, now);
     st.observed_generation = g;
     st
 }
@@ -230,9 +259,19 @@ fn keep_resync_entries(previous: &[BoundApi], bound: &mut Vec<BoundApi>) {
     bound.sort_by(|a, b| a.name.cmp(&b.name));
 }
 
-/// A binding's PermissionDenied: the denied CRD writes of its APIs, if any.
-fn permission_denied(c: &mut Vec<Condition>, denied: &[&String], g: Option<i64>, now: Timestamp) {
-    if denied.is_empty() {
+/// A binding's PermissionDenied: what the provider refused its Connection this run (the identity
+/// read, discovery: reason `IdentityForbidden`, `DiscoveryForbidden`), else the denied CRD writes
+/// of its APIs; `Permitted` only when nothing was refused.
+fn permission_denied(
+    c: &mut Vec<Condition>,
+    denied: &[&String],
+    refused: Option<&(&'static str, String)>,
+    g: Option<i64>,
+    now: Timestamp,
+) {
+    if let Some((reason, msg)) = refused {
+        c.set_condition(PERMISSION_DENIED, S::True, reason, msg, g, now);
+    } else if denied.is_empty() {
         c.set_condition(PERMISSION_DENIED, S::False, "Permitted", "", g, now);
     } else {
         let msg = denied

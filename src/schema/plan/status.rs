@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use super::binding::{ApiState, api_state, binding_status};
+use super::binding::{ApiState, ConnectionSide, api_state, binding_status};
 use super::*;
 
 /// Statuses to record after the CRD writes.
@@ -49,7 +49,7 @@ pub fn plan_status(
 
     let mut st = o.status.clone();
     let g = o.generation;
-    let ready = connection_conditions(o, &mut st, &denied, now);
+    let (ready, refused) = connection_conditions(o, &mut st, &denied, now);
     let d = o.exports();
 
     // Bindings (setup side), then SchemaInSync over what they bind.
@@ -71,32 +71,17 @@ pub fn plan_status(
                 drift.note(o.policy.update_policy, api);
             }
         }
-        let desired = binding_status(
-            b,
-            &states,
-            ready.is_ok(),
-            ready.as_ref().err(),
-            o.policy.update_policy,
-            now,
-        );
+        let conn = ConnectionSide {
+            ready: ready.is_ok(),
+            not_ready: ready.as_ref().err(),
+            refused: refused.as_ref(),
+        };
+        let desired = binding_status(b, &states, &conn, o.policy.update_policy, now);
         if schema_owned(&desired) != schema_owned(&b.status) {
             bindings.push((b.key.clone(), desired));
         }
     }
-    if o.policy.pull_policy == PullPolicy::All
-        && let Some(d) = d
-    {
-        for e in &d.exports {
-            match crds.get(&e.api.name) {
-                Some(m)
-                    if ours(m, o.name) && m.schema_hash.as_deref() != Some(&e.api.schema_hash) =>
-                {
-                    drift.note(o.policy.update_policy, &e.api.name);
-                }
-                _ => {}
-            }
-        }
-    }
+    drift.note_pulled(o, d, &crds);
     if d.is_some() {
         drift.record(&mut st.conditions, g, now);
     }
@@ -126,14 +111,18 @@ pub fn plan_status(
 /// Why the Connection is not Ready (reason, message), if it is not.
 type NotReady = Result<(), (&'static str, String)>;
 
+/// A read the provider refused this run (reason naming it, message): the identity read or
+/// discovery. Every binding of the Connection says so in its own PermissionDenied.
+type Refused = Option<(&'static str, String)>;
+
 /// SecretValid, Connected and PermissionDenied, and the exported APIs discovery found; returns
-/// whether the Connection can be Ready as far as these go.
+/// whether the Connection can be Ready as far as these go, and what the provider refused.
 fn connection_conditions(
     o: &Observed,
     st: &mut ConnectionStatus,
     denied: &[String],
     now: Timestamp,
-) -> NotReady {
+) -> (NotReady, Refused) {
     let g = o.generation;
     let conds = &mut st.conditions;
     let mut ready: NotReady = Ok(());
@@ -183,6 +172,7 @@ fn connection_conditions(
         }
         _ => {}
     }
+    let refused = permission_denied.clone();
     if permission_denied.is_none() && !denied.is_empty() {
         permission_denied = Some((
             "CRDWriteForbidden",
@@ -199,7 +189,7 @@ fn connection_conditions(
         }
         None => {}
     }
-    ready
+    (ready, refused)
 }
 
 /// CredentialRotation, for a Secret that pulls from its Grant's Secret: True `Current` while in
@@ -307,6 +297,28 @@ struct Drift {
 }
 
 impl Drift {
+    /// Under `pullPolicy: All` every export is pulled, bound or not: its drift counts too.
+    fn note_pulled(
+        &mut self,
+        o: &Observed,
+        d: Option<&Discovered>,
+        crds: &std::collections::BTreeMap<String, CrdMeta>,
+    ) {
+        let Some(d) = d.filter(|_| o.policy.pull_policy == PullPolicy::All) else {
+            return;
+        };
+        for e in &d.exports {
+            match crds.get(&e.api.name) {
+                Some(m)
+                    if ours(m, o.name) && m.schema_hash.as_deref() != Some(&e.api.schema_hash) =>
+                {
+                    self.note(o.policy.update_policy, &e.api.name);
+                }
+                _ => {}
+            }
+        }
+    }
+
     fn note(&mut self, update: UpdatePolicy, api: &str) {
         if update == UpdatePolicy::Once {
             self.pinned.insert(api.to_string())

@@ -1,0 +1,301 @@
+//! `kbind schema` and `kbind resync` as users run them: without `--selector`. Only such a run
+//! reports a binding whose Connection does not exist (`ConnectionNotFound`) and tears down a
+//! deleted binding whose Connection is gone (src/schema/mod.rs); every other test passes a
+//! selector.
+//!
+//! A run without a selector reconciles every object on the shared servers, other tests' included.
+//! So each test here first takes [`support::unscoped_lock`]: it waits until no other server test
+//! process lives (each holds that lock shared from its first `support::env()`) and keeps new ones
+//! out while it runs. What earlier tests left behind stays: the runs here reconcile it too (its
+//! Secrets are outside the credential namespace these runs allow, so only status and teardown
+//! writes reach it), and the tests assert on their own objects, plus that leftovers settle, so a
+//! crash point lands on a write of this test. The runs keep their Lease and credential namespace
+//! in the test's own namespace (neither is a selector).
+
+mod support;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind::api::core::{Binding, ClusterBinding, Connection};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use support::fx::{Fx, cond};
+
+/// `kbind <pass>` without `--selector`, its Lease in `lease_ns`; (exit code, summary, stderr).
+fn unscoped(fx: &Fx, pass: &str, lease_ns: &str, envs: &[(&str, &str)]) -> (i32, Value, String) {
+    let kc = fx.env.consumer.to_string_lossy().to_string();
+    let mut cmd = support::kbind_command(&[
+        pass,
+        "--kubeconfig",
+        &kc,
+        "--lease-namespace",
+        lease_ns,
+        "--credential-namespace",
+        &fx.ns,
+        "-o",
+        "json",
+    ]);
+    cmd.envs(envs.iter().copied());
+    support::outcome(cmd.output().expect("run kbind"))
+}
+
+/// An unscoped run that must exit 0 (a refused or broken foreign object is a condition on it,
+/// never the run's failure).
+fn run(fx: &Fx, pass: &str) -> Value {
+    run_in(fx, pass, &fx.ns)
+}
+
+/// [`run`] with its Lease in `lease_ns` (after a crashed run, whose Lease stays held).
+fn run_in(fx: &Fx, pass: &str, lease_ns: &str) -> Value {
+    let (code, summary, stderr) = unscoped(fx, pass, lease_ns, &[]);
+    assert_eq!(code, 0, "unscoped kbind {pass}: {summary}\n{stderr}");
+    summary
+}
+
+/// Rounds of schema then resync until one writes no data at all: what earlier tests left is
+/// reconciled and stays put. At most 8 rounds; then the failure shows what a dry run would
+/// still write.
+fn settle(fx: &Fx) {
+    let mut last = Vec::new();
+    for _ in 0..8 {
+        let (schema, resync) = (run(fx, "schema"), run(fx, "resync"));
+        if schema["data_writes"] == 0 && resync["data_writes"] == 0 {
+            return;
+        }
+        last = vec![schema, resync];
+    }
+    let (_, plan, _) = support::kbind(&[
+        "schema",
+        "--kubeconfig",
+        &fx.env.consumer.to_string_lossy(),
+        "--credential-namespace",
+        &fx.ns,
+        "--dry-run",
+        "-o",
+        "json",
+    ]);
+    panic!(
+        "unscoped runs never settled: {last:?}\na dry run plans: {}",
+        plan["planned"]
+    );
+}
+
+/// The resourceVersion of `obj`: equal before and after a run means the run wrote nothing on it.
+fn version<K: kube::Resource>(obj: &K) -> String {
+    obj.meta().resource_version.clone().unwrap_or_default()
+}
+
+fn widgets(fx: &Fx) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&fx.group, "v1", "Widget"), "widgets")
+}
+
+async fn widget(fx: &Fx, name: &str) {
+    let mut o = DynamicObject::new(name, &widgets(fx)).data(json!({"spec": {"size": 1}}));
+    o.metadata.namespace = Some(fx.ns.clone());
+    Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &widgets(fx))
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": fx.ns}})).unwrap();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.provider.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+}
+
+/// Spec 000: "The Connection can exist before its Secret, and the Binding before its
+/// Connection, controllers retry when dependencies appear." Run as users run it (no selector):
+/// the Binding first says its Connection is not found, then that the Connection is not ready,
+/// then binds and syncs once the Secret exists; every second run leaves it untouched.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_binding_before_its_connection_and_its_secret_binds_once_they_appear() {
+    let _alone = support::unscoped_lock();
+    let fx = Fx::new("unscoped-early").await;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let conn = format!("{}-p", fx.label);
+    let b = fx.binding("b", &conn, &[&api]).await;
+    let bindings = Api::<Binding>::namespaced(fx.consumer.clone(), &fx.ns);
+    let get = || async { bindings.get(&b).await.unwrap() };
+    let conds = |x: &Binding| x.status.clone().unwrap_or_default().conditions;
+
+    settle(&fx);
+    let st = conds(&get().await);
+    let (s, r, m) = cond(&st, "Ready");
+    assert_eq!((s, r), ("False", "ConnectionNotFound"), "{m}");
+    assert!(m.contains(&conn), "the message names the Connection: {m}");
+    assert_eq!(cond(&st, "Synced").1, "ConnectionNotFound");
+    let seen = version(&get().await);
+    for _ in 0..2 {
+        run(&fx, "schema");
+        run(&fx, "resync");
+        assert_eq!(
+            version(&get().await),
+            seen,
+            "nothing written on the Binding"
+        );
+    }
+
+    // The Connection appears, before its Secret.
+    fx.connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    for round in 1..=2 {
+        run(&fx, "schema");
+        let c = fx.conn(&conn).await.status.unwrap_or_default();
+        let (s, r, m) = cond(&c.conditions, "SecretValid");
+        assert_eq!((s, r), ("False", "SecretNotFound"), "round {round}: {m}");
+        let st = conds(&get().await);
+        let (s, r, m) = cond(&st, "Ready");
+        assert_eq!(
+            (s, r),
+            ("False", "ConnectionNotReady"),
+            "round {round}: {m}"
+        );
+    }
+    let seen = version(&get().await);
+    let s = run(&fx, "schema");
+    assert_eq!(
+        version(&get().await),
+        seen,
+        "a third run writes nothing on it: {s}"
+    );
+
+    // The Secret appears: bound, CRD installed, an object syncs.
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    run(&fx, "schema");
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    run(&fx, "schema");
+    let st = conds(&get().await);
+    let (s, r, m) = cond(&st, "Ready");
+    assert_eq!((s, r), ("True", "Bound"), "{m}");
+    widget(&fx, "w1").await;
+    run(&fx, "resync");
+    Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &fx.ns, &widgets(&fx))
+        .get("w1")
+        .await
+        .expect("w1 synced");
+    let seen = (version(&get().await), version(&fx.conn(&conn).await));
+    for _ in 0..2 {
+        let (schema, resync) = (run(&fx, "schema"), run(&fx, "resync"));
+        assert_eq!(
+            (version(&get().await), version(&fx.conn(&conn).await)),
+            seen,
+            "settled: nothing written on the Binding or Connection\n{schema}\n{resync}"
+        );
+    }
+}
+
+/// A ClusterBinding whose Connection went without a teardown (its finalizer released by hand,
+/// as `kbind uninstall` does) says `ConnectionNotFound`; deleted, it is torn down as any
+/// binding: resync releases its objects, schema removes the CRD kbind created and the
+/// finalizer. A run aborted right after deleting the CRD converges on the next run; a run after
+/// that writes nothing. All without `--selector`, as users run it.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_binding_whose_connection_is_gone_says_so_and_is_torn_down() {
+    let _alone = support::unscoped_lock();
+    let fx = Fx::new("unscoped-gone").await;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(fx.consumer.clone());
+    run(&fx, "schema");
+    support::wait_established(&crds, &api).await;
+    widget(&fx, "w1").await;
+    settle(&fx);
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    assert_eq!(
+        cond(
+            &cbs.get(&cb).await.unwrap().status.unwrap().conditions,
+            "Ready"
+        )
+        .0,
+        "True"
+    );
+
+    // The Connection goes without kbind.
+    let conns = Api::<Connection>::all(fx.consumer.clone());
+    conns
+        .patch(
+            &conn,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    conns.delete(&conn, &Default::default()).await.unwrap();
+    support::eventually("the Connection gone", || async {
+        conns.get_opt(&conn).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    run(&fx, "schema");
+    let st = cbs.get(&cb).await.unwrap().status.unwrap().conditions;
+    let (s, r, m) = cond(&st, "Ready");
+    assert_eq!((s, r), ("False", "ConnectionNotFound"), "{m}");
+    assert!(m.contains(&conn), "{m}");
+    settle(&fx);
+    let seen = version(&cbs.get(&cb).await.unwrap());
+    run(&fx, "schema");
+    assert_eq!(version(&cbs.get(&cb).await.unwrap()), seen, "reported once");
+
+    // Deleted: resync releases its objects, then a schema run aborted after its first data
+    // write (the CRD's deletion: everything else has settled) and a rerun finish the teardown.
+    cbs.delete(&cb, &Default::default()).await.unwrap();
+    run(&fx, "resync");
+    let released = cbs.get(&cb).await.unwrap().status.unwrap().conditions;
+    assert_eq!(cond(&released, "InstancesReleased").0, "True");
+    let consumer =
+        Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &widgets(&fx));
+    let w1 = consumer.get("w1").await.unwrap();
+    assert!(
+        !w1.finalizers().iter().any(|f| f == "core.kbind.io/syncer"),
+        "w1 released"
+    );
+    let (code, _, stderr) = unscoped(&fx, "schema", &fx.ns, &[(kbind::pass::crash::ENV, "1")]);
+    assert_ne!(code, 0, "aborted after its first write: {stderr}");
+    let crd = crds.get_opt(&api).await.unwrap();
+    assert!(
+        crd.is_none_or(|c| c.metadata.deletion_timestamp.is_some()),
+        "the aborted run's one data write was this CRD's deletion"
+    );
+    assert!(
+        cbs.get_opt(&cb).await.unwrap().is_some(),
+        "the finalizer stayed: the run died before releasing it"
+    );
+    // The aborted run's Lease stays held until it expires: the rerun takes another, as an
+    // operator would (docs/operations.md "The pass Lease").
+    let rerun = support::namespace(&fx.consumer, "unscoped-rerun").await;
+    let s = run_in(&fx, "schema", &rerun);
+    assert_eq!(s["data_writes"], 0, "the CRD is not deleted twice: {s}");
+    support::eventually("the ClusterBinding gone", || async {
+        cbs.get_opt(&cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    support::eventually("the consumer CRD gone", || async {
+        crds.get_opt(&api).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    // The provider copy stays (never deleted because of an unbind).
+    Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &fx.ns, &widgets(&fx))
+        .get("w1")
+        .await
+        .expect("the provider copy stays");
+    let (schema, resync) = (run_in(&fx, "schema", &rerun), run(&fx, "resync"));
+    assert_eq!(schema["data_writes"], 0, "{schema}");
+    assert_eq!(resync["data_writes"], 0, "{resync}");
+}
