@@ -139,6 +139,22 @@ pub enum Step {
 }
 
 impl Step {
+    /// The step's kind, as the sequence summary counts them.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::Create { .. } => "create",
+            Step::Update { .. } => "update",
+            Step::Delete { .. } => "delete",
+            Step::ProviderStatus { .. } => "status",
+            Step::Foreign { .. } => "foreign",
+            Step::Unbind => "unbind",
+            Step::Rebind => "rebind",
+            Step::Rotate { .. } => "rotate",
+            Step::Run { .. } => "run",
+            Step::Settle => "settle",
+        }
+    }
+
     /// Whether the step may legitimately change conditions and kbind's annotations: the quiet
     /// window of invariant 3 starts again after it. Status written by the provider and a rotated
     /// Secret of the same identity change neither.
