@@ -382,7 +382,15 @@ impl Runs {
                     (Some(t), Some(limit)) if t <= limit => {
                         skipped += 1;
                         self.longest_skip = self.longest_skip.max(t);
-                        let pause = Duration::from_millis(300);
+                        // The killed run's Lease lasts `d` from its last renewal, at the latest
+                        // the kill: no attempt before then could take it over. Then every 0.3 s.
+                        let expiry = match (self.lease, self.killed_at.get(&pass)) {
+                            (LeaseMode::Takeover(d), Some((at, _))) => *at + d,
+                            _ => Instant::now(),
+                        };
+                        let pause = expiry
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_millis(300));
                         tokio::time::sleep(pause).await;
                         self.prof.add("lease-waits", pause);
                         continue;
