@@ -422,7 +422,7 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
 }
 
 /// Sequences that once failed, kept as regression tests (their issue, seed and check).
-const REGRESSIONS: [(&str, &str); 2] = [
+const REGRESSIONS: [(&str, &str); 3] = [
     (
         "#29 seeds 849921154 and 849921150, both shrunk to this [counts]: a binding with no objects got no counts or Conflicts",
         "settle",
@@ -430,6 +430,10 @@ const REGRESSIONS: [(&str, &str); 2] = [
     (
         "#29 seed 849921154 [counts]: unbind and re-bind with killed runs; the re-created binding went unrecorded",
         "run schema; foreign a/w2 size=160; run resync; unbind; run resync; run resync; run resync; settle; rebind; run resync; run schema; run resync; unbind; run schema crash=1; run resync; run resync; run resync crash=3; run resync; run resync; run resync crash=1; run schema crash=3; run resync; rebind; run schema crash=3; settle",
+    ),
+    (
+        "#29 soak seed 462681420, shrunk by hand [converged]: a schema run died after creating the consumer CRD, before the binding held its cleanup finalizer; the unbind then removed the binding at once and the CRD stayed",
+        "unbind; settle; rebind; run schema crash=1; unbind; settle",
     ),
 ];
 
