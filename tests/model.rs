@@ -5,18 +5,24 @@
 //!
 //! Invariants (docs/testing.md has the reasoning):
 //! 1. No provider copy disappears unless its consumer object was deleted through the syncer
-//!    finalizer; a foreign provider object is never touched.
+//!    finalizer (or it was an orphan under `spec.orphans: Delete`); a foreign provider object is
+//!    never touched.
 //! 2. After two clean rounds (schema then resync, twice) the servers equal the model, and a third
 //!    round writes no data.
 //! 3. With no intervening action, no condition or kbind annotation flips between runs.
 //! 4. After a kill, no run is skipped for longer than the Lease duration (when `--lease-duration`
 //!    exists).
+//! 5. (relsync, tests/model/relsync.rs) SpiceDB holds exactly what Slack reports.
+//! 6. An object no binding covers is not touched; a consumer object appears only when created,
+//!    or restored from its copy under `spec.orphans: Restore`.
 //!
 //! Each run takes the fixed CI seeds and `KBIND_MODEL_FRESH_SEEDS` (default 2) fresh ones, printed.
 //! `KBIND_MODEL_SEEDS=a,b,c` and `KBIND_MODEL_STEPS=N` (steps per seed) override the whole
 //! set; `KBIND_MODEL_REPLAY='step; step; …'` runs exactly those steps; `KBIND_MODEL_SHRINK=1`
 //! shrinks a failing sequence; `KBIND_MODEL_IGNORE=check,…` reports those checks without failing.
 
+#[path = "model/converged.rs"]
+mod converged;
 #[path = "support/model_gen.rs"]
 mod model_gen;
 #[path = "model/relsync.rs"]
@@ -25,6 +31,8 @@ mod relsync;
 mod relsync_fx;
 #[path = "model/runs.rs"]
 mod runs;
+#[path = "model/steps.rs"]
+mod steps;
 mod support;
 #[path = "model/world.rs"]
 mod world;
@@ -32,7 +40,7 @@ mod world;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use model_gen::{CObj, Model, PObj, RStep, Rng, Step};
+use model_gen::{CObj, Cover, Model, Orphans, PObj, RStep, Rng, Step};
 use relsync::rsequence;
 use runs::{Figures, LeaseMode, Violation, help_has, invariant};
 use world::World;
@@ -462,33 +470,77 @@ fn steps_read_back_from_their_replay_form() {
     let mut m = Model {
         bound: true,
         crd_ready: true,
+        ns_teardown_done: true,
         ..Default::default()
     };
     let mut steps = Vec::new();
-    for i in 0..400 {
+    // Follow the steps' effects on the model closely enough that every kind gets drawn.
+    for i in 0..1000 {
         let s = model_gen::generate(&mut rng, &m, i % 20);
-        if let Step::Create { key, size } = s {
-            m.consumer.insert(
-                key,
-                CObj {
-                    size,
-                    uid: String::new(),
-                },
-            );
-            m.provider.insert(
-                key,
-                PObj::Copy {
-                    may_go: false,
-                    status: None,
-                },
-            );
+        match &s {
+            Step::Create { key, size } => {
+                m.consumer.insert(
+                    *key,
+                    CObj {
+                        size: *size,
+                        uid: String::new(),
+                    },
+                );
+                m.provider.insert(
+                    *key,
+                    PObj::Copy {
+                        may_go: false,
+                        status: None,
+                    },
+                );
+            }
+            Step::Unbind => (m.bound, m.teardown_done) = (false, true),
+            Step::Rebind => m.bound = true,
+            Step::NsBind => m.ns_bound = true,
+            Step::NsUnbind => (m.ns_bound, m.ns_teardown_done) = (false, true),
+            Step::Orphans { on, policy } => match on {
+                Cover::Cluster => m.orphans = *policy,
+                Cover::Ns => m.ns_orphans = *policy,
+            },
+            _ => {}
         }
         steps.push(s);
     }
+    let kinds: BTreeSet<&str> = steps.iter().map(Step::kind).collect();
+    for k in [
+        "create", "update", "delete", "status", "foreign", "unbind", "rebind", "bind b",
+        "unbind b", "orphans", "reissue", "rotate", "run", "settle",
+    ] {
+        assert!(kinds.contains(k), "{k} never drawn: {kinds:?}");
+    }
     let text = model_gen::format_steps(&steps);
     assert_eq!(model_gen::parse_steps(&text).unwrap(), steps);
+    for (text, step) in [
+        ("bind b", Step::NsBind),
+        ("unbind b", Step::NsUnbind),
+        ("reissue", Step::Reissue),
+        (
+            "orphans Restore",
+            Step::Orphans {
+                on: Cover::Cluster,
+                policy: Orphans::Restore,
+            },
+        ),
+        (
+            "orphans b Delete",
+            Step::Orphans {
+                on: Cover::Ns,
+                policy: Orphans::Delete,
+            },
+        ),
+    ] {
+        assert_eq!(model_gen::parse_step(text), Some(step.clone()));
+        assert_eq!(step.to_string(), text);
+    }
     assert!(model_gen::parse_steps("run resync crash=x").is_err());
     assert!(model_gen::parse_steps("create c/w0 size=1").is_err());
+    assert!(model_gen::parse_steps("orphans Forget").is_err());
+    assert!(model_gen::parse_steps("bind a").is_err());
 }
 
 #[test]

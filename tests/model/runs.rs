@@ -22,8 +22,11 @@ pub fn invariant(check: &str) -> &'static str {
             "1 (nothing disappears)"
         }
         "spicedb-exact" | "relationship-unexpected" => "5 (SpiceDB holds exactly the model)",
-        "converged" | "orphan-annotation" | "counts" | "quiet-writes" | "status-kept"
-        | "run-failed" => "2 (converges on the model)",
+        "converged" | "orphan-annotation" | "orphan-policy" | "counts" | "quiet-writes"
+        | "status-kept" | "rotation-pulled" | "run-failed" => "2 (converges on the model)",
+        "uncovered-untouched" | "consumer-unexpected" | "restored" => {
+            "6 (only what a binding asks for)"
+        }
         "flap" => "3 (no flip without a cause)",
         "lease" => "4 (no skip beyond the Lease)",
         _ => "harness",

@@ -5,22 +5,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kbind::api::core::{ClusterBinding, Connection};
+use kbind::api::core::{Binding, ClusterBinding, Connection};
 use kbind::api::keys;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::Config;
-use crate::model_gen::{self, CObj, Key, Kill, Model, PObj, Pass, Step};
-use crate::runs::{
-    LEASE_NS, Prof, Quiet, ROUNDS, RunOutcome, Runs, Violation, command, harness, run_kbind,
-};
+use crate::model_gen::{self, BINDING_NS, CObj, Key, Kill, Model, Orphans, PObj, Pass};
+use crate::runs::{LEASE_NS, Prof, Quiet, RunOutcome, Runs, Violation, command, harness};
 use crate::support::{self, fx::Fx};
 
 pub const ORPHANED: &str = keys::ORPHANED;
@@ -33,10 +32,28 @@ pub struct Obs {
     pub consumer: BTreeMap<Key, DynamicObject>,
     pub provider: BTreeMap<Key, DynamicObject>,
     pub cb: Option<ClusterBinding>,
+    /// The Binding in namespace `b`.
+    pub nb: Option<Binding>,
     pub conn: Connection,
+    /// The kubeconfig in the Connection's Secret, and in the Grant's Secret on the provider
+    /// (compared, never printed).
+    pub secret_kc: Option<String>,
+    pub grant_kc: Option<String>,
+}
+
+/// The `kubeconfig` key of a Secret, as text.
+fn kubeconfig_of(s: Option<Secret>) -> Option<String> {
+    let bytes = s?.data?.remove("kubeconfig")?;
+    String::from_utf8(bytes.0).ok()
 }
 
 impl Obs {
+    pub fn crd_deleting(&self) -> bool {
+        self.crd
+            .as_ref()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+    }
+
     pub fn crd_established(&self) -> bool {
         self.crd.as_ref().is_some_and(|c| {
             c.metadata.deletion_timestamp.is_none()
@@ -58,6 +75,11 @@ pub struct World {
     pub ar: ApiResource,
     pub conn: String,
     pub cb: String,
+    /// The Binding's name (in namespace `b`, `nss[1]`), created by `bind b`.
+    pub nb: String,
+    /// The Grant's Secret on the provider (in `sa_ns`), which `kbind schema` pulls the
+    /// Connection's kubeconfig from (rotation by pull).
+    pub grant: String,
     pub nss: Vec<String>,
     pub sa_ns: String,
     pub crb: String,
@@ -75,6 +97,11 @@ pub struct World {
     pub step_no: usize,
     /// Where this sequence's time went, besides its runs (those are in `runs.prof`).
     pub prof: Prof,
+    /// The pass of the run this step made (clean or killed), for the checks after it.
+    pub ran: Option<Pass>,
+    /// Per slot, the provider copy's spec and whether the consumer object held the syncer
+    /// finalizer, as last observed: an object no binding covers is not touched.
+    pub last_seen: BTreeMap<Key, (Option<Value>, bool)>,
 }
 
 pub const SA: &str = "model-syncer";
@@ -98,6 +125,24 @@ impl World {
             .await
             .expect("ClusterRoleBinding");
         fx.secret("provider", "kubeconfig", &kubeconfig).await;
+        // Rotation by pull (docs/binding-flow.md): the Secret names the Grant's Secret on the
+        // provider, which `reissue` rewrites and `kbind schema` pulls from.
+        let grant = "model-grant".to_string();
+        let gs: Secret = serde_json::from_value(json!({"metadata": {"name": grant},
+            "stringData": {"kubeconfig": kubeconfig}}))
+        .unwrap();
+        Api::<Secret>::namespaced(fx.provider.clone(), &sa_ns)
+            .create(&PostParams::default(), &gs)
+            .await
+            .expect("the Grant's Secret");
+        Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+            .patch(
+                "provider",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {keys::GRANT_SECRET: format!("{sa_ns}/{grant}")}}})),
+            )
+            .await
+            .expect("grant-secret annotation");
         Api::<ClusterBinding>::all(fx.consumer.clone())
             .patch(
                 &cb,
@@ -124,6 +169,8 @@ impl World {
             ar,
             conn,
             cb,
+            nb: "model-nb".into(),
+            grant,
             nss,
             sa_ns,
             crb,
@@ -135,6 +182,7 @@ impl World {
             credential_ns: cfg.credential_ns,
             m: Model {
                 bound: true,
+                ns_teardown_done: true,
                 ..Default::default()
             },
             quiet: Quiet::new(&["schema", "resync", "schema", "resync"]),
@@ -142,9 +190,12 @@ impl World {
             ignored: Vec::new(),
             step_no: 0,
             prof: Prof::default(),
+            ran: None,
+            last_seen: BTreeMap::new(),
         };
         let o = w.observe().await.expect("first observation");
         w.m.crd_ready = o.crd_established();
+        w.remember(&o);
         let snap = w.snapshot(&o);
         w.quiet.reset(&snap);
         w
@@ -183,22 +234,29 @@ impl World {
         o
     }
 
-    /// Read both clusters: the five reads at once (nothing writes between steps, so their
-    /// order does not matter), one round trip's time instead of five.
+    /// Read both clusters: all reads at once (nothing writes between steps, so their order
+    /// does not matter), one round trip's time instead of eight.
     pub async fn read_both(&self) -> Result<Obs, Violation> {
         let h = |what: &'static str| move |e: kube::Error| harness(format!("{what}: {e}"));
         let lp = ListParams::default();
-        let consumer_api = Api::<DynamicObject>::all_with(self.fx.consumer.clone(), &self.ar);
-        let provider_api = Api::<DynamicObject>::all_with(self.fx.provider.clone(), &self.ar);
-        let crds = Api::<CustomResourceDefinition>::all(self.fx.consumer.clone());
-        let cbs = Api::<ClusterBinding>::all(self.fx.consumer.clone());
-        let conns = Api::<Connection>::all(self.fx.consumer.clone());
-        let (crd, consumer_list, provider_list, cb, conn) = tokio::join!(
+        let (consumer, provider) = (&self.fx.consumer, &self.fx.provider);
+        let consumer_api = Api::<DynamicObject>::all_with(consumer.clone(), &self.ar);
+        let provider_api = Api::<DynamicObject>::all_with(provider.clone(), &self.ar);
+        let crds = Api::<CustomResourceDefinition>::all(consumer.clone());
+        let cbs = Api::<ClusterBinding>::all(consumer.clone());
+        let nbs = Api::<Binding>::namespaced(consumer.clone(), &self.nss[BINDING_NS as usize]);
+        let conns = Api::<Connection>::all(consumer.clone());
+        let secrets = Api::<Secret>::namespaced(consumer.clone(), &self.fx.ns);
+        let grants = Api::<Secret>::namespaced(provider.clone(), &self.sa_ns);
+        let (crd, consumer_list, provider_list, cb, nb, conn, secret, grant) = tokio::join!(
             crds.get_opt(&self.api),
             consumer_api.list(&lp),
             provider_api.list(&lp),
             cbs.get_opt(&self.cb),
+            nbs.get_opt(&self.nb),
             conns.get(&self.conn),
+            secrets.get_opt("provider"),
+            grants.get_opt(&self.grant),
         );
         let crd = crd.map_err(h("reading the consumer CRD"))?;
         let mut consumer = BTreeMap::new();
@@ -229,12 +287,15 @@ impl World {
             consumer,
             provider,
             cb: cb.map_err(h("reading the ClusterBinding"))?,
+            nb: nb.map_err(h("reading the Binding"))?,
             conn: conn.map_err(h("reading the Connection"))?,
+            secret_kc: kubeconfig_of(secret.map_err(h("reading the Connection's Secret"))?),
+            grant_kc: kubeconfig_of(grant.map_err(h("reading the Grant's Secret"))?),
         })
     }
 
-    /// What invariant 3 watches: every condition of the Connection and the ClusterBinding
-    /// (status and reason), and kbind's annotations on every consumer object.
+    /// What invariant 3 watches: every condition of the Connection and both bindings (status
+    /// and reason), and kbind's annotations on every consumer object.
     pub fn snapshot(&self, o: &Obs) -> BTreeMap<String, String> {
         let mut s = BTreeMap::new();
         let mut conds = |kind: &str, cs: &[Condition]| {
@@ -250,6 +311,9 @@ impl World {
         }
         if let Some(st) = o.cb.as_ref().and_then(|b| b.status.as_ref()) {
             conds("ClusterBinding", &st.conditions);
+        }
+        if let Some(st) = o.nb.as_ref().and_then(|b| b.status.as_ref()) {
+            conds("Binding", &st.conditions);
         }
         for (k, obj) in &o.consumer {
             let ann = obj.annotations();
@@ -293,9 +357,13 @@ impl World {
         failing.map_or(Ok(()), Err)
     }
 
-    /// After every step: observe, check what must always hold (invariant 1 and the provider's
-    /// own data), bring the model's observed facts up to date, and feed invariant 3.
+    /// After every step: observe, check what must always hold (invariant 1, the provider's own
+    /// data, objects no binding covers left alone, the `spec.orphans` of the covering binding,
+    /// the pulled credential), bring the model's observed facts up to date, and feed
+    /// invariant 3.
     pub async fn after(&mut self, disturbing: bool, clean: Option<Pass>) -> Result<Obs, Violation> {
+        let ran = self.ran.take();
+        let resync_ran = ran == Some(Pass::Resync);
         let o = self.observe().await?;
         let mut p: Vec<(&'static str, String)> = Vec::new();
         for (k, pobj) in self.m.provider.clone() {
@@ -310,13 +378,20 @@ impl World {
                 (_, true) => "is being deleted",
                 _ => "is gone",
             };
+            // `spec.orphans: Delete`: a resync run deletes a copy whose consumer object is gone,
+            // in a namespace a binding with that policy covers.
+            let orphan_deleted = resync_ran
+                && consumer == "is gone"
+                && self.m.orphan_policy(&k) == Some(Orphans::Delete);
             match pobj {
                 PObj::Copy { may_go: true, .. } => {}
+                PObj::Copy { .. } if orphan_deleted => {}
                 PObj::Copy { .. } => p.push((
                     "copy-kept",
                     format!(
-                        "provider copy {k} was deleted, though its consumer object was never deleted through the syncer finalizer (the consumer object {consumer}; binding {})",
-                        if self.m.bound { "bound" } else { "unbound" }
+                        "provider copy {k} was deleted, though its consumer object was never deleted through the syncer finalizer (the consumer object {consumer}; covered by {:?}, orphans {:?})",
+                        self.m.cover(&k),
+                        self.m.orphan_policy(&k)
                     ),
                 )),
                 PObj::Foreign { .. } => {
@@ -335,6 +410,12 @@ impl World {
                                 "provider object {k} appeared without kbind's cluster marker: {:?}",
                                 obj.metadata.labels
                             ),
+                        ));
+                    }
+                    if ran.is_some() && self.m.cover(k).is_none() {
+                        p.push((
+                            "uncovered-untouched",
+                            format!("provider copy {k} was created though no binding covers it"),
                         ));
                     }
                     self.m.provider.insert(
@@ -356,10 +437,10 @@ impl World {
                         p.push(("foreign-untouched", format!("foreign provider object {k} was changed: spec {} (was size {size}), kbind keys {marked:?}", obj.data["spec"])));
                     }
                 }
-                Some(PObj::Copy {
-                    status: Some(st), ..
-                }) => {
-                    if &obj.data["status"] != st {
+                Some(PObj::Copy { status, .. }) => {
+                    if let Some(st) = status
+                        && &obj.data["status"] != st
+                    {
                         p.push((
                             "status-kept",
                             format!(
@@ -368,9 +449,79 @@ impl World {
                             ),
                         ));
                     }
+                    // Docs/resync.md "Gate": uncovered objects are not touched.
+                    let before = self.last_seen.get(k).and_then(|(s, _)| s.as_ref());
+                    if ran.is_some()
+                        && self.m.cover(k).is_none()
+                        && before.is_some_and(|b| b != &obj.data["spec"])
+                    {
+                        p.push((
+                            "uncovered-untouched",
+                            format!(
+                                "provider copy {k}'s spec went from {} to {} though no binding covers it",
+                                before.map_or(Value::Null, Clone::clone),
+                                obj.data["spec"]
+                            ),
+                        ));
+                    }
                 }
-                Some(PObj::Copy { .. }) => {}
             }
+        }
+        // A CRD being deleted lists what is left of its objects (stuck ones are reported at the
+        // next settle); only a served CRD gets new ones.
+        let served: BTreeMap<Key, DynamicObject> = if o.crd_established() {
+            o.consumer.clone()
+        } else {
+            BTreeMap::new()
+        };
+        for (k, obj) in &served {
+            let held = obj.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
+            let held_before = self.last_seen.get(k).is_some_and(|(_, h)| *h);
+            if ran.is_some() && held && !held_before && self.m.cover(k).is_none() {
+                p.push((
+                    "uncovered-untouched",
+                    format!(
+                        "consumer object {k} got the syncer finalizer though no binding covers it"
+                    ),
+                ));
+            }
+            if self.m.consumer.contains_key(k) || self.m.terminating.contains(k) {
+                continue;
+            }
+            // `spec.orphans: Restore`: a resync run re-creates the consumer object of an orphan
+            // from the copy's spec; it is the user's object from then on.
+            let restorable = resync_ran
+                && self.m.orphan_policy(k) == Some(Orphans::Restore)
+                && matches!(self.m.provider.get(k), Some(PObj::Copy { .. }));
+            if !restorable {
+                p.push((
+                    "consumer-unexpected",
+                    format!(
+                        "consumer object {k} appeared, though nobody created it (covered by {:?}, orphans {:?})",
+                        self.m.cover(k),
+                        self.m.orphan_policy(k)
+                    ),
+                ));
+                continue;
+            }
+            let copy_spec = o.provider.get(k).map(|c| c.data["spec"].clone());
+            if copy_spec.as_ref() != Some(&obj.data["spec"]) {
+                p.push((
+                    "restored",
+                    format!(
+                        "consumer object {k} was restored with spec {}, its copy's is {copy_spec:?}",
+                        obj.data["spec"]
+                    ),
+                ));
+            }
+            let size = obj.data["spec"]["size"].as_u64().unwrap_or(0) as u32;
+            self.m.consumer.insert(
+                *k,
+                CObj {
+                    size,
+                    uid: obj.uid().unwrap_or_default(),
+                },
+            );
         }
         // A consumer object released by the syncer finalizer whose copy is still there: the copy
         // is an orphan from now on, and stays.
@@ -383,21 +534,44 @@ impl World {
             }
         }
         self.m.terminating.retain(|k| o.consumer.contains_key(k));
-        if self.m.bound && o.crd_established() {
+        // Consumer objects go only when deleted, or with their CRD, which goes only at the
+        // teardown of a ClusterBinding no other live binding lists it beside (docs/contract.md
+        // "Unbind and teardown").
+        if o.crd_established() {
             for k in self.m.consumer.keys() {
                 if !o.consumer.contains_key(k) {
-                    p.push((
-                        "consumer-kept",
-                        format!("consumer object {k} vanished while bound"),
-                    ));
+                    p.push(("consumer-kept", format!("consumer object {k} vanished")));
                 }
             }
+            self.m.consumer.retain(|k, _| o.consumer.contains_key(k));
+        } else if o.crd.is_none() || o.crd_deleting() {
+            if self.m.crd_ready && (self.m.bound || self.m.ns_bound) {
+                p.push((
+                    "consumer-kept",
+                    format!(
+                        "the consumer CRD was removed while a binding lists it (ClusterBinding {}, Binding {})",
+                        self.m.bound, self.m.ns_bound
+                    ),
+                ));
+            }
+            if o.crd.is_none() {
+                self.m.consumer.clear();
+            }
         }
-        self.m
-            .consumer
-            .retain(|k, _| o.consumer.contains_key(k) || !o.crd_established());
-        self.m.crd_ready = self.m.bound && o.crd_established();
-        self.m.teardown_done = !self.m.bound && o.cb.is_none() && o.crd.is_none();
+        if clean == Some(Pass::Schema) && o.secret_kc != o.grant_kc {
+            p.push((
+                "rotation-pulled",
+                format!(
+                    "after a clean schema run the Connection's Secret holds another kubeconfig than the Grant's Secret ({} and {} bytes)",
+                    o.secret_kc.as_ref().map_or(0, String::len),
+                    o.grant_kc.as_ref().map_or(0, String::len)
+                ),
+            ));
+        }
+        self.m.crd_ready = o.crd_established();
+        self.m.teardown_done = !self.m.bound && o.cb.is_none() && !o.crd_deleting();
+        self.m.ns_teardown_done = !self.m.ns_bound && o.nb.is_none();
+        self.remember(&o);
         self.report(p)?;
 
         let snap = self.snapshot(&o);
@@ -408,6 +582,26 @@ impl World {
             self.report(flaps.into_iter().map(|f| ("flap", f)).collect())?;
         }
         Ok(o)
+    }
+
+    /// Keep what the next step's checks compare with.
+    fn remember(&mut self, o: &Obs) {
+        let keys: BTreeSet<Key> = o
+            .provider
+            .keys()
+            .chain(o.consumer.keys())
+            .copied()
+            .collect();
+        self.last_seen =
+            keys.into_iter()
+                .map(|k| {
+                    let spec = o.provider.get(&k).map(|c| c.data["spec"].clone());
+                    let held = o.consumer.get(&k).is_some_and(|c| {
+                        c.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER)
+                    });
+                    (k, (spec, held))
+                })
+                .collect();
     }
 
     pub fn args(&self, pass: Pass, lease_ns: &str) -> Vec<String> {
@@ -434,6 +628,7 @@ impl World {
     }
 
     pub async fn run(&mut self, pass: Pass, kill: Kill) -> Result<RunOutcome, Violation> {
+        self.ran = Some(pass);
         let template = self.args(pass, LEASE_NS);
         let out = self
             .runs
@@ -454,10 +649,12 @@ impl World {
     }
 
     /// After a schema run, let the apiserver finish what the run started on the consumer CRD
-    /// (Established, or deleted), so the next step sees the same state on every replay.
+    /// (Established, or deleted), so the next step sees the same state on every replay. At most
+    /// 30 s: a loaded apiserver can take seconds to empty and remove a CRD; one that never goes
+    /// is reported at the next settle.
     pub async fn wait_for_crd(&self) {
         let crds = Api::<CustomResourceDefinition>::all(self.fx.consumer.clone());
-        for _ in 0..100 {
+        for _ in 0..300 {
             let Ok(crd) = crds.get_opt(&self.api).await else {
                 return;
             };
@@ -478,412 +675,5 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }
-
-    /// Perform one step; returns what happened (for the replay listing).
-    pub async fn step(&mut self, step: &Step) -> Result<String, Violation> {
-        let h = |what: String| move |e: kube::Error| harness(format!("{what}: {e}"));
-        let skip = |why: &str| Ok(format!("skipped: {why}"));
-        let t = Instant::now();
-        let note = match *step {
-            Step::Create { key, size } => {
-                if !self.m.crd_ready {
-                    return skip("no consumer API");
-                }
-                if self.m.consumer.contains_key(&key) || self.m.terminating.contains(&key) {
-                    return skip("the name is taken");
-                }
-                let mut o = DynamicObject::new(&key.object_name(), &self.ar)
-                    .data(json!({"spec": {"size": size}}));
-                o.metadata.namespace = Some(self.nss[key.ns as usize].clone());
-                match self
-                    .consumer_api(key)
-                    .create(&PostParams::default(), &o)
-                    .await
-                {
-                    Ok(c) => {
-                        self.m.consumer.insert(
-                            key,
-                            CObj {
-                                size,
-                                uid: c.uid().unwrap_or_default(),
-                            },
-                        );
-                        "created".into()
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        return skip("the name is taken");
-                    }
-                    Err(e) => return Err(harness(format!("create {key}: {e}"))),
-                }
-            }
-            Step::Update { key, size } => {
-                if !self.m.consumer.contains_key(&key) {
-                    return skip("no such object");
-                }
-                self.consumer_api(key)
-                    .patch(
-                        &key.object_name(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"size": size}})),
-                    )
-                    .await
-                    .map_err(h(format!("update {key}")))?;
-                if let Some(c) = self.m.consumer.get_mut(&key) {
-                    c.size = size;
-                }
-                "updated".into()
-            }
-            Step::Delete { key } => {
-                if !self.m.consumer.contains_key(&key) {
-                    return skip("no such object");
-                }
-                let api = self.consumer_api(key);
-                let name = key.object_name();
-                let Some(obj) = api.get_opt(&name).await.map_err(h(format!("get {key}")))? else {
-                    return skip("no such object");
-                };
-                let held = obj.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
-                api.delete(&name, &DeleteParams::default())
-                    .await
-                    .map_err(h(format!("delete {key}")))?;
-                self.m.consumer.remove(&key);
-                if held {
-                    self.m.terminating.insert(key);
-                    if let Some(PObj::Copy { may_go, .. }) = self.m.provider.get_mut(&key) {
-                        *may_go = true;
-                    }
-                    "deleted (syncer finalizer held)".into()
-                } else {
-                    "deleted (no syncer finalizer yet)".into()
-                }
-            }
-            Step::ProviderStatus { key, phase } => {
-                if !matches!(self.m.provider.get(&key), Some(PObj::Copy { .. })) {
-                    return skip("no copy");
-                }
-                let status = json!({"phase": format!("P{phase}")});
-                match self
-                    .provider_api(key)
-                    .patch_status(
-                        &key.object_name(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({ "status": status })),
-                    )
-                    .await
-                {
-                    Ok(o) => {
-                        if let Some(PObj::Copy { status, .. }) = self.m.provider.get_mut(&key) {
-                            *status = Some(o.data["status"].clone());
-                        }
-                        "status written".into()
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => return skip("no copy"),
-                    Err(e) => return Err(harness(format!("status {key}: {e}"))),
-                }
-            }
-            Step::Foreign { key, size } => {
-                if self.m.provider.contains_key(&key) {
-                    return skip("the provider name is taken");
-                }
-                let ns = self.nss[key.ns as usize].clone();
-                let n: k8s_openapi::api::core::v1::Namespace =
-                    serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-                let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.fx.provider.clone())
-                    .create(&PostParams::default(), &n)
-                    .await;
-                let mut o = DynamicObject::new(&key.object_name(), &self.ar)
-                    .data(json!({"spec": {"size": size}}));
-                o.metadata.namespace = Some(ns);
-                match self
-                    .provider_api(key)
-                    .create(&PostParams::default(), &o)
-                    .await
-                {
-                    Ok(_) => {
-                        self.m.provider.insert(key, PObj::Foreign { size });
-                        "created on the provider".into()
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        return skip("the provider name is taken");
-                    }
-                    Err(e) => return Err(harness(format!("foreign {key}: {e}"))),
-                }
-            }
-            Step::Unbind => {
-                if !self.m.bound {
-                    return skip("not bound");
-                }
-                Api::<ClusterBinding>::all(self.fx.consumer.clone())
-                    .delete(&self.cb, &DeleteParams::default())
-                    .await
-                    .map_err(h("unbind".into()))?;
-                self.m.bound = false;
-                self.m.crd_ready = false;
-                // The consumer CRD and its objects go with the binding.
-                self.m.consumer.clear();
-                "ClusterBinding deleted".into()
-            }
-            Step::Rebind => {
-                if self.m.bound || !self.m.teardown_done {
-                    return skip("the old binding is still there");
-                }
-                let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
-                    "metadata": {"name": self.cb, "labels": {"kbind-test": self.fx.label}},
-                    "spec": {"connectionRef": {"name": self.conn}, "apis": [{"name": self.api}], "conflictPolicy": "Fail"}});
-                Api::<ClusterBinding>::all(self.fx.consumer.clone())
-                    .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
-                    .await
-                    .map_err(h("rebind".into()))?;
-                self.m.bound = true;
-                "ClusterBinding created again".into()
-            }
-            Step::Rotate { fresh } => {
-                self.rotations += 1;
-                let text = if fresh {
-                    self.kubeconfig =
-                        support::token_kubeconfig(&self.fx.env.provider, &self.sa_ns, SA).await;
-                    self.kubeconfig.clone()
-                } else {
-                    format!("{}\n# rewritten {}\n", self.kubeconfig, self.rotations)
-                };
-                self.fx.secret("provider", "kubeconfig", &text).await;
-                if fresh {
-                    "Secret rewritten with a fresh token".into()
-                } else {
-                    "Secret rewritten, same kubeconfig".into()
-                }
-            }
-            Step::Run { pass, kill } => {
-                let r = self.run(pass, kill).await?;
-                if r.clean && pass == Pass::Resync {
-                    self.m.pending_work = false;
-                }
-                self.after(!r.clean, r.clean.then_some(pass)).await?;
-                return Ok(r.note);
-            }
-            Step::Settle => return self.settle().await,
-        };
-        self.m.pending_work = true;
-        self.prof.add("actions", t.elapsed());
-        self.after(step.disturbs(), None).await?;
-        Ok(note)
-    }
-
-    /// Invariant 2: two clean rounds, then the servers must equal the model, and a third round
-    /// must write no data (invariant 3 watches its conditions and annotations).
-    pub async fn settle(&mut self) -> Result<String, Violation> {
-        let (mut notes, mut last) = (Vec::new(), None);
-        for pass in ROUNDS {
-            let r = self.run(pass, Kill::No).await?;
-            notes.push(format!("{}: {}", pass.name(), r.summary["data_writes"]));
-            last = Some(self.after(false, Some(pass)).await?);
-        }
-        self.m.pending_work = false;
-        // What the last round's checks read: nothing ran since.
-        if let Some(o) = last {
-            self.check_converged(o)?;
-        }
-        for pass in [Pass::Schema, Pass::Resync] {
-            let r = self.run(pass, Kill::No).await?;
-            self.after(false, Some(pass)).await?;
-            let n = r.summary["data_writes"].as_u64().unwrap_or(u64::MAX);
-            if n != 0 {
-                let planned = self.dry_run(pass).await;
-                self.report(vec![(
-                    "quiet-writes",
-                    format!(
-                        "the third {} run wrote {n} data ({}); a dry run now would: {planned}",
-                        pass.name(),
-                        r.summary["counts"]
-                    ),
-                )])?;
-            }
-        }
-        Ok(format!(
-            "data writes per run {}; converged; third round quiet",
-            notes.join(", ")
-        ))
-    }
-
-    /// The writes a run would make now (to explain a third-round write).
-    pub async fn dry_run(&mut self, pass: Pass) -> String {
-        let mut args = self.args(pass, &self.runs.lease_ns(pass.name()));
-        args.push("--dry-run".into());
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let t = Instant::now();
-        let (_, s, _) = run_kbind(command(&argv)).await;
-        self.runs.prof.add("runs", t.elapsed());
-        s["planned"].to_string()
-    }
-
-    pub fn check_converged(&mut self, o: Obs) -> Result<(), Violation> {
-        let mut p: Vec<(&'static str, String)> = Vec::new();
-        let conds = |st: Option<&Vec<Condition>>, t: &str| -> String {
-            st.and_then(|cs| cs.iter().find(|c| c.type_ == t))
-                .map_or("(none)".into(), |c| format!("{} {}", c.status, c.reason))
-        };
-        let ready = conds(o.conn.status.as_ref().map(|s| &s.conditions), "Ready");
-        if !ready.starts_with("True") {
-            p.push(("converged", format!("Connection Ready is {ready}")));
-        }
-        if self.m.bound {
-            let conflicts: BTreeSet<Key> = self
-                .m
-                .consumer
-                .keys()
-                .filter(|k| self.m.foreign(k))
-                .copied()
-                .collect();
-            match &o.cb {
-                None => p.push(("converged", "the ClusterBinding is gone".into())),
-                Some(cb) => {
-                    let st = cb.status.clone().unwrap_or_default();
-                    let ready = conds(Some(&st.conditions), "Ready");
-                    if !ready.starts_with("True") {
-                        p.push(("converged", format!("ClusterBinding Ready is {ready}")));
-                    }
-                    let want_conflicts = if conflicts.is_empty() {
-                        "False"
-                    } else {
-                        "True"
-                    };
-                    let got = conds(Some(&st.conditions), "Conflicts");
-                    if !got.starts_with(want_conflicts) {
-                        p.push((
-                            "counts",
-                            format!("ClusterBinding Conflicts is {got}, conflicts {conflicts:?}"),
-                        ));
-                    }
-                    let a = st.bound_apis.iter().find(|a| a.name == self.api);
-                    let got = a.map(|a| (a.in_sync, a.conflict_count, a.pending, a.orphaned));
-                    let n = |x: usize| Some(x as i64);
-                    let orphans = self
-                        .m
-                        .provider
-                        .iter()
-                        .filter(|(k, p)| {
-                            matches!(p, PObj::Copy { .. }) && !self.m.consumer.contains_key(k)
-                        })
-                        .count();
-                    let want = Some((
-                        n(self.m.consumer.len() - conflicts.len()),
-                        n(conflicts.len()),
-                        n(0),
-                        n(orphans),
-                    ));
-                    if got != want {
-                        p.push(("counts", format!("boundAPIs (inSync, conflictCount, pending, orphaned) = {got:?}, model {want:?}")));
-                    }
-                }
-            }
-            if !o.crd_established() {
-                p.push(("converged", "the consumer CRD is not Established".into()));
-            }
-            for k in &self.m.terminating {
-                p.push(("converged", format!("consumer object {k} was deleted but is still there (syncer finalizer not released)")));
-            }
-            for k in o.consumer.keys() {
-                if !self.m.consumer.contains_key(k) && !self.m.terminating.contains(k) {
-                    p.push((
-                        "converged",
-                        format!("consumer object {k} exists, the model has none"),
-                    ));
-                }
-            }
-            for (k, c) in &self.m.consumer {
-                let Some(obj) = o.consumer.get(k) else {
-                    p.push(("converged", format!("consumer object {k} is missing")));
-                    continue;
-                };
-                let ann = obj.annotations();
-                let conflict = ann.get(keys::CONFLICT).map(String::as_str);
-                if self.m.foreign(k) {
-                    if conflict != Some(FOREIGN_OBJECT_EXISTS) {
-                        p.push(("converged", format!("{k}: a foreign provider object holds the name; conflict annotation is {conflict:?}, want {FOREIGN_OBJECT_EXISTS}")));
-                    }
-                    continue;
-                }
-                if let Some(c) = conflict {
-                    p.push(("converged", format!("{k}: conflict annotation {c} though the provider holds no foreign object")));
-                }
-                if !obj.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER) {
-                    p.push(("converged", format!("{k}: no syncer finalizer")));
-                }
-                let Some(copy) = o.provider.get(k) else {
-                    p.push(("converged", format!("{k}: no provider copy")));
-                    continue;
-                };
-                if copy.data["spec"] != json!({"size": c.size}) {
-                    p.push((
-                        "converged",
-                        format!(
-                            "{k}: provider spec {} but the consumer's is size {}",
-                            copy.data["spec"], c.size
-                        ),
-                    ));
-                }
-                if copy.labels().get(keys::CONSUMER_CLUSTER) != Some(&self.local_uid) {
-                    p.push((
-                        "converged",
-                        format!("{k}: provider copy lacks the cluster marker"),
-                    ));
-                }
-                let owner = copy.annotations().get(keys::CONSUMER_OBJECT_UID).cloned();
-                if owner.as_ref() != Some(&c.uid) {
-                    p.push((
-                        "converged",
-                        format!(
-                            "{k}: provider copy's object marker {owner:?}, consumer object uid {}",
-                            c.uid
-                        ),
-                    ));
-                }
-                if let Some(r) = copy.annotations().get(ORPHANED) {
-                    p.push((
-                        "orphan-annotation",
-                        format!("{k}: adopted copy still marked {ORPHANED}: {r}"),
-                    ));
-                }
-                let st = &copy.data["status"];
-                if !st.is_null() && &obj.data["status"] != st {
-                    p.push((
-                        "converged",
-                        format!(
-                            "{k}: provider status {st} not copied down (consumer has {})",
-                            obj.data["status"]
-                        ),
-                    ));
-                }
-            }
-        } else {
-            if o.cb.is_some() {
-                p.push((
-                    "converged",
-                    "the ClusterBinding is still there after the unbind".into(),
-                ));
-            }
-            if o.crd.is_some() {
-                p.push((
-                    "converged",
-                    "the consumer CRD is still there after the unbind".into(),
-                ));
-            }
-        }
-        for (k, pobj) in &self.m.provider {
-            if !matches!(pobj, PObj::Copy { .. })
-                || (self.m.bound && self.m.consumer.contains_key(k))
-            {
-                continue;
-            }
-            let Some(copy) = o.provider.get(k) else {
-                continue;
-            };
-            let r = copy.annotations().get(ORPHANED).cloned();
-            if !r.as_deref().is_some_and(|r| ORPHAN_REASONS.contains(&r)) {
-                p.push(("orphan-annotation", format!("{k}: copy without a consumer object has {ORPHANED} {r:?}, want one of {ORPHAN_REASONS:?}")));
-            }
-        }
-        self.report(p)
     }
 }
