@@ -430,7 +430,7 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
 }
 
 /// Sequences that once failed, kept as regression tests (their issue, seed and check).
-const REGRESSIONS: [(&str, &str); 3] = [
+const REGRESSIONS: [(&str, &str); 4] = [
     (
         "#29 seeds 849921154 and 849921150, both shrunk to this [counts]: a binding with no objects got no counts or Conflicts",
         "settle",
@@ -442,6 +442,10 @@ const REGRESSIONS: [(&str, &str); 3] = [
     (
         "#29 soak seed 462681420, shrunk by hand [converged]: a schema run died after creating the consumer CRD, before the binding held its cleanup finalizer; the unbind then removed the binding at once and the CRD stayed",
         "unbind; settle; rebind; run schema crash=1; unbind; settle",
+    ),
+    (
+        "#29 seed 108 (widened model), shrunk by hand [converged]: the ClusterBinding's teardown deleted the consumer CRD while a Binding being deleted still had its objects' syncer finalizers, and the CRD hung Terminating",
+        "bind b; create b/w0 size=1; settle; unbind; run resync; unbind b; run schema; settle",
     ),
 ];
 

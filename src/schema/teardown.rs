@@ -161,6 +161,21 @@ pub async fn binding(
         return Ok(());
     }
     if b.view.key.namespace.is_none() {
+        // Another binding of these APIs being deleted whose instances resync has not released
+        // yet: its objects still hold the syncer finalizer, and a CRD deleted now would hang on
+        // them (resync no longer syncs a deleting CRD, so nothing would release them). Wait for
+        // that release; the CRD then goes as below.
+        let unreleased = all.iter().find(|o| {
+            o.view.key != b.view.key
+                && o.view.deleting
+                && o.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
+                && !o.view.status.conditions.is_true(INSTANCES_RELEASED)
+                && o.view.apis.iter().any(|a| b.view.apis.contains(a))
+        });
+        if let Some(o) = unreleased {
+            tracing::info!(binding = %b.view.key, other = %o.view.key, "waiting for kbind resync to release the other binding's instances before removing the consumer CRDs");
+            return Ok(());
+        }
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
         for name in &b.view.apis {
             // A CRD already being deleted (by an earlier run, the apiserver still finishing) has
