@@ -430,7 +430,7 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
 }
 
 /// Sequences that once failed, kept as regression tests (their issue, seed and check).
-const REGRESSIONS: [(&str, &str); 4] = [
+const REGRESSIONS: [(&str, &str); 5] = [
     (
         "#29 seeds 849921154 and 849921150, both shrunk to this [counts]: a binding with no objects got no counts or Conflicts",
         "settle",
@@ -446,6 +446,10 @@ const REGRESSIONS: [(&str, &str); 4] = [
     (
         "#29 seed 108 (widened model), shrunk by hand [converged]: the ClusterBinding's teardown deleted the consumer CRD while a Binding being deleted still had its objects' syncer finalizers, and the CRD hung Terminating",
         "bind b; create b/w0 size=1; settle; unbind; run resync; unbind b; run schema; settle",
+    ),
+    (
+        "#29 seeds 103, 104, 106 (widened model), shrunk by hand [converged]: an object restored under spec.orphans: Restore got its copy's status a run after its re-adoption, not with it",
+        "create a/w0 size=1; settle; status a/w0 phase=1; orphans Restore; unbind; settle; rebind; settle",
     ),
 ];
 
