@@ -129,7 +129,8 @@ if [[ " $passes " == *" model "* ]] && [ -n "$steps" ]; then
       for (k in t) line = line sprintf(" %s %.0f s (%.0f%%)", k, t[k], 100 * t[k] / secs)
       print line
     }' "$dir/model.log"
-  grep -E '^(replay|shrunk)' "$dir/model.log" | sed 's/^/soak: model: /' || true
+  # Each failure is printed as it happens and again in the test's closing message: once each.
+  grep -E '^(replay|shrunk)' "$dir/model.log" | awk '!seen[$0]++' | sed 's/^/soak: model: /' || true
   [ "$(grep -c '^model-soak ' "$dir/model.log")" = 2 ] || rc=1
 elif [[ " $passes " == *" model "* ]]; then
   awk '
