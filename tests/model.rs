@@ -430,7 +430,7 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
 }
 
 /// Sequences that once failed, kept as regression tests (their issue, seed and check).
-const REGRESSIONS: [(&str, &str); 5] = [
+const REGRESSIONS: [(&str, &str); 6] = [
     (
         "#29 seeds 849921154 and 849921150, both shrunk to this [counts]: a binding with no objects got no counts or Conflicts",
         "settle",
@@ -450,6 +450,10 @@ const REGRESSIONS: [(&str, &str); 5] = [
     (
         "#29 seeds 103, 104, 106 (widened model), shrunk by hand [converged]: an object restored under spec.orphans: Restore got its copy's status a run after its re-adoption, not with it",
         "create a/w0 size=1; settle; status a/w0 phase=1; orphans Restore; unbind; settle; rebind; settle",
+    ),
+    (
+        "#29 soak seed 509584315 (widened model), shrunk by hand [converged]: resync synced under a ClusterBinding kbind schema had not set up yet; deleted, it went at once and its objects kept the syncer finalizer",
+        "bind b; settle; unbind; settle; rebind; create a/w0 size=1; run resync; unbind; settle",
     ),
 ];
 
