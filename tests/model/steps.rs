@@ -149,15 +149,26 @@ impl World {
                 if !self.m.bound {
                     return skip("not bound");
                 }
-                Api::<ClusterBinding>::all(self.fx.consumer.clone())
-                    .delete(&self.cb, &DeleteParams::default())
+                let cbs = Api::<ClusterBinding>::all(self.fx.consumer.clone());
+                let set_up = cbs
+                    .get_opt(&self.cb)
+                    .await
+                    .map_err(h("unbind".into()))?
+                    .is_some_and(|b| b.finalizers().iter().any(|f| f == keys::CLEANUP_FINALIZER));
+                cbs.delete(&self.cb, &DeleteParams::default())
                     .await
                     .map_err(h("unbind".into()))?;
                 self.m.bound = false;
-                // With no Binding listing the API, the teardown removes the consumer CRD and its
-                // objects (observed as it happens) and marks every copy Unbound.
-                self.m.crd_must_go = !self.m.ns_bound;
-                "ClusterBinding deleted".into()
+                // With no Binding listing the API, the teardown of a ClusterBinding kbind schema
+                // had set up (its cleanup finalizer) removes the consumer CRD and its objects
+                // (observed as it happens) and marks every copy Unbound. One not set up goes at
+                // once, with no teardown: a CRD kept from before stays.
+                self.m.crd_must_go = !self.m.ns_bound && set_up;
+                if set_up {
+                    "ClusterBinding deleted".into()
+                } else {
+                    "ClusterBinding deleted (not set up yet: gone at once)".into()
+                }
             }
             Step::Rebind => {
                 if self.m.bound || !self.m.teardown_done {
