@@ -8,23 +8,34 @@
 # - model: tests/model.rs with N random seeds (docs/testing.md): random sequences of user and
 #   world actions and (killed) runs, checked against the reference model after every step.
 # Starts and stops the servers as hack/test.sh does, then prints one figure line per pass.
-#   hack/soak.sh [--count N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]
+#   hack/soak.sh [--count N] [--steps N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]
 #     --count  points per crash test and signal, rounds of the fault tests, or seeds of the model
 #              test (default 20; the suite tries every write of a cold run, one moment per
 #              signal, one fault round, three fixed model seeds)
+#     --steps  model only (implies --pass model): N random steps in all, half in schema/resync
+#              sequences and half in relsync ones, seeds drawn from the soak's seed on until each
+#              half is reached; prints steps, kbind runs, kills, violations (failing sequences,
+#              each with its replay lines), wall time and where the time went
 #     --seed   replay a soak run (every run prints its seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-count=20 pass=all seed=${KBIND_SOAK_SEED:-$(date +%s%N)}
+count=20 steps= pass= seed=${KBIND_SOAK_SEED:-$(date +%s%N)}
 while [ $# -gt 0 ]; do
   case $1 in
     --count) count=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     --pass) pass=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    *) echo "usage: $0 [--count N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--count N] [--steps N] [--pass schema|resync|claims|relsync|faults|model|all] [--seed S]" >&2; exit 2 ;;
   esac
 done
+if [ -n "$steps" ]; then
+  [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "soak: --steps must be a positive integer" >&2; exit 2; }
+  [ -z "$pass" ] || [ "$pass" = model ] || { echo "soak: --steps is for --pass model only" >&2; exit 2; }
+  pass=model
+fi
+pass=${pass:-all}
 case $pass in
   all) passes="schema resync claims relsync faults model" ;;
   schema|resync|claims|relsync|faults|model) passes=$pass ;;
@@ -42,7 +53,11 @@ hack/testenv.sh up "$dir"
 source "$dir/env"
 export KBIND_TEST_EMIT_DIR=$dir/emitted KBIND_SOAK_COUNT=$count KBIND_SOAK_SEED=$seed
 mkdir -p "$KBIND_TEST_EMIT_DIR"
-echo "soak: $count points per crash test and signal (or fault rounds, or model seeds), KBIND_SOAK_SEED=$seed"
+if [ -n "$steps" ]; then
+  echo "soak: model: $steps random steps, KBIND_SOAK_SEED=$seed"
+else
+  echo "soak: $count points per crash test and signal (or fault rounds, or model seeds), KBIND_SOAK_SEED=$seed"
+fi
 
 rc=0
 for p in $passes; do
@@ -51,6 +66,16 @@ for p in $passes; do
       KBIND_FAULT_SEED=$((seed + i)) cargo test --features servers --test faults -- --nocapture 2>&1 \
         | tee -a "$dir/faults.log" || rc=1
     done
+    continue
+  fi
+  if [ "$p" = model ] && [ -n "$steps" ]; then
+    # Seeds seed+1, seed+2, ... until each half of the steps is reached; the wall time is the
+    # tests' own (built first).
+    cargo test --features servers --test model --no-run
+    started=$(date +%s)
+    KBIND_MODEL_TOTAL_STEPS=$steps KBIND_MODEL_SEED_BASE=$seed \
+      cargo test --features servers --test model -- --nocapture 2>&1 | tee "$dir/model.log" || rc=1
+    model_wall=$(($(date +%s) - started))
     continue
   fi
   if [ "$p" = model ]; then
@@ -87,7 +112,27 @@ if [[ " $passes " == *" faults "* ]]; then
       print line
     }' "$dir/faults.log"
 fi
-if [[ " $passes " == *" model "* ]]; then
+if [[ " $passes " == *" model "* ]] && [ -n "$steps" ]; then
+  awk -v wall="${model_wall:-0}" '
+    /^model-soak / {
+      delete g
+      for (i = 2; i <= NF; i++) { split($i, kv, "="); g[kv[1]] = kv[2] }
+      st[g["kind"]] = g["steps"]; n++
+      steps += g["steps"]; runs += g["runs"]; killed += g["killed"]
+      viol += g["violations"]; secs += g["secs"]
+      for (x in g) if (x ~ /^t_/) t[substr(x, 3)] += g[x]
+    }
+    END {
+      if (n < 2) { print "soak: model: no totals (a test did not finish; see above)"; exit }
+      printf "soak: model: steps %d (schema/resync %d, relsync %d), kbind runs %d, killed %d, violations %d, wall %d s\n", steps, st["schema/resync"], st["relsync"], runs, killed, viol, wall
+      line = "soak: model: where the time went (both tests, " sprintf("%.0f", secs) " s):"
+      for (k in t) line = line sprintf(" %s %.0f s (%.0f%%)", k, t[k], 100 * t[k] / secs)
+      print line
+    }' "$dir/model.log"
+  # Each failure is printed as it happens and again in the test's closing message: once each.
+  grep -E '^(replay|shrunk)' "$dir/model.log" | awk '!seen[$0]++' | sed 's/^/soak: model: /' || true
+  [ "$(grep -c '^model-soak ' "$dir/model.log")" = 2 ] || rc=1
+elif [[ " $passes " == *" model "* ]]; then
   awk '
     /^model-figures / {
       t = ($2 == "relsync") ? "relsync" : "schema/resync"

@@ -155,7 +155,11 @@ pub fn plan_object(
             if p.orphaned.is_some() {
                 a.push(Action::ClearOrphaned);
             }
-            if own == Ownership::Ours && !p.status.is_null() && p.status != c.status {
+            // A re-adopted copy's status comes down in the same run as the adoption, after it
+            // (docs/resync.md "Orphans": a restored object has it on the next run); a foreign
+            // object taken over under Adopt waits until it is ours.
+            let mine = matches!(own, Ownership::Ours | Ownership::OurEarlierCopy);
+            if mine && !p.status.is_null() && p.status != c.status {
                 a.push(Action::StatusDown(p.status.clone()));
             }
         }
@@ -533,5 +537,26 @@ mod tests {
             ConflictPolicy::Fail,
         );
         assert_eq!(a, [Action::UpdateSpec, Action::ClearOrphaned]);
+        // With the provider's status on it: that comes down in the same run, after the adoption.
+        let with_status = ProviderObj {
+            status: json!({"phase": "Ready"}).into(),
+            ..orphan
+        };
+        let (a, standing) = plan_object(
+            &consumer(),
+            Some(&with_status),
+            LOCAL,
+            &live(),
+            ConflictPolicy::Fail,
+        );
+        assert_eq!(
+            a,
+            [
+                Action::UpdateSpec,
+                Action::ClearOrphaned,
+                Action::StatusDown(json!({"phase": "Ready"}).into())
+            ]
+        );
+        assert_eq!(standing, Standing::Pending);
     }
 }

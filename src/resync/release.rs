@@ -221,7 +221,9 @@ async fn release_finalizers(
         };
         for o in list::all(&consumer, &ListParams::default()).await? {
             let ours = o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER);
-            // Still covered by another live binding: that one keeps syncing it.
+            // Still covered by another live binding kbind schema has set up: that one keeps
+            // syncing it, and releases it when it goes. One not set up yet could go at once,
+            // with no release: let go now (it takes the object back once set up).
             if !ours
                 || covering(
                     bindings,
@@ -229,7 +231,7 @@ async fn release_finalizers(
                     &api.connection,
                     o.namespace().as_deref(),
                 )
-                .is_some()
+                .is_some_and(|other| other.has_cleanup)
             {
                 continue;
             }

@@ -168,6 +168,17 @@ impl Run<'_> {
             if !binding.key.name.is_empty() && !self.selected.contains(&binding.key) {
                 continue;
             }
+            // A binding kbind schema has not set up yet (no cleanup finalizer) still covers its
+            // objects, but nothing is written for them until it is: deleted before that, it goes
+            // at once, with no release to take back what resync put on them (docs/resync.md
+            // "Gate"). A deleting object holding our finalizer is still let go.
+            if !binding.key.name.is_empty() && !binding.has_cleanup && !c.deleting {
+                self.counts
+                    .entry((binding.key.clone(), api.name.clone()))
+                    .or_default()
+                    .pending += 1;
+                continue;
+            }
             let p = sides.provider_by_key.get(&key);
             let (actions, standing) = plan::plan_object(
                 c,
@@ -265,7 +276,15 @@ impl Run<'_> {
             ) else {
                 continue;
             };
+            // Orphans wait, counted, for a binding kbind schema has set up (see sync_objects).
             if !self.selected.contains(&b.key) {
+                continue;
+            }
+            if !b.has_cleanup {
+                self.counts
+                    .entry((b.key.clone(), api.name.clone()))
+                    .or_default()
+                    .orphaned += 1;
                 continue;
             }
             let entry = self

@@ -64,19 +64,14 @@ pub(super) async fn secret_finalizer(
         .map(|_| ())
 }
 
-/// Record: bindings (finalizers, setup status), autoBind, the deleting bindings, then the
-/// Connection. Returns whether the Connection ended Ready, and its status write, which the
-/// caller hands to [`StatusWrites`] (it may run beside the next Connection's writes).
-pub(super) async fn record(
+/// Put the cleanup finalizer on the Connection's live bindings that lack it. Before any consumer
+/// CRD is written for them: a binding deleted after its CRD was created but before it held the
+/// finalizer would go at once and leave the CRD behind, with nothing left to remove it.
+pub(super) async fn binding_finalizers(
     world: &World,
-    conn: &Connection,
-    status: &ConnectionStatus,
-    plan: &StatusPlan,
-    autobind_uid: Option<String>,
+    name: &str,
     writes: &mut Writes,
-) -> Result<(bool, Option<StatusWrite>), kube::Error> {
-    let name = conn.name_any();
-    let client = &world.client;
+) -> Result<(), kube::Error> {
     for b in world
         .bindings
         .iter()
@@ -89,10 +84,27 @@ pub(super) async fn record(
                 keys::CLEANUP_FINALIZER,
             )
         {
-            crate::bindings::set_finalizer(client, &world.manager, &b.view.key, true).await?;
+            crate::bindings::set_finalizer(&world.client, &world.manager, &b.view.key, true)
+                .await?;
             writes.bookkeeping_done();
         }
     }
+    Ok(())
+}
+
+/// Record: bindings' setup status, autoBind, the deleting bindings, then the Connection.
+/// Returns whether the Connection ended Ready, and its status write, which the caller hands to
+/// [`StatusWrites`] (it may run beside the next Connection's writes).
+pub(super) async fn record(
+    world: &World,
+    conn: &Connection,
+    status: &ConnectionStatus,
+    plan: &StatusPlan,
+    autobind_uid: Option<String>,
+    writes: &mut Writes,
+) -> Result<(bool, Option<StatusWrite>), kube::Error> {
+    let name = conn.name_any();
+    let client = &world.client;
     for (key, st) in &plan.bindings {
         if writes.will(
             "apply-status",

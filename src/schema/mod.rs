@@ -238,7 +238,9 @@ async fn reconcile(
         observed.discovery = Some(memo.discover(p, conn.spec.schema.source).await);
     }
 
-    // Plan and apply the consumer CRD writes, then plan the statuses and record them.
+    // Plan and apply the consumer CRD writes (the bindings they serve hold the cleanup
+    // finalizer first), then plan the statuses and record them.
+    apply::binding_finalizers(world, &name, writes).await?;
     let actions = plan::plan_crds(&observed);
     let outcomes = apply::apply_crds(
         &world.client,

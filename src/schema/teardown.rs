@@ -161,6 +161,10 @@ pub async fn binding(
         tracing::info!(binding = %b.view.key, "waiting for kbind resync to release the binding's instances");
         return Ok(());
     }
+    if let Some(o) = unreleased_other(b, all) {
+        tracing::info!(binding = %b.view.key, other = %o.view.key, "waiting for kbind resync to release the other binding's instances before removing the consumer CRDs");
+        return Ok(());
+    }
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (name, uid) in crds_to_delete(b, all, crds) {
         if writes.will(
@@ -181,6 +185,26 @@ pub async fn binding(
         writes.bookkeeping_done();
     }
     Ok(())
+}
+
+/// For a ClusterBinding's teardown: another binding of its APIs being deleted whose instances
+/// resync has not released yet. Its objects still hold the syncer finalizer, and a CRD deleted
+/// now would hang on them (resync no longer syncs a deleting CRD, so nothing would release
+/// them): the teardown waits for that release, then the CRD goes.
+pub(crate) fn unreleased_other<'a>(
+    b: &BindingObj,
+    all: &'a [BindingObj],
+) -> Option<&'a BindingObj> {
+    if b.view.key.namespace.is_some() {
+        return None;
+    }
+    all.iter().find(|o| {
+        o.view.key != b.view.key
+            && o.view.deleting
+            && o.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
+            && !o.view.status.conditions.is_true(INSTANCES_RELEASED)
+            && o.view.apis.iter().any(|a| b.view.apis.contains(a))
+    })
 }
 
 /// The consumer CRDs a deleted binding's teardown removes, with the UIDs observed: only a

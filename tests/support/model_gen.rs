@@ -94,6 +94,41 @@ pub enum Kill {
     Sigkill(u64),
 }
 
+/// A binding's `spec.orphans` (docs/resync.md "Orphans").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Orphans {
+    #[default]
+    Keep,
+    Delete,
+    Restore,
+}
+
+impl Orphans {
+    pub const ALL: [Orphans; 3] = [Orphans::Keep, Orphans::Delete, Orphans::Restore];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Orphans::Keep => "Keep",
+            Orphans::Delete => "Delete",
+            Orphans::Restore => "Restore",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Orphans::ALL.into_iter().find(|o| o.name() == s)
+    }
+}
+
+/// Which binding: the ClusterBinding, or the Binding in namespace `b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cover {
+    Cluster,
+    Ns,
+}
+
+/// The namespace (index) the Binding lives in and covers: `b`.
+pub const BINDING_NS: u8 = 1;
+
 /// One step of a sequence: a user or world action, a run, or a settle (two clean rounds, the
 /// full comparison with the model, and a third round that must write nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,6 +161,18 @@ pub enum Step {
     Unbind,
     /// Create the ClusterBinding again, same name.
     Rebind,
+    /// Create the Binding in namespace `b` (same name each time).
+    NsBind,
+    /// Delete the Binding in namespace `b`.
+    NsUnbind,
+    /// Set a binding's `spec.orphans`.
+    Orphans {
+        on: Cover,
+        policy: Orphans,
+    },
+    /// The provider re-issues the credential: the Grant's Secret on the provider gets a fresh
+    /// token of the same ServiceAccount; `kbind schema` pulls it (rotation by pull).
+    Reissue,
     /// Rewrite the Connection's Secret: a fresh token of the same ServiceAccount, or the same
     /// kubeconfig with other bytes.
     Rotate {
@@ -139,13 +186,37 @@ pub enum Step {
 }
 
 impl Step {
+    /// The step's kind, as the sequence summary counts them.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::Create { .. } => "create",
+            Step::Update { .. } => "update",
+            Step::Delete { .. } => "delete",
+            Step::ProviderStatus { .. } => "status",
+            Step::Foreign { .. } => "foreign",
+            Step::Unbind => "unbind",
+            Step::Rebind => "rebind",
+            Step::NsBind => "bind b",
+            Step::NsUnbind => "unbind b",
+            Step::Orphans { .. } => "orphans",
+            Step::Reissue => "reissue",
+            Step::Rotate { .. } => "rotate",
+            Step::Run { .. } => "run",
+            Step::Settle => "settle",
+        }
+    }
+
     /// Whether the step may legitimately change conditions and kbind's annotations: the quiet
     /// window of invariant 3 starts again after it. Status written by the provider and a rotated
-    /// Secret of the same identity change neither.
+    /// or re-issued Secret of the same identity change neither.
     pub fn disturbs(&self) -> bool {
         !matches!(
             self,
-            Step::ProviderStatus { .. } | Step::Rotate { .. } | Step::Run { .. } | Step::Settle
+            Step::ProviderStatus { .. }
+                | Step::Rotate { .. }
+                | Step::Reissue
+                | Step::Run { .. }
+                | Step::Settle
         )
     }
 }
@@ -160,6 +231,17 @@ impl fmt::Display for Step {
             Step::Foreign { key, size } => write!(f, "foreign {key} size={size}"),
             Step::Unbind => write!(f, "unbind"),
             Step::Rebind => write!(f, "rebind"),
+            Step::NsBind => write!(f, "bind b"),
+            Step::NsUnbind => write!(f, "unbind b"),
+            Step::Orphans {
+                on: Cover::Cluster,
+                policy,
+            } => write!(f, "orphans {}", policy.name()),
+            Step::Orphans {
+                on: Cover::Ns,
+                policy,
+            } => write!(f, "orphans b {}", policy.name()),
+            Step::Reissue => write!(f, "reissue"),
             Step::Rotate { fresh: true } => write!(f, "rotate token"),
             Step::Rotate { fresh: false } => write!(f, "rotate same"),
             Step::Run { pass, kill } => {
@@ -199,6 +281,17 @@ pub fn parse_step(s: &str) -> Option<Step> {
         },
         ["unbind"] => Step::Unbind,
         ["rebind"] => Step::Rebind,
+        ["bind", "b"] => Step::NsBind,
+        ["unbind", "b"] => Step::NsUnbind,
+        ["orphans", p] => Step::Orphans {
+            on: Cover::Cluster,
+            policy: Orphans::parse(p)?,
+        },
+        ["orphans", "b", p] => Step::Orphans {
+            on: Cover::Ns,
+            policy: Orphans::parse(p)?,
+        },
+        ["reissue"] => Step::Reissue,
         ["rotate", "token"] => Step::Rotate { fresh: true },
         ["rotate", "same"] => Step::Rotate { fresh: false },
         ["settle"] => Step::Settle,
@@ -260,10 +353,21 @@ pub struct CObj {
 pub struct Model {
     /// The ClusterBinding exists (and is not being deleted).
     pub bound: bool,
+    /// The Binding in namespace `b` exists (and is not being deleted).
+    pub ns_bound: bool,
+    /// Each binding's `spec.orphans` (kept when it is deleted and created again).
+    pub orphans: Orphans,
+    pub ns_orphans: Orphans,
     /// Observed: the consumer CRD is Established (consumer objects can be written).
     pub crd_ready: bool,
-    /// Observed after an unbind: the ClusterBinding and the consumer CRD are gone.
+    /// Observed after an unbind: the ClusterBinding is gone and no consumer CRD is being
+    /// deleted.
     pub teardown_done: bool,
+    /// Observed after `unbind b`: the Binding is gone.
+    pub ns_teardown_done: bool,
+    /// The ClusterBinding was deleted while no Binding lived, and no binding was created since:
+    /// its teardown removes the consumer CRD, and every copy is marked `Unbound`.
+    pub crd_must_go: bool,
     pub consumer: BTreeMap<Key, CObj>,
     /// Deleted while holding the syncer finalizer, not yet released.
     pub terminating: BTreeSet<Key>,
@@ -276,6 +380,30 @@ pub struct Model {
 impl Model {
     pub fn foreign(&self, k: &Key) -> bool {
         matches!(self.provider.get(k), Some(PObj::Foreign { .. }))
+    }
+
+    /// The live binding that covers slot `k` (docs/resync.md "Gate"): the ClusterBinding first,
+    /// else the Binding in `k`'s namespace.
+    pub fn cover(&self, k: &Key) -> Option<Cover> {
+        if self.bound {
+            Some(Cover::Cluster)
+        } else if self.ns_bound && k.ns == BINDING_NS {
+            Some(Cover::Ns)
+        } else {
+            None
+        }
+    }
+
+    /// The `spec.orphans` that applies to an orphan at `k`: its covering binding's.
+    pub fn orphan_policy(&self, k: &Key) -> Option<Orphans> {
+        self.cover(k).map(|c| self.policy_of(c))
+    }
+
+    pub fn policy_of(&self, c: Cover) -> Orphans {
+        match c {
+            Cover::Cluster => self.orphans,
+            Cover::Ns => self.ns_orphans,
+        }
     }
 }
 
@@ -293,6 +421,10 @@ enum Kind {
     Foreign,
     Unbind,
     Rebind,
+    NsBind,
+    NsUnbind,
+    Orphans,
+    Reissue,
     Rotate,
     Run,
     Settle,
@@ -328,8 +460,14 @@ pub fn generate(seq: &mut Rng, m: &Model, since_settle: usize) -> Step {
         .values()
         .filter(|p| matches!(p, PObj::Foreign { .. }))
         .count();
-    let consumer_ok = m.bound && m.crd_ready;
-    let mut kinds: Vec<(u64, Kind)> = vec![(36, Kind::Run), (3, Kind::Settle), (4, Kind::Rotate)];
+    // Consumer objects can be written whenever the CRD is served, covered by a binding or not.
+    let consumer_ok = m.crd_ready;
+    let mut kinds: Vec<(u64, Kind)> = vec![
+        (36, Kind::Run),
+        (3, Kind::Settle),
+        (4, Kind::Rotate),
+        (3, Kind::Reissue),
+    ];
     if consumer_ok && !free.is_empty() {
         kinds.push((30, Kind::Create));
     }
@@ -343,12 +481,25 @@ pub fn generate(seq: &mut Rng, m: &Model, since_settle: usize) -> Step {
     if foreign < MAX_FOREIGN && !unclaimed.is_empty() {
         kinds.push((5, Kind::Foreign));
     }
-    if consumer_ok {
+    if m.bound && m.crd_ready {
         // Most telling with something to keep.
         kinds.push((if m.provider.is_empty() { 1 } else { 5 }, Kind::Unbind));
     }
     if !m.bound && m.teardown_done {
         kinds.push((40, Kind::Rebind));
+    }
+    if !m.ns_bound && m.ns_teardown_done {
+        kinds.push((4, Kind::NsBind));
+    }
+    if m.ns_bound {
+        kinds.push((3, Kind::NsUnbind));
+    }
+    let live_bindings: Vec<Cover> = [(m.bound, Cover::Cluster), (m.ns_bound, Cover::Ns)]
+        .into_iter()
+        .filter_map(|(b, c)| b.then_some(c))
+        .collect();
+    if !live_bindings.is_empty() {
+        kinds.push((4, Kind::Orphans));
     }
     let total: u64 = kinds.iter().map(|(w, _)| w).sum();
     let mut r = rng.below(total);
@@ -400,6 +551,20 @@ pub fn generate(seq: &mut Rng, m: &Model, since_settle: usize) -> Step {
         },
         Kind::Unbind => Step::Unbind,
         Kind::Rebind => Step::Rebind,
+        Kind::NsBind => Step::NsBind,
+        Kind::NsUnbind => Step::NsUnbind,
+        Kind::Orphans => {
+            let on = rng.pick(&live_bindings);
+            let others: Vec<Orphans> = Orphans::ALL
+                .into_iter()
+                .filter(|p| *p != m.policy_of(on))
+                .collect();
+            Step::Orphans {
+                on,
+                policy: rng.pick(&others),
+            }
+        }
+        Kind::Reissue => Step::Reissue,
         Kind::Rotate => Step::Rotate {
             fresh: rng.below(2) == 0,
         },
