@@ -69,8 +69,10 @@ source "$dir/node/env"
 export KBIND_TEST_EMIT_DIR=$dir/emitted
 mkdir -p "$KBIND_TEST_EMIT_DIR"
 t0=$SECONDS
+# The Slack and SCIM stand-ins' binary, which tests/node.rs runs inside the node's namespace
+# (`cargo test` does not build another package's binaries).
+cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
 if $node_only; then
-  cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
   cargo test --features kbind/servers --test node "$@"
 elif [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
   cargo nextest run --workspace --all-targets --features kbind/servers "$@"
