@@ -114,7 +114,6 @@ fn prerequisites(cluster: &Cluster, relsync_ns: &str) {
 /// A Job from every CronJob (as `kubectl create job --from=cronjob/...`) completes: one Pod,
 /// exit 0, its summary in its log, `completed`. Returns each pass's summary.
 async fn a_job_from_every_cronjob_completes(cluster: &Cluster) -> BTreeMap<String, Value> {
-    let client = cluster.client().await;
     for (pass, ns) in cronjobs() {
         node::job_from_cronjob(
             cluster,
@@ -125,7 +124,7 @@ async fn a_job_from_every_cronjob_completes(cluster: &Cluster) -> BTreeMap<Strin
     }
     let mut summaries = BTreeMap::new();
     for (pass, ns) in cronjobs() {
-        let end = node::wait_job(&client, ns, &format!("{pass}-now"), JOB_LIMIT).await;
+        let end = node::wait_job(cluster, ns, &format!("{pass}-now"), JOB_LIMIT).await;
         let pod = end.pods.first().expect("the Job's Pod");
         let name = pod.metadata.name.clone().unwrap_or_default();
         let log = node::pod_log(cluster, ns, &name);
@@ -181,7 +180,7 @@ async fn every_cronjob_fires_on_schedule(cluster: &Cluster) {
             );
             tokio::time::sleep(Duration::from_secs(2)).await;
         };
-        let end = node::wait_job(&client, ns, &scheduled, JOB_LIMIT).await;
+        let end = node::wait_job(cluster, ns, &scheduled, JOB_LIMIT).await;
         let pod = end.pods.first().expect("pod");
         let log = node::pod_log(
             cluster,
@@ -214,8 +213,7 @@ async fn a_bad_configuration_fails_the_job_at_once(cluster: &Cluster, ns: &str) 
     node::job_from_template(cluster, ns, "kbind-schema", "schema-bad", |job| {
         node::args_of(job).push(json!("--shard=5/2"));
     });
-    let client = cluster.client().await;
-    let end = node::wait_job(&client, ns, "schema-bad", JOB_LIMIT).await;
+    let end = node::wait_job(cluster, ns, "schema-bad", JOB_LIMIT).await;
     assert_eq!(end.condition, "Failed", "a bad flag fails the Job");
     assert_eq!(
         end.reason, "PodFailurePolicy",
@@ -303,6 +301,8 @@ async fn the_helm_chart_runs_every_pass_as_a_cronjob_pod() {
     let node: Node = node::node();
     let c = &node.provider;
     let _lock = c.lock(&node.dir);
+    c.takes_pods().await;
+    let _reset = node::ResetOnPanic(c);
     let pg = Pushgateway::start(c);
     let (repository, tag) = image_parts(&node.image);
     let spicedb = std::env::var("KBIND_NODE_SPICEDB_URL").expect("KBIND_NODE_SPICEDB_URL");
@@ -659,8 +659,7 @@ async fn a_deleted_source_is_cleaned_up_by_a_relsync_pod(node: &Node, c: &Cluste
         None,
     );
     node::job_from_cronjob(c, "kbind-relsync", "kbind-relsync", "relsync-cleanup");
-    let client = c.client().await;
-    let end = node::wait_job(&client, "kbind-relsync", "relsync-cleanup", JOB_LIMIT).await;
+    let end = node::wait_job(c, "kbind-relsync", "relsync-cleanup", JOB_LIMIT).await;
     let pod = end.pods.first().expect("pod");
     let log = node::pod_log(
         c,
@@ -696,6 +695,8 @@ async fn the_kustomize_overlays_run_every_pass_as_a_cronjob_pod() {
     let node: Node = node::node();
     let c = &node.consumer;
     let _lock = c.lock(&node.dir);
+    c.takes_pods().await;
+    let _reset = node::ResetOnPanic(c);
     let pg = Pushgateway::start(c);
     let slack_token = support::unique("xoxb-node");
     let slack_port = node::free_port().to_string();
@@ -772,8 +773,7 @@ async fn run(c: &Cluster, pass: &str, job: &str) -> Value {
         .expect("a registered pass")
         .namespace;
     node::job_from_cronjob(c, ns, &format!("kbind-{pass}"), job);
-    let client = c.client().await;
-    let end = node::wait_job(&client, ns, job, JOB_LIMIT).await;
+    let end = node::wait_job(c, ns, job, JOB_LIMIT).await;
     let pod = end.pods.first().expect("the Job's Pod");
     let log = node::pod_log(c, ns, pod.metadata.name.as_deref().unwrap_or_default());
     assert!(
@@ -868,8 +868,7 @@ async fn bind_job(node: &Node, c: &Cluster, kubeconfig: &str, api: &str, job: &s
     }
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
     c.kubectl(&["apply", "-f", "-"], Some(&list.to_string()));
-    let client = c.client().await;
-    let end = node::wait_job(&client, "kbind-system", job, JOB_LIMIT).await;
+    let end = node::wait_job(c, "kbind-system", job, JOB_LIMIT).await;
     let pod = end.pods.first().expect("the bind Pod");
     let log = node::pod_log(
         c,
@@ -988,8 +987,7 @@ async fn a_run_cut_by_its_pod_deadline_resumes_on_the_next_job(f: &Flow<'_>) {
             node::args_of(job).push(json!("--write-concurrency=1"));
         })
         .await;
-    let client = f.c.client().await;
-    let end = node::wait_job(&client, "kbind-system", "resync-cut", JOB_LIMIT).await;
+    let end = node::wait_job(f.c, "kbind-system", "resync-cut", JOB_LIMIT).await;
     let log = log.finish(Duration::from_secs(60));
     assert_eq!(
         (end.condition.as_str(), end.reason.as_str()),
@@ -1064,8 +1062,7 @@ async fn a_pod_deleted_by_force_mid_write_stops_cleanly(f: &Flow<'_>) {
     );
     let log = log.finish(Duration::from_secs(60));
     f.slow(0);
-    let client = f.c.client().await;
-    let end = node::wait_job(&client, "kbind-system", "resync-force", JOB_LIMIT).await;
+    let end = node::wait_job(f.c, "kbind-system", "resync-force", JOB_LIMIT).await;
     let stopped = node::summary(&log);
     assert_eq!(stopped["outcome"], "partial", "{stopped}");
     assert!(
@@ -1107,8 +1104,7 @@ async fn a_pod_killed_mid_write_is_replaced_and_takes_its_lease_over(f: &Flow<'_
         "SIGKILL kbind in {pod}"
     );
     f.slow(0);
-    let client = f.c.client().await;
-    let end = node::wait_job(&client, "kbind-system", "resync-kill", JOB_LIMIT).await;
+    let end = node::wait_job(f.c, "kbind-system", "resync-kill", JOB_LIMIT).await;
     assert_eq!(end.pods.len(), 2, "the killed Pod and its replacement");
     assert_eq!(
         node::exit_code(&end.pods[0]),
@@ -1172,8 +1168,7 @@ async fn a_killed_jobs_lease_is_taken_over_within_the_lease_duration(f: &Flow<'_
         node::job_from_template(f.c, "kbind-system", "kbind-resync", &job, |job| {
             node::args_of(job).push(json!("--lease-duration=15s"));
         });
-        let client = f.c.client().await;
-        let end = node::wait_job(&client, "kbind-system", &job, JOB_LIMIT).await;
+        let end = node::wait_job(f.c, "kbind-system", &job, JOB_LIMIT).await;
         let log = node::pod_log(
             f.c,
             "kbind-system",
@@ -1323,7 +1318,7 @@ async fn never_two_runs_of_a_pass_at_once(f: &Flow<'_>) {
         None,
     );
     f.slow(0);
-    let end = node::wait_job(&client, "kbind-system", &first, Duration::from_secs(300)).await;
+    let end = node::wait_job(f.c, "kbind-system", &first, Duration::from_secs(300)).await;
     assert!(end.complete(), "{first}: {}", end.reason);
 }
 
@@ -1363,7 +1358,7 @@ async fn one_consumer_cycle_figures(c: &Cluster) {
         let watch = node::watch_cgroup_peak(uid, "kbind", JOB_LIMIT);
         let pod = node::running_pod(&client, "kbind-system", &job, JOB_LIMIT).await;
         let running = t0.elapsed();
-        let end = node::wait_job(&client, "kbind-system", &job, JOB_LIMIT).await;
+        let end = node::wait_job(c, "kbind-system", &job, JOB_LIMIT).await;
         let total = t0.elapsed();
         let peak = watch.join().unwrap_or_default();
         let summary = node::summary(&node::pod_log(c, "kbind-system", &pod));
@@ -1417,6 +1412,9 @@ async fn an_issued_kubeconfig_binds_and_syncs_through_pods_only() {
     let node: Node = node::node();
     let (p, c) = (&node.provider, &node.consumer);
     let _locks = (p.lock(&node.dir), c.lock(&node.dir));
+    p.takes_pods().await;
+    c.takes_pods().await;
+    let _reset = (node::ResetOnPanic(p), node::ResetOnPanic(c));
     let group = format!("{}.example.org", support::unique("flow"));
     let api = format!("widgets.{group}");
 

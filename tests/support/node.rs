@@ -157,6 +157,173 @@ impl Cluster {
         f
     }
 
+    /// Why Pods did not run, for a test that waited in vain: the node's conditions and taints,
+    /// the Pods in `ns` (those of Job `job` described), the namespace's latest Events, and the
+    /// last lines of the kubelet's and containerd's logs.
+    pub fn explain(&self, ns: &str, job: Option<&str>) -> String {
+        let show = |args: &[&str]| {
+            let out = self.kubectl_output(args, None);
+            format!(
+                "--- kubectl {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let mut text = vec![
+            show(&["describe", "node"]),
+            show(&["get", "pods", "-n", ns, "-o", "wide"]),
+        ];
+        if let Some(job) = job {
+            let selector = format!("batch.kubernetes.io/job-name={job}");
+            text.push(show(&["describe", "pods", "-n", ns, "-l", &selector]));
+            text.push(show(&[
+                "logs", "-n", ns, "-l", &selector, "-c", "kbind", "--tail", "20",
+            ]));
+        }
+        text.push(show(&[
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--sort-by=.lastTimestamp",
+        ]));
+        // Every server hack/node.sh started ("PID NODE-NAME" lines): one that is gone explains
+        // Pods that never came, whatever the apiserver still says.
+        let top = PathBuf::from(var("KBIND_NODE_DIR"));
+        let pids = std::fs::read_to_string(top.join("pids")).unwrap_or_default();
+        let gone: Vec<&str> = pids
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(pid, _)| !Path::new(&format!("/proc/{pid}")).exists())
+            .map(|(_, name)| name)
+            .collect();
+        text.push(format!("--- node servers no longer running: {gone:?}"));
+        let dir = top.join(self.name);
+        let mut servers = vec!["kubelet", "containerd"];
+        servers.extend(gone.iter().filter_map(|name| {
+            name.strip_prefix(self.name)
+                .and_then(|s| s.strip_prefix('-'))
+                .filter(|s| !servers_default(s))
+        }));
+        for server in servers {
+            let log =
+                std::fs::read_to_string(dir.join(format!("{server}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+            text.push(format!(
+                "--- the {} {server}'s last lines\n{tail}",
+                self.name
+            ));
+        }
+        text.join("\n")
+    }
+
+    /// The node takes Pods: Ready and without a NoSchedule or NoExecute taint (disk or memory
+    /// pressure, say), and nothing of an earlier test is left in the namespaces kbind installs
+    /// into. Otherwise the test fails at once, saying why, instead of waiting out a Job.
+    pub async fn takes_pods(&self) {
+        let client = self.client().await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+        let start = Instant::now();
+        loop {
+            let list = nodes
+                .list(&ListParams::default())
+                .await
+                .expect("list nodes");
+            let ready = !list.items.is_empty()
+                && list.items.iter().all(|n| {
+                    let status = n.status.as_ref();
+                    let is_ready = status.and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                        c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                    });
+                    let tainted = n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|t| t.iter().any(|t| t.effect != "PreferNoSchedule"));
+                    is_ready && !tainted
+                });
+            let mut left = Vec::new();
+            for ns in ["kbind-system", "kbind-relsync", "kbind-grants"] {
+                if namespaces
+                    .get_opt(ns)
+                    .await
+                    .expect("get namespace")
+                    .is_some()
+                {
+                    left.push(ns);
+                }
+            }
+            if ready && left.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "the {} node does not take Pods (Ready and untainted: {ready}; left by an earlier \
+                 test: {left:?})\n{}",
+                self.name,
+                self.explain("kube-system", None)
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Best effort to leave the cluster as a test found it after that test failed half-way: the
+    /// Helm release uninstalled, the finalizers of kbind's objects and the tests' own (whose
+    /// kbind runs will not come) dropped, kbind's namespaces deleted. The next test waits for
+    /// them to go ([`Cluster::takes_pods`]).
+    pub fn reset(&self) {
+        let run = |args: &[&str]| {
+            let out = self.kubectl_output(args, None);
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let mut helm = Command::new(helm());
+        helm.arg("--kubeconfig").arg(&self.kubeconfig).args([
+            "uninstall",
+            "kbind",
+            "--namespace",
+            "default",
+            "--ignore-not-found",
+            "--wait",
+            "--timeout",
+            "90s",
+        ]);
+        let _ = super::output_with_stdin(&mut helm, None);
+        let crds = run(&["get", "crd", "-o", "jsonpath={.items[*].metadata.name}"]);
+        for crd in crds
+            .split_whitespace()
+            .filter(|c| c.ends_with("kbind.io") || c.ends_with("example.org"))
+        {
+            let objects = run(&[
+                "get",
+                crd,
+                "-A",
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}"#,
+            ]);
+            for object in objects.lines() {
+                let (ns, name) = object.split_once('/').unwrap_or(("", object));
+                let mut args = vec!["patch", crd, name, "--type=merge"];
+                if !ns.is_empty() {
+                    args.extend(["-n", ns]);
+                }
+                args.extend(["-p", r#"{"metadata":{"finalizers":null}}"#]);
+                run(&args);
+            }
+        }
+        for ns in ["kbind-system", "kbind-relsync", "kbind-grants"] {
+            run(&[
+                "delete",
+                "namespace",
+                ns,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+    }
+
     /// Serialize the tests that install into this cluster (cluster-scoped objects, the
     /// kbind-system namespace): a file lock in the node's directory, held until dropped.
     pub fn lock(&self, dir: &Path) -> std::fs::File {
@@ -168,6 +335,22 @@ impl Cluster {
             .expect("open the cluster lock");
         f.lock().expect("take the cluster lock");
         f
+    }
+}
+
+fn servers_default(server: &str) -> bool {
+    matches!(server, "kubelet" | "containerd")
+}
+
+/// [`Cluster::reset`] when the test holding it panics (hold it after the cluster's lock, so it
+/// runs first when both drop).
+pub struct ResetOnPanic<'a>(pub &'a Cluster);
+
+impl Drop for ResetOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.reset();
+        }
     }
 }
 
@@ -261,8 +444,10 @@ impl JobEnd {
     }
 }
 
-/// Wait until Job `name` in `ns` is Complete or Failed, at most `limit`.
-pub async fn wait_job(client: &Client, ns: &str, name: &str, limit: Duration) -> JobEnd {
+/// Wait until Job `name` in `ns` is Complete or Failed, at most `limit`; past it, fail with what
+/// the node says about the Job's Pods ([`Cluster::explain`]).
+pub async fn wait_job(cluster: &Cluster, ns: &str, name: &str, limit: Duration) -> JobEnd {
+    let client = &cluster.client().await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let start = Instant::now();
     loop {
@@ -286,7 +471,8 @@ pub async fn wait_job(client: &Client, ns: &str, name: &str, limit: Duration) ->
         }
         assert!(
             start.elapsed() < limit,
-            "Job {ns}/{name} did not end within {limit:?}"
+            "Job {ns}/{name} did not end within {limit:?}\n{}",
+            cluster.explain(ns, Some(name))
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
