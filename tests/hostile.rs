@@ -893,10 +893,10 @@ async fn trap() -> (String, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
     (addr, hits, task)
 }
 
-/// Tenant-written `baseURL`s aimed at the cloud metadata service or at loopback services the
-/// credential's allowedHosts does not name, in every spelling (plain, decimal IP, IPv4-mapped
-/// IPv6, user-info trick, another port, a file URL): each is refused on Ready before any
-/// request. The run's HTTP proxy is a local trap, so a request to 169.254.169.254 would land
+/// Tenant-written `baseURL`s aimed at the cloud metadata service (even when the credential's
+/// allowedHosts lists it) or at loopback services the credential's allowedHosts does not name,
+/// in every spelling (plain, decimal IP, IPv4-mapped IPv6, IPv6 link-local, user-info trick,
+/// another port, a file URL): each is refused on Ready before any request. The run's HTTP proxy is a local trap, so a request to 169.254.169.254 would land
 /// there instead of leaving the machine: it receives nothing, nor does the loopback service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
@@ -915,6 +915,10 @@ async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any
             "metadata.google.internal",
             "scim.example.com",
             "localhost:1",
+            // Listed, yet never admitted: link-local and metadata addresses.
+            "169.254.169.254",
+            "[::ffff:169.254.169.254]",
+            "[fe80::1]:8080",
         ],
     )
     .await;
@@ -932,6 +936,11 @@ async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any
         (
             "mapped",
             "http://[::ffff:169.254.169.254]/".to_string(),
+            "HostNotAllowed",
+        ),
+        (
+            "linklocal6",
+            "http://[fe80::1]:8080/".to_string(),
             "HostNotAllowed",
         ),
         (
@@ -994,6 +1003,14 @@ async fn base_urls_at_cloud_metadata_or_unlisted_loopback_are_refused_before_any
         meta.contains("169.254.169.254"),
         "the address as parsed: {meta}"
     );
+    for name in ["meta", "decimal", "mapped", "linklocal6"] {
+        let st = rx.status(name).await;
+        let message = cond(&st.conditions, READY).2.to_string();
+        assert!(
+            message.contains("link-local or cloud metadata address"),
+            "{name}: refused as a metadata address though allowedHosts lists it: {message}"
+        );
+    }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(
         proxy_hits.load(Ordering::SeqCst),

@@ -4,7 +4,7 @@
 //! data, so a rotated credential is used on the next run without any restart.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use sha2::Digest;
@@ -317,23 +317,9 @@ fn check_fields(kc: &Kubeconfig, allowed: &BTreeSet<KubeconfigField>) -> Result<
     Ok(())
 }
 
-/// Link-local and cloud metadata addresses: a provider is never there, and an error body read
-/// back from one would carry instance credentials into status.
-pub fn is_forbidden_address(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_link_local() // 169.254.0.0/16: AWS, GCP, Azure, OpenStack metadata
-                || v4 == Ipv4Addr::new(100, 100, 100, 200) // Alibaba Cloud metadata
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => is_forbidden_address(IpAddr::V4(v4)),
-            None => {
-                (v6.segments()[0] & 0xffc0) == 0xfe80 // fe80::/10 link-local
-                    || v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) // AWS IPv6 metadata
-            }
-        },
-    }
-}
+/// Link-local and cloud metadata addresses (docs/hostile-inputs.md): shared with every
+/// upstream client.
+pub use crate::upstream::address::is_forbidden as is_forbidden_address;
 
 /// Check where the server's host resolves before any request is made: a link-local or metadata
 /// address is refused. A name that does not resolve is left to the connection attempt, which
@@ -381,10 +367,30 @@ pub async fn check_server_address(pk: &ProviderKubeconfig) -> Result<(), Credent
     }
 }
 
+/// The parser's message without any of the document in it: its first line (what went wrong),
+/// cut before the location, with every quoted value (`"..."`, `'...'`, `` `...` ``) replaced.
+/// A Secret key that holds a bare token rather than a kubeconfig would otherwise come back as
+/// `invalid type: string "<the token>"` (docs/hostile-inputs.md).
 fn scrub_yaml_error(msg: &str) -> String {
-    // Keep the first line (it says what and where), drop any quoted snippet.
     let first = msg.lines().next().unwrap_or("parse error");
-    scrub(first.split(" at line").next().unwrap_or(first))
+    let first = first.split(" at line").next().unwrap_or(first);
+    let mut out = String::with_capacity(first.len());
+    let mut open: Option<char> = None;
+    for ch in first.chars() {
+        match open {
+            Some(q) if ch == q => {
+                out.push_str("(value not shown)");
+                open = None;
+            }
+            Some(_) => {}
+            None if matches!(ch, '"' | '\'' | '`') => open = Some(ch),
+            None => out.push(ch),
+        }
+    }
+    if open.is_some() {
+        out.push_str("(value not shown)");
+    }
+    scrub(&out)
 }
 
 /// Checks the current context's cluster and user; returns the context namespace.

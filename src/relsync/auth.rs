@@ -99,7 +99,8 @@ impl AuthError {
             Self::Host(
                 HostError::NoAllowlist { .. }
                 | HostError::NotAllowed { .. }
-                | HostError::EndpointNotAllowed { .. },
+                | HostError::EndpointNotAllowed { .. }
+                | HostError::Forbidden { .. },
             ) => "HostNotAllowed",
             Self::Host(HostError::BadEndpoint { .. }) => "InvalidConfig",
             Self::Host(_) => "InvalidBaseURL",

@@ -15,7 +15,9 @@
 //! - an IP address is admitted only by an entry that is the same IP literal (`127.0.0.1:8080`,
 //!   `[::1]:8080`), compared as addresses so `127.1` or `0x7f.0.0.1` cannot sneak past.
 //!
-//! Comparison is case-insensitive; a trailing dot on a name is ignored.
+//! Comparison is case-insensitive; a trailing dot on a name is ignored. A link-local or cloud
+//! metadata address is refused whatever the list says (`crate::upstream::address`; a name
+//! resolving to one is refused when the client resolves it).
 
 use std::net::IpAddr;
 
@@ -45,6 +47,10 @@ pub enum HostError {
         host: String,
         endpoint: &'static str,
     },
+    /// A link-local or cloud metadata address (`crate::upstream::address`), whatever
+    /// allowedHosts lists.
+    #[error("host {host} is a link-local or cloud metadata address; refused")]
+    Forbidden { host: String },
     /// The kind's own endpoint (operator configuration) does not parse.
     #[error("{endpoint} is not a usable URL: {message}")]
     BadEndpoint {
@@ -96,7 +102,13 @@ pub fn parse_base_url(raw: &str) -> Result<Destination, HostError> {
     let port = url
         .port_or_known_default()
         .ok_or_else(|| HostError::Invalid("no port".into()))?;
-    Ok(Destination { url, host, port })
+    let dest = Destination { url, host, port };
+    match dest.host.parse::<IpAddr>() {
+        Ok(ip) if crate::upstream::address::is_forbidden(ip) => Err(HostError::Forbidden {
+            host: dest.display(),
+        }),
+        _ => Ok(dest),
+    }
 }
 
 fn normalize_name(s: &str) -> String {
@@ -182,6 +194,12 @@ pub fn admit_endpoint(
     credential: &str,
     allowed: &[String],
 ) -> Result<(), HostError> {
+    if let Err(e @ HostError::Forbidden { .. }) = parse_base_url(url) {
+        return Err(HostError::BadEndpoint {
+            endpoint,
+            message: e.to_string(),
+        });
+    }
     if allowed.is_empty() {
         return Ok(());
     }
@@ -282,6 +300,49 @@ mod tests {
         assert!(matches!(
             admit("not a url", "c", &allowed),
             Err(HostError::Invalid(_))
+        ));
+    }
+
+    /// A link-local or metadata address is refused even when the credential lists it, in
+    /// every spelling, as a baseURL and as a kind's own endpoint (with or without a list).
+    #[test]
+    fn metadata_addresses_are_refused_whatever_the_list_says() {
+        let listed: Vec<String> = [
+            "169.254.169.254",
+            "169.254.169.254:8080",
+            "[fe80::1]:8080",
+            "100.100.100.200",
+            "[::ffff:a9fe:a9fe]",
+        ]
+        .map(String::from)
+        .to_vec();
+        for url in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://169.254.169.254:8080/",
+            "http://2852039166/",
+            "http://[fe80::1]:8080/",
+            "http://100.100.100.200/",
+            "http://[::ffff:169.254.169.254]/",
+        ] {
+            let e = admit(url, "c", &listed).unwrap_err();
+            assert!(matches!(e, HostError::Forbidden { .. }), "{url}: {e:?}");
+            assert!(
+                e.to_string().contains("link-local or cloud metadata"),
+                "{e}"
+            );
+            for allowed in [&listed[..], &[]] {
+                assert!(
+                    matches!(
+                        admit_endpoint(url, "the Slack API URL (--slack-api-url)", "c", allowed),
+                        Err(HostError::BadEndpoint { .. })
+                    ),
+                    "{url}"
+                );
+            }
+        }
+        assert!(matches!(
+            admit("http://169.254.169.254/", "c", &listed),
+            Err(HostError::Forbidden { host }) if host == "169.254.169.254:80"
         ));
     }
 

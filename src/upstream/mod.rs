@@ -1,8 +1,8 @@
 //! What every client kbind builds for a service outside the Kubernetes API (Slack, a SCIM
 //! bridge, SpiceDB's HTTP gateway) shares, written once (docs/relsync.md "Bounds"):
 //! - [`client`]: the reqwest client rules — no redirects (a redirect would carry the credential
-//!   to a host `allowedHosts` never admitted), a connect timeout, a stall timeout, and ring as
-//!   the rustls provider;
+//!   to a host `allowedHosts` never admitted), no name that resolves to a link-local or metadata
+//!   address ([`address`]), a connect timeout, a stall timeout, and ring as the rustls provider;
 //! - [`transient`] / [`server_hiccup`] / [`throttled`]: which HTTP statuses are worth sending
 //!   the same (retry-safe) request again for;
 //! - [`read`]: a body read into memory only up to a cap, and a newline-delimited stream split
@@ -16,6 +16,7 @@
 //!
 //! This module imports no pass; the passes import it.
 
+pub mod address;
 pub mod read;
 
 use std::time::Duration;
@@ -47,6 +48,7 @@ pub fn client(request_timeout: Duration) -> Result<reqwest::Client, UpstreamErro
     reqwest::Client::builder()
         .user_agent(crate::user_agent())
         .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(std::sync::Arc::new(address::Refusing))
         .connect_timeout(request_timeout.min(MAX_CONNECT_TIMEOUT))
         .read_timeout(request_timeout)
         .build()
