@@ -10,6 +10,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kbind::api::core::ClusterBinding;
 use kbind::api::iam::Grant;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
@@ -86,7 +87,9 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
         "outside the Export"
     );
 
-    // 3. Consumer: kbind bind with the handed-over kubeconfig, then schema and resync.
+    // 3. Consumer: kbind bind with the handed-over kubeconfig as docs/binding-flow.md step 4
+    //    shows it (the Export's name, no --grant-secret: the kubeconfig names its Grant's
+    //    Secret and may read its own Export), then schema and resync.
     let consumer = fx.env.consumer.to_string_lossy().to_string();
     let label = format!("kbind-test={}", fx.label);
     let name = format!("{}-p", fx.label);
@@ -104,15 +107,27 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
         &fx.ns,
         "--label",
         &label,
-        "--apis",
-        &api,
-        "--grant-secret",
-        &grant_secret,
+        "--export",
+        &export,
         "-o",
         "json",
     ];
     let b = ok("bind", support::kbind(&bind_args));
     assert_eq!(b["writes"], 3, "{b}");
+    assert_eq!(b["apis"], json!([api]), "the Export's APIs: {b}");
+    let bound = Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let annotations = bound.annotations();
+    assert_eq!(
+        annotations.get("core.kbind.io/grant-secret"),
+        Some(&grant_secret),
+        "rotation by pull is set up from the kubeconfig alone: {annotations:?}"
+    );
+    assert_eq!(annotations.get("iam.kbind.io/grant"), Some(&grant));
+    let again = ok("bind again", support::kbind(&bind_args));
+    assert_eq!(again["writes"], 0, "{again}");
     ok("schema", fx.try_pass("schema", &[]));
     let st = fx.conn(&name).await.status.unwrap();
     assert_eq!(cond(&st.conditions, "Ready").0, "True", "{st:?}");
@@ -125,6 +140,19 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
         .await
         .unwrap();
     ok("resync before the pin", fx.try_pass("resync", &[]));
+    let bindings = Api::<ClusterBinding>::all(fx.consumer.clone());
+    let pinned = |b: ClusterBinding| {
+        let status = b.status.unwrap_or_default();
+        let (status, reason, message) = cond(&status.conditions, "ConsumerPinned");
+        (status.to_string(), reason.to_string(), message.to_string())
+    };
+    let (status, reason, message) = pinned(bindings.get(&name).await.unwrap());
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "NotPinned"),
+        "the binding says why nothing syncs yet: {message}"
+    );
+    assert!(message.contains("kbind issue"), "and what to do: {message}");
     ix.run(&[]);
     assert!(
         ix.get_grant(&grant)
@@ -146,6 +174,11 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let copy = copy.expect("the consumer object arrives on the provider");
+    assert_eq!(
+        pinned(bindings.get(&name).await.unwrap()).1,
+        "Pinned",
+        "the binding says the refusals are over"
+    );
     assert_eq!(copy.data["spec"], json!({"size": 1}));
 
     // Provider status comes back down.

@@ -858,11 +858,13 @@ async fn bind_job(node: &Node, c: &Cluster, kubeconfig: &str, api: &str, job: &s
             v["metadata"]["name"] = json!(job);
             let c0 = &mut v["spec"]["template"]["spec"]["containers"][0];
             c0["image"] = json!(node.image);
-            for a in c0["args"].as_array_mut().expect("args") {
-                if a.as_str().is_some_and(|s| s.starts_with("--apis=")) {
-                    *a = json!(format!("--apis={api}"));
-                }
-            }
+            // The Job's args as shipped: the provider's Export `widgets`, no --grant-secret (the
+            // issued kubeconfig names its Grant's Secret).
+            let args = c0["args"].to_string();
+            assert!(
+                args.contains("--export=widgets") && !args.contains("--grant-secret"),
+                "{args}"
+            );
         }
         items.push(v);
     }
@@ -887,6 +889,7 @@ async fn bind_job(node: &Node, c: &Cluster, kubeconfig: &str, api: &str, job: &s
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["command"] == "bind")
         .unwrap_or_else(|| panic!("no report in the bind log:\n{log}"));
+    assert_eq!(report["apis"], json!([api]), "the Export's APIs: {report}");
     println!("consumer: {job} {:?}: {report}", end.took);
     report
 }

@@ -364,6 +364,10 @@ pub mod condition {
     pub const SCHEMA_IN_SYNC: &str = "SchemaInSync";
     pub const SYNCED: &str = "Synced";
     pub const CONFLICTS: &str = "Conflicts";
+    /// Binding synced through an issued credential: False `NotPinned` while the provider's Grant
+    /// refuses its writes for want of a pinned consumer cluster (set by resync, only once that
+    /// happened; True `Pinned` after).
+    pub const CONSUMER_PINNED: &str = "ConsumerPinned";
     pub const INSTANCES_RELEASED: &str = "InstancesReleased";
     /// Connection: whether autoBind maintains its ClusterBinding (`NameTaken` when another
     /// binding holds that name).

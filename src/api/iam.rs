@@ -18,6 +18,10 @@ pub const EXPIRES_AT: &str = "iam.kbind.io/expires-at";
 pub const SERVICE_ACCOUNT_UID: &str = "iam.kbind.io/service-account-uid";
 /// Annotation on issued RBAC and admission objects: hash of what the issuer wrote.
 pub const SPEC_HASH: &str = "iam.kbind.io/spec-hash";
+/// What the per-Grant admission policy says when it refuses a write because the Grant's
+/// consumer cluster is not pinned yet: `kbind resync` tells that refusal apart by it and says
+/// on the binding what to do (docs/resync.md "Bindings").
+pub const NOT_PINNED: &str = "is not pinned yet";
 
 fn default_token_ttl() -> String {
     "24h".into()

@@ -40,7 +40,8 @@ pub struct BindArgs {
     /// status.secretRef). Recorded as annotation core.kbind.io/grant-secret on the consumer
     /// Secret, so `kbind schema` pulls each re-issued kubeconfig from it; its
     /// iam.kbind.io/grant and iam.kbind.io/expires-at annotations are copied. The kubeconfig must
-    /// be allowed to read it.
+    /// be allowed to read it. Default: the Secret a kubeconfig issued by `kbind issue` names in
+    /// its context's iam.kbind.io/grant extension (none for any other kubeconfig).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pub grant_secret: Option<String>,
     /// A label `KEY=VALUE` put on every object written (repeatable), e.g. to select the

@@ -5,9 +5,10 @@
 //! 1. **Observe the provider** with the given kubeconfig, after it passed the very rules
 //!    `kbind schema` applies to a Connection's Secret (src/connection/): its identity, what it
 //!    exports (src/discovery/, the discovery `kbind schema` uses), the Export named by
-//!    `--export`, the Grant's issued Secret named by `--grant-secret`.
+//!    `--export`, the Grant's issued Secret named by `--grant-secret` (or, by default, by the
+//!    `iam.kbind.io/grant` extension of a kubeconfig `kbind issue` wrote).
 //! 2. **Plan**: the APIs (each exported), the consumer Secret (the kubeconfig under the key
-//!    Connections read; with `--grant-secret`, the annotations rotation by pull needs), the
+//!    Connections read; with a Grant's Secret, the annotations rotation by pull needs), the
 //!    Connection, and a ClusterBinding (or, with `--namespace`, a Binding).
 //! 3. **Observe the consumer** and decide per object: create, update, or leave alone (a second
 //!    run with the same arguments writes nothing). An object of that name `kbind bind` did not
@@ -131,6 +132,9 @@ pub enum BindError {
     },
     #[error("--grant-secret {secret}: {why}")]
     GrantSecret { secret: String, why: String },
+    /// The kubeconfig names its Grant's Secret (`kbind issue` writes it), but not readably.
+    #[error("{path}: {why}")]
+    GrantExtension { path: String, why: String },
     #[error(
         "{object} exists and was not written by kbind bind; refusing to overwrite it (--force overwrites it, or choose another --name)"
     )]
@@ -376,7 +380,17 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
     if let Chosen::Export { name, apis } = &mut req.chosen {
         *apis = read_export(&provider, name).await?;
     }
-    let grant = match &req.grant_secret {
+    // `--grant-secret`, or else the Secret a kubeconfig from `kbind issue` names itself.
+    let grant_secret = match req.grant_secret.take() {
+        Some(s) => Some(s),
+        None => connection::issued_grant_secret(&pk.kubeconfig).map_err(|why| {
+            BindError::GrantExtension {
+                path: path.clone(),
+                why,
+            }
+        })?,
+    };
+    let grant = match &grant_secret {
         Some((ns, n)) => Some(read_grant_secret(&provider, ns, n).await?),
         None => None,
     };

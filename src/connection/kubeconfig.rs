@@ -14,6 +14,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use std::sync::Arc;
 
+use crate::api::keys;
 use crate::pass::client::{RequestCounter, counted_client, with_timeouts};
 use crate::scrub::scrub;
 use crate::secrets::SecretError;
@@ -252,6 +253,42 @@ fn register_secrets(kc: &Kubeconfig) {
 
 /// The current context's cluster and user (already known to exist: checked by
 /// [`check_self_contained`] first).
+/// The Grant's issued Secret (`<namespace>`, `<name>`) that a kubeconfig `kbind issue` wrote
+/// names in its context's `iam.kbind.io/grant` extension; `Ok(None)` for any other kubeconfig
+/// (docs/binding-flow.md). An extension that is there but malformed is an error naming it.
+pub fn issued_grant_secret(kc: &Kubeconfig) -> Result<Option<(String, String)>, String> {
+    let ctx_name = kc
+        .current_context
+        .clone()
+        .or_else(|| (kc.contexts.len() == 1).then(|| kc.contexts[0].name.clone()));
+    let Some(ext) = kc
+        .contexts
+        .iter()
+        .find(|c| Some(&c.name) == ctx_name.as_ref())
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.extensions.as_ref())
+        .and_then(|e| e.iter().find(|e| e.name == keys::IAM_GRANT))
+    else {
+        return Ok(None);
+    };
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    match ext.extension["secret"]
+        .as_str()
+        .and_then(|s| s.split_once('/'))
+    {
+        Some((ns, name)) if valid(ns) && valid(name) => Ok(Some((ns.into(), name.into()))),
+        _ => Err(format!(
+            "the context's {} extension does not name a Secret as <namespace>/<name>",
+            keys::IAM_GRANT
+        )),
+    }
+}
+
 fn current(
     kc: &Kubeconfig,
 ) -> (

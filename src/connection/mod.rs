@@ -23,7 +23,7 @@ use crate::pass::client::RequestCounter;
 pub use identity::{IdentityError, cluster_uid};
 pub use kubeconfig::{
     ClientError, CredentialArgs, CredentialError, CredentialPolicy, KubeconfigField,
-    ProviderKubeconfig,
+    ProviderKubeconfig, issued_grant_secret,
 };
 
 /// Connections per LIST page. A page is decoded whole before its managedFields are dropped, and

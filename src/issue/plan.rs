@@ -94,6 +94,9 @@ pub fn resolve(spec: &GrantSpec, catalog: &Catalog) -> Result<Resolved, Blocked>
     }
     resolved.apis.sort();
     resolved.apis.dedup();
+    resolved.exports = names;
+    resolved.exports.sort();
+    resolved.exports.dedup();
     Ok(resolved)
 }
 

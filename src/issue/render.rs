@@ -33,6 +33,8 @@ pub struct ResolvedApi {
 /// What a Grant resolves to: its APIs (sorted, deduplicated) and extra rules.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resolved {
+    /// The Exports the Grant names (its own, or every Export of its Collection), sorted.
+    pub exports: Vec<String>,
     pub apis: Vec<ResolvedApi>,
     pub permissions: Vec<PolicyRule>,
 }
@@ -165,6 +167,10 @@ pub fn cluster_rules(r: &Resolved) -> Vec<Value> {
             "verbs": OBJECT_VERBS,
         }));
     }
+    // `kbind bind --export` reads the Export it was handed: its own, nothing else.
+    if !r.exports.is_empty() {
+        rules.push(json!({"apiGroups": [crate::api::catalog::GROUP], "resources": ["exports"], "resourceNames": r.exports, "verbs": ["get"]}));
+    }
     // resync creates a provider namespace an object needs; the identity read.
     rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]}));
     rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}));
@@ -242,7 +248,7 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
             },
             {
                 "expression": "variables.isLease || variables.pinned != ''",
-                "message": format!("the consumer cluster of Grant {grant} is not pinned yet: kbind resync's heartbeat pins it at the next kbind issue run, then writes are allowed"),
+                "message": format!("the consumer cluster of Grant {grant} {}: kbind resync's heartbeat pins it at the next kbind issue run, then writes are allowed", crate::api::iam::NOT_PINNED),
                 "reason": "Forbidden",
             },
             {
@@ -307,7 +313,9 @@ fn b64(bytes: &[u8]) -> Value {
 }
 
 /// The issued kubeconfig: self-contained (server, embedded CA, token), context namespace the
-/// grants namespace. YAML text.
+/// grants namespace, and the Grant it was issued for in a context extension
+/// ([`keys::IAM_GRANT`]: the Grant and its issued Secret), so `kbind bind` with this file alone
+/// sets up rotation by pull and the heartbeat's Grant label (docs/binding-flow.md). YAML text.
 pub fn kubeconfig(
     server: &str,
     ca_pem: &[u8],
@@ -321,7 +329,13 @@ pub fn kubeconfig(
         "kind": "Config",
         "clusters": [{"name": "provider", "cluster": {"server": server, "certificate-authority-data": ca}}],
         "users": [{"name": grant, "user": {"token": token}}],
-        "contexts": [{"name": grant, "context": {"cluster": "provider", "user": grant, "namespace": namespace}}],
+        "contexts": [{"name": grant, "context": {
+            "cluster": "provider", "user": grant, "namespace": namespace,
+            "extensions": [{"name": keys::IAM_GRANT, "extension": {
+                "grant": grant,
+                "secret": format!("{namespace}/{}", object_name(grant)),
+            }}],
+        }}],
         "current-context": grant,
     });
     serde_saphyr::to_string(&v).unwrap_or_else(|_| v.to_string())

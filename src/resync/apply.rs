@@ -31,6 +31,8 @@ use crate::scrub::scrub;
 pub enum Outcome {
     Done,
     Denied,
+    /// Denied by a Grant's admission policy because its consumer cluster is not pinned yet.
+    Unpinned,
     Rejected,
     Conflict,
     Failed,
@@ -74,6 +76,9 @@ fn provider_body(api: &BoundApi, o: &ConsumerObj, local_uid: &str) -> Value {
 
 fn classify(e: &kube::Error) -> Outcome {
     match e {
+        kube::Error::Api(s) if s.code == 403 && s.message.contains(crate::api::iam::NOT_PINNED) => {
+            Outcome::Unpinned
+        }
         _ if e.is_forbidden() => Outcome::Denied,
         _ if e.is_bad_request() || e.is_invalid() => Outcome::Rejected,
         _ => Outcome::Failed,
@@ -241,7 +246,7 @@ async fn failed(
         e => e.to_string(),
     });
     let (reason, note) = match o {
-        Outcome::Denied => (
+        Outcome::Denied | Outcome::Unpinned => (
             "PermissionDenied",
             format!("{verb} on the {on} was forbidden: {msg}"),
         ),

@@ -60,6 +60,9 @@ pub struct Counts {
     pub denied: i64,
     pub rejected: i64,
     pub orphaned: i64,
+    /// Of `denied`: refused because the provider's Grant has not pinned this consumer yet
+    /// (not a status field: it makes the `ConsumerPinned` condition).
+    pub unpinned: i64,
 }
 
 /// A managed consumer CRD and the Connection it pins.

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{BindingRef, Counts};
 use crate::api::conditions::{ConditionStatus as S, Conditions};
-use crate::api::core::condition::{CONFLICTS, INSTANCES_RELEASED};
+use crate::api::core::condition::{CONFLICTS, CONSUMER_PINNED, INSTANCES_RELEASED};
 
 /// The status to apply on `b` for its per-API counts `mine` (this run's), or `None` when neither
 /// the counts nor the Conflicts condition changed. `complete`: the run went over everything.
@@ -30,6 +30,7 @@ pub fn binding_status(
     } else {
         conds.set_condition(CONFLICTS, S::False, "NoConflicts", "", b.generation, now)
     };
+    let changed_pin = consumer_pinned(&mut conds, b, mine, complete, now);
     let changed_counts = mine.iter().any(|(api, c)| {
         let prev = b.status.bound_apis.iter().find(|x| &&x.name == api);
         let got = prev.map(|p| {
@@ -51,19 +52,51 @@ pub fn binding_status(
             Some(c.orphaned),
         ))
     });
-    if !changed_cond && !changed_counts {
+    if !changed_cond && !changed_pin && !changed_counts {
         return None;
     }
     let apis: Vec<Value> = mine
         .iter()
         .map(|(api, c)| json!({"name": api, "inSync": c.in_sync, "pending": c.pending, "conflictCount": c.conflicts, "denied": c.denied, "rejected": c.rejected, "orphaned": c.orphaned}))
         .collect();
-    let conflicts: Vec<_> = conds.into_iter().filter(|c| c.type_ == CONFLICTS).collect();
+    let conflicts: Vec<_> = conds
+        .into_iter()
+        .filter(|c| c.type_ == CONFLICTS || c.type_ == CONSUMER_PINNED)
+        .collect();
     let mut resync = json!({"lastPassTime": now.to_string()});
     if complete {
         resync["lastCompleteTime"] = json!(now.to_string());
     }
     Some(json!({"boundAPIs": apis, "conditions": conflicts, "resync": resync}))
+}
+
+/// `ConsumerPinned`: False `NotPinned` while the provider's Grant refuses this consumer's
+/// writes for want of a pinned consumer cluster, naming what to do; True `Pinned` once a whole
+/// run met no such refusal. Never added to a binding that never met one. Whether it changed.
+fn consumer_pinned(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    b: &BindingRef,
+    mine: &[(&String, &Counts)],
+    complete: bool,
+    now: Timestamp,
+) -> bool {
+    let unpinned: i64 = mine.iter().map(|(_, c)| c.unpinned).sum();
+    if unpinned > 0 {
+        let msg = format!(
+            "the provider refuses this consumer's writes ({unpinned} objects) until its Grant pins this cluster: the Connection's Secret must name the Grant (bind with the kubeconfig kbind issue wrote, or kbind bind --grant-secret), kbind resync then labels its heartbeat with it, and the provider's next kbind issue run pins it"
+        );
+        return conds.set_condition(
+            CONSUMER_PINNED,
+            S::False,
+            "NotPinned",
+            &msg,
+            b.generation,
+            now,
+        );
+    }
+    let seen = conds.iter().any(|c| c.type_ == CONSUMER_PINNED);
+    seen && complete
+        && conds.set_condition(CONSUMER_PINNED, S::True, "Pinned", "", b.generation, now)
 }
 
 /// `InstancesReleased=True` for a deleting binding whose instances are released.
@@ -82,4 +115,113 @@ pub fn released_status(b: &BindingRef, now: Timestamp) -> Value {
         .filter(|c| c.type_ == INSTANCES_RELEASED)
         .collect();
     json!({"conditions": owned})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::BindingKey;
+    use crate::api::conditions::Conditions;
+    use crate::api::core::{BindingStatus, ConflictPolicy, OrphanPolicy};
+
+    fn binding(
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    ) -> BindingRef {
+        BindingRef {
+            key: BindingKey {
+                namespace: None,
+                name: "b".into(),
+            },
+            connection: "c".into(),
+            apis: vec!["widgets.example.org".into()],
+            policy: ConflictPolicy::Fail,
+            orphans: OrphanPolicy::Keep,
+            deleting: false,
+            has_cleanup: false,
+            uid: "u".into(),
+            generation: Some(1),
+            status: BindingStatus {
+                conditions,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn pinned_after(
+        b: &BindingRef,
+        counts: Counts,
+        complete: bool,
+    ) -> (Option<Value>, Option<(String, String)>) {
+        let api = "widgets.example.org".to_string();
+        let out = binding_status(b, &[(&api, &counts)], complete, Timestamp::UNIX_EPOCH);
+        let cond = out.as_ref().and_then(|v| {
+            v["conditions"].as_array()?.iter().find_map(|c| {
+                (c["type"] == CONSUMER_PINNED).then(|| {
+                    (
+                        c["status"].as_str().unwrap_or_default().to_string(),
+                        c["reason"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+            })
+        });
+        (out, cond)
+    }
+
+    /// Unpinned refusals make `ConsumerPinned=False NotPinned` naming what to do; a whole run
+    /// without them turns it True; a binding that never met one never gets the condition; and
+    /// an unchanged state writes nothing.
+    #[test]
+    fn consumer_pinned_follows_the_grants_refusals() {
+        let refused = Counts {
+            denied: 2,
+            unpinned: 2,
+            ..Default::default()
+        };
+        let (out, cond) = pinned_after(&binding(vec![]), refused.clone(), true);
+        assert_eq!(cond, Some(("False".into(), "NotPinned".into())));
+        let msg = out.unwrap()["conditions"].to_string();
+        assert!(
+            msg.contains("--grant-secret") && msg.contains("2 objects"),
+            "{msg}"
+        );
+
+        let mut conds = vec![];
+        conds.set_condition(
+            CONFLICTS,
+            S::False,
+            "NoConflicts",
+            "",
+            Some(1),
+            Timestamp::UNIX_EPOCH,
+        );
+        let never = binding(conds.clone());
+        let synced = Counts {
+            in_sync: 2,
+            ..Default::default()
+        };
+        let (_, cond) = pinned_after(&never, synced.clone(), true);
+        assert_eq!(cond, None, "never refused: no condition");
+
+        let mut was = conds.clone();
+        let (out, _) = pinned_after(&binding(vec![]), refused.clone(), true);
+        let c: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition =
+            serde_json::from_value(out.unwrap()["conditions"][1].clone()).unwrap();
+        was.push(c);
+        let refused_before = binding(was);
+        // Still refused, same counts: nothing to write.
+        let mut before = refused_before.clone();
+        before.status.bound_apis = vec![
+            serde_json::from_value(serde_json::json!({
+            "name": "widgets.example.org", "inSync": 0, "pending": 0, "conflictCount": 0,
+            "denied": 2, "rejected": 0, "orphaned": 0}))
+            .unwrap(),
+        ];
+        assert_eq!(pinned_after(&before, refused, true).0, None);
+        // A partial run that met no refusal proves nothing yet.
+        let (_, cond) = pinned_after(&refused_before, synced.clone(), false);
+        assert_eq!(cond, Some(("False".into(), "NotPinned".into())));
+        // A whole run without one: pinned.
+        let (_, cond) = pinned_after(&refused_before, synced, true);
+        assert_eq!(cond, Some(("True".into(), "Pinned".into())));
+    }
 }

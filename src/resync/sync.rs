@@ -243,6 +243,10 @@ impl Run<'_> {
         let entry = self.counts.entry(slot).or_default();
         match (outcome, standing) {
             (apply::Outcome::Denied, _) => entry.denied += 1,
+            (apply::Outcome::Unpinned, _) => {
+                entry.denied += 1;
+                entry.unpinned += 1;
+            }
             (apply::Outcome::Rejected, _) => entry.rejected += 1,
             (apply::Outcome::Conflict, _) | (apply::Outcome::Done, Standing::Conflict) => {
                 entry.conflicts += 1

@@ -294,3 +294,33 @@ fn credential_namespaces() {
         "the flag replaces the default"
     );
 }
+
+/// Only a kubeconfig whose current context carries the `iam.kbind.io/grant` extension names a
+/// Grant Secret; a malformed one is an error, never a guess.
+#[test]
+fn issued_grant_secret_reads_only_the_current_contexts_extension() {
+    let with = |ext: &str| {
+        kubeconfig("", "    token: abc\n").replace(
+            "    namespace: tenant\n",
+            &format!("    namespace: tenant\n    extensions:\n    - name: iam.kbind.io/grant\n      extension: {ext}\n"),
+        )
+    };
+    let kc = |text: String| Kubeconfig::from_yaml(&text).unwrap();
+    assert_eq!(
+        issued_grant_secret(&kc(kubeconfig("", "    token: abc\n"))),
+        Ok(None)
+    );
+    assert_eq!(
+        issued_grant_secret(&kc(with("{grant: g, secret: kbind-grants/kbind-grant-g}"))),
+        Ok(Some(("kbind-grants".into(), "kbind-grant-g".into())))
+    );
+    for bad in [
+        "{grant: g}",
+        "{secret: no-slash}",
+        "{secret: 'A/B'}",
+        "{secret: 7}",
+    ] {
+        let e = issued_grant_secret(&kc(with(bad))).unwrap_err();
+        assert!(e.contains("iam.kbind.io/grant"), "{bad}: {e}");
+    }
+}

@@ -308,6 +308,7 @@ fn issued_rules_are_exactly_the_contract() {
             r#"{"apiGroups":["apiextensions.k8s.io"],"resources":["customresourcedefinitions"],"verbs":["list"]}"#,
             r#"{"apiGroups":["apiextensions.k8s.io"],"resourceNames":["widgets.example.org"],"resources":["customresourcedefinitions"],"verbs":["get"]}"#,
             r#"{"apiGroups":["example.org"],"resources":["widgets","widgets/status"],"verbs":["get","list","watch","create","update","patch","delete"]}"#,
+            r#"{"apiGroups":["catalog.kbind.io"],"resourceNames":["widgets"],"resources":["exports"],"verbs":["get"]}"#,
             r#"{"apiGroups":[""],"resources":["namespaces"],"verbs":["create"]}"#,
             r#"{"apiGroups":[""],"resourceNames":["kube-system"],"resources":["namespaces"],"verbs":["get"]}"#,
             r#"{"apiGroups":["core.kcp.io"],"resourceNames":["cluster"],"resources":["logicalclusters"],"verbs":["get"]}"#,
@@ -323,6 +324,68 @@ fn issued_rules_are_exactly_the_contract() {
             .unwrap()
             .iter()
             .any(|v| v == "list")
+    );
+}
+
+/// `kbind bind --export` with the issued kubeconfig reads the Export it was handed: a Grant of a
+/// Collection may get each Export in it, and no other.
+#[test]
+fn the_issued_identity_may_get_its_own_exports_only() {
+    let r = resolve(&spec(None, Some("all")), &catalog()).unwrap();
+    assert_eq!(r.exports, vec!["both".to_string(), "widgets".to_string()]);
+    let rules = render::cluster_rules(&r);
+    let exports: Vec<&serde_json::Value> = rules
+        .iter()
+        .filter(|r| r["resources"][0] == "exports")
+        .collect();
+    assert_eq!(exports.len(), 1, "{rules:?}");
+    assert_eq!(
+        exports[0]["resourceNames"],
+        serde_json::json!(["both", "widgets"])
+    );
+    assert_eq!(exports[0]["verbs"], serde_json::json!(["get"]));
+}
+
+/// The issued kubeconfig names its Grant's Secret, and kbind's own reading of it (what
+/// `kbind bind` does without `--grant-secret`) finds it; the file still passes kbind's
+/// Connection validation.
+#[tokio::test]
+async fn the_issued_kubeconfig_names_its_grant_secret() {
+    let text = render::kubeconfig(
+        "https://127.0.0.1:6443",
+        b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        "a-token-of-some-length",
+        "kbind-grants",
+        "acme",
+    );
+    let kc = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+    assert_eq!(
+        crate::connection::issued_grant_secret(&kc),
+        Ok(Some(("kbind-grants".into(), "kbind-grant-acme".into())))
+    );
+    let secret = k8s_openapi::api::core::v1::Secret {
+        data: Some(std::collections::BTreeMap::from([(
+            "kubeconfig".to_string(),
+            k8s_openapi::ByteString(text.into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    let r = crate::api::core::SecretKeyRef {
+        namespace: "kbind-system".into(),
+        name: "p".into(),
+        key: "kubeconfig".into(),
+    };
+    let policy = crate::connection::CredentialPolicy::new(
+        &crate::connection::CredentialArgs {
+            credential_namespaces: vec!["kbind-system".into()],
+            allow_kubeconfig_fields: vec![],
+        },
+        "kbind-system".into(),
+    );
+    assert!(
+        crate::connection::kubeconfig(Some(&secret), &r, &policy)
+            .await
+            .is_ok()
     );
 }
 
