@@ -55,8 +55,10 @@ pub enum CredentialError {
         name: String,
         what: String,
     },
+    /// What to set is spelled out for every way kbind is installed: the spec's own example
+    /// keeps its Secret in `kbind`, outside the default (docs/schema.md "The spec's example").
     #[error(
-        "Secret {namespace}/{name} is outside the credential namespaces ({allowed}); kbind reads Connection Secrets only there (--credential-namespace)"
+        "Secret {namespace}/{name} is outside the credential namespaces ({allowed}); kbind reads Connection Secrets only there. To use it, give kbind schema and kbind resync --credential-namespace={allowed},{namespace} (Helm: credentialNamespaces: [{namespace}]; kustomize: the flag on both CronJobs, and the Roles kbind-schema-credentials and kbind-resync-credentials with their RoleBindings copied into {namespace}), or move the Secret into {allowed}"
     )]
     SecretNamespaceNotAllowed {
         namespace: String,
@@ -158,7 +160,7 @@ impl CredentialPolicy {
                 .iter()
                 .cloned()
                 .collect::<Vec<_>>()
-                .join(", "),
+                .join(","),
         })
     }
 }

@@ -293,6 +293,20 @@ fn credential_namespaces() {
         p.check_namespace("kbind-system", "s").is_err(),
         "the flag replaces the default"
     );
+    // The refusal says exactly what to set, for each way of installing kbind.
+    let m = p
+        .check_namespace("kbind", "provider")
+        .unwrap_err()
+        .to_string();
+    for what in [
+        "--credential-namespace=a,b,kbind",
+        "credentialNamespaces: [kbind]",
+        "kbind-schema-credentials",
+        "kbind-resync-credentials",
+        "or move the Secret into a,b",
+    ] {
+        assert!(m.contains(what), "{what} in: {m}");
+    }
 }
 
 /// Only a kubeconfig whose current context carries the `iam.kbind.io/grant` extension names a
