@@ -784,3 +784,115 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
     }
     ix.run(&fast);
 }
+
+/// When an Export gains an API and the issuer cannot write the Grant's admission policy, the
+/// RBAC that would reach the new API is not written either (the policy goes first): the
+/// identity never reaches an API its policy does not confine. Over two failing runs; then a
+/// run that may write the policy widens both.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
+    let ix = Ix::new("policyfirst").await;
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let gadgets = ix
+        .fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    let group = ix.fx.group.clone();
+    // The issuer's deploy role without patch on admission policies, and both APIs grantable.
+    let identity = support::identity::pass_identity(
+        &ix.fx.env.provider,
+        "deploy/components/provider/issue-rbac.yaml",
+        &ix.ns,
+        support::identity::Without::Verb {
+            resource: "validatingadmissionpolicies",
+            verb: "patch",
+        },
+    )
+    .await;
+    let grantable = support::unique("grantable");
+    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": grantable},
+        "rules": [{"apiGroups": [group], "resources": ["widgets", "widgets/status", "gadgets", "gadgets/status"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}))
+    .unwrap();
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .create(&PostParams::default(), &cr)
+        .await
+        .unwrap();
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": grantable},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grantable},
+        "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": ix.ns}]}))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
+
+    let export = format!("{}-e", ix.fx.label);
+    let grant = format!("{}-g", ix.fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    ix.grant(&grant, &export, "1h").await;
+    ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
+    let roles = Api::<ClusterRole>::all(ix.fx.provider.clone());
+    let role = format!("kbind-grant-{grant}");
+    let reaches_gadgets = |r: ClusterRole| {
+        r.rules.unwrap_or_default().iter().any(|rule| {
+            rule.resources
+                .as_ref()
+                .is_some_and(|x| x.iter().any(|x| x == "gadgets"))
+        })
+    };
+    assert!(!reaches_gadgets(roles.get(&role).await.unwrap()));
+
+    // The Export gains gadgets; the issuer may not write the policy.
+    ix.export(&export, &[&widgets, &gadgets], json!([])).await;
+    let kc = identity.kubeconfig();
+    for round in 1..=2 {
+        let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
+        assert_eq!(code, 0, "{s}\n{err}");
+        let st = ix.get_grant(&grant).await;
+        let (status, reason) = ready(&st);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "IssueFailed"),
+            "round {round}: {:?}",
+            st.status
+        );
+        assert!(
+            !reaches_gadgets(roles.get(&role).await.unwrap()),
+            "round {round}: RBAC reached gadgets though the policy does not confine it"
+        );
+    }
+    // Allowed to write the policy: both widen.
+    ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
+    assert!(reaches_gadgets(roles.get(&role).await.unwrap()));
+    let policy = Api::<ValidatingAdmissionPolicy>::all(ix.fx.provider.clone())
+        .get(&role)
+        .await
+        .unwrap();
+    assert!(
+        serde_json::to_string(&policy.spec)
+            .unwrap()
+            .contains("gadgets"),
+        "the policy confines gadgets"
+    );
+
+    Api::<Grant>::all(ix.fx.provider.clone())
+        .delete(&grant, &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+    let _ = Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .delete(&grantable, &Default::default())
+        .await;
+    let _ = roles.delete(&grantable, &Default::default()).await;
+    identity.remove().await;
+}

@@ -50,8 +50,8 @@ pub fn username(namespace: &str, grant: &str) -> String {
     format!("system:serviceaccount:{namespace}:{}", object_name(grant))
 }
 
-/// The kinds issued per Grant, in the order they are written (the policy before any token, so
-/// the identity is never unconfined) — and revoked in the reverse order.
+/// The kinds issued per Grant. Written in the order of [`objects`] (the policy first, so the
+/// identity is never unconfined), revoked in the order of `plan::revoke`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     ServiceAccount,
@@ -260,13 +260,27 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
     })
 }
 
-/// Everything issued for a Grant except the Secret, in write order.
+/// Everything issued for a Grant except the Secret, in write order: the admission policy and
+/// its binding first, so RBAC (which a failed write stops) never reaches further than the
+/// policy confines (docs/issue.md "Confinement").
 pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>) -> Vec<Desired> {
     let name = object_name(grant);
     let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]);
     let role_ref =
         |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
     vec![
+        desired(
+            Kind::Policy,
+            grant,
+            namespace,
+            json!({"spec": policy_spec(r, namespace, grant, pinned)}),
+        ),
+        desired(
+            Kind::PolicyBinding,
+            grant,
+            namespace,
+            json!({"spec": {"policyName": name, "validationActions": ["Deny"]}}),
+        ),
         desired(Kind::ServiceAccount, grant, namespace, json!({})),
         desired(
             Kind::ClusterRole,
@@ -291,18 +305,6 @@ pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>)
             grant,
             namespace,
             json!({"roleRef": role_ref("Role"), "subjects": subject}),
-        ),
-        desired(
-            Kind::Policy,
-            grant,
-            namespace,
-            json!({"spec": policy_spec(r, namespace, grant, pinned)}),
-        ),
-        desired(
-            Kind::PolicyBinding,
-            grant,
-            namespace,
-            json!({"spec": {"policyName": name, "validationActions": ["Deny"]}}),
         ),
     ]
 }

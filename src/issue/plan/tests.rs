@@ -294,7 +294,11 @@ fn an_unchanged_grant_plans_no_write() {
     )
     .unwrap();
     let kinds: Vec<Kind> = moved.writes.iter().map(|d| d.kind).collect();
-    assert_eq!(kinds, vec![Kind::ClusterRole, Kind::Policy]);
+    assert_eq!(
+        kinds,
+        vec![Kind::Policy, Kind::ClusterRole],
+        "the policy first: a failed policy write stops before RBAC reaches further"
+    );
 }
 
 #[test]
