@@ -302,6 +302,23 @@ for node in $NODES; do
             "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "/run/cni-ipam"}},
   {"type": "loopback"}]}
 CNI
+  # The overlayfs snapshotter needs a directory overlayfs can use as an upper layer; the
+  # filesystem under DIR may not be one (overlayfs itself, when the machine is a container).
+  # Probe it inside the node's mount namespace; else the native snapshotter (copies; the
+  # images here are a few MiB). KBIND_NODE_SNAPSHOTTER overrides.
+  snapshotter=${KBIND_NODE_SNAPSHOTTER:-}
+  if [ -z "$snapshotter" ]; then
+    probe=$d/containerd/overlay-probe; mkdir -p "$probe"/{lower,upper,work,merged}
+    if in_node "$node" mount -t overlay overlay \
+        -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
+      in_node "$node" umount "$probe/merged"; snapshotter=overlayfs
+    else
+      snapshotter=native
+    fi
+    rm -rf "$probe"
+  fi
+  echo "$snapshotter" > "$d/snapshotter"
+  log "$node containerd: $snapshotter snapshotter ($(findmnt -n -o FSTYPE --target "$d") under $d)"
   cat > "$d/containerd.toml" <<TOML
 version = 2
 root = "$d/containerd"
@@ -317,7 +334,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   restrict_oom_score_adj = true
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+    snapshotter = "$snapshotter"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -348,10 +365,12 @@ for node in $NODES; do
     --leader-elect=false
 
   wait_for "$node containerd" 30 in_node "$node" ctr --address /run/containerd/containerd.sock version
-  in_node "$node" ctr --address /run/containerd/containerd.sock -n k8s.io images import "$dir/pause.tar" >/dev/null
+  # Unpacked into the snapshotter the CRI uses (ctr's own default is overlayfs).
+  import=(ctr --address /run/containerd/containerd.sock -n k8s.io images import --snapshotter "$(cat "$d/snapshotter")")
+  in_node "$node" "${import[@]}" "$dir/pause.tar" >/dev/null
   for image in ${KBIND_NODE_IMAGES:-}; do
     image=$(realpath "$image")  # nsenter --mount leaves the working directory behind
-    in_node "$node" ctr --address /run/containerd/containerd.sock -n k8s.io images import "$image" >/dev/null
+    in_node "$node" "${import[@]}" "$image" >/dev/null
   done
 
   # kubelet: cgroupfs driver under a cgroup root of its own (removed at `down`).

@@ -630,6 +630,42 @@ async fn rotation_by_pull_follows_the_issuer_and_refuses_a_hostile_kubeconfig() 
     // Nothing changed since: the next run writes nothing.
     fx.assert_unchanged_pass(&name).await;
 
+    // A provider offering a kubeconfig kbind would accept as a Connection Secret, but for
+    // another server (here the same apiserver by another name, which would work) or with an
+    // added TLS server name: not a rotation, refused the same way, over two runs.
+    for (offered, what) in [
+        (
+            kc2.replace("https://127.0.0.1:", "https://localhost:"),
+            "server",
+        ),
+        (
+            kc2.replace(
+                "    server:",
+                "    tls-server-name: elsewhere.example\n    server:",
+            ),
+            "TLS server name",
+        ),
+    ] {
+        assert_ne!(offered, kc2, "the offered kubeconfig differs");
+        issued.issue(&fx, &offered, "2030-01-04T00:00:00Z").await;
+        for round in 1..=2 {
+            fx.run(&[]);
+            let s = consumer_secret(&fx, &name).await.unwrap();
+            assert!(
+                kubeconfig_of(&s) == kc2,
+                "{what}, round {round}: not written"
+            );
+            let st = fx.conn(&name).await.status.unwrap();
+            let (status, reason, message) = cond(&st.conditions, "CredentialRotation");
+            assert_eq!((status, reason), ("False", "EndpointChanged"), "{message}");
+            assert!(
+                message.contains(&format!("changes the {what}")),
+                "{message}"
+            );
+            assert_eq!(cond(&st.conditions, "Ready").0, "True");
+        }
+    }
+
     // The Grant revoked (its token too): the consumer stops with a clear condition.
     Api::<Secret>::namespaced(fx.provider.clone(), &issued.grants)
         .delete("token-2", &Default::default())

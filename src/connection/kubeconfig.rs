@@ -291,6 +291,44 @@ pub fn issued_grant_secret(kc: &Kubeconfig) -> Result<Option<(String, String)>, 
     }
 }
 
+/// What rotation by pull may not change (docs/binding-flow.md "Rotation by pull"): where the
+/// credential is sent and how it authenticates. Only the token (and its expiry) may move.
+/// The first part `next` changes of `current`, named for a condition; `None` when only the
+/// credential itself differs.
+pub fn endpoint_change(current: &Kubeconfig, next: &Kubeconfig) -> Option<&'static str> {
+    let ((c_cluster, c_user), (n_cluster, n_user)) = (self::current(current), self::current(next));
+    let ca = |c: Option<&kube::config::Cluster>| {
+        c.map(|c| {
+            (
+                c.certificate_authority_data.clone(),
+                c.certificate_authority.clone(),
+            )
+        })
+    };
+    let auth = |u: Option<&kube::config::AuthInfo>| match u {
+        Some(u) if u.token.is_some() || u.token_file.is_some() => "token",
+        Some(u) if u.client_certificate_data.is_some() || u.client_certificate.is_some() => {
+            "client certificate"
+        }
+        Some(u) if u.username.is_some() => "basic",
+        Some(u) if u.exec.is_some() || u.auth_provider.is_some() => "plugin",
+        _ => "none",
+    };
+    if c_cluster.and_then(|c| c.server.as_deref()) != n_cluster.and_then(|c| c.server.as_deref()) {
+        Some("server")
+    } else if ca(c_cluster) != ca(n_cluster) {
+        Some("certificate authority")
+    } else if c_cluster.and_then(|c| c.tls_server_name.as_deref())
+        != n_cluster.and_then(|c| c.tls_server_name.as_deref())
+    {
+        Some("TLS server name")
+    } else if auth(c_user) != auth(n_user) {
+        Some("authentication method")
+    } else {
+        None
+    }
+}
+
 fn current(
     kc: &Kubeconfig,
 ) -> (

@@ -7,8 +7,10 @@
 //!
 //! The provider is not trusted with more than it could already do: the pulled kubeconfig must
 //! pass the same policy as any Connection Secret ([`super::kubeconfig`]) before it is written, so
-//! a provider cannot push a kubeconfig kbind would refuse (docs/hostile-inputs.md). Only Secrets
-//! carrying the annotation are ever written, and only their kubeconfig key and expiry annotation.
+//! a provider cannot push a kubeconfig kbind would refuse (docs/hostile-inputs.md), and it must
+//! keep the server, certificate authority, TLS server name and authentication method: a
+//! rotation brings a new token, never a new destination. Only Secrets carrying the annotation
+//! are ever written, and only their kubeconfig key and expiry annotation.
 
 use std::sync::Arc;
 
@@ -49,6 +51,11 @@ pub enum RefreshError {
         #[source]
         source: CredentialError,
     },
+    /// Not a rotation: the pulled kubeconfig points elsewhere or authenticates otherwise.
+    #[error(
+        "the kubeconfig in the Grant's Secret {from} on the provider changes the {what}; rotation by pull accepts only a new token for the same server, certificate authority and TLS server name, so the current one is kept (to move to another endpoint, run kbind bind again with the new kubeconfig)"
+    )]
+    EndpointChanged { from: String, what: &'static str },
     #[error("writing the pulled kubeconfig into Secret {secret}: {}", scrub(&source.to_string()))]
     WriteFailed {
         secret: String,
@@ -70,6 +77,7 @@ impl RefreshError {
             },
             Self::KeyMissing { .. } => "KeyNotFound",
             Self::Refused { source, .. } => source.reason(),
+            Self::EndpointChanged { .. } => "EndpointChanged",
             Self::WriteFailed { .. } => "WriteFailed",
         }
     }
@@ -210,13 +218,25 @@ pub async fn refresh(
     };
     let next = pulled(local, &r.key, &pull);
     // The same rules as any Connection Secret, before anything is written.
-    if let Err(source) = super::kubeconfig(Some(&next), r, policy).await {
+    let theirs = match super::kubeconfig(Some(&next), r, policy).await {
+        Ok(k) => k,
+        Err(source) => {
+            return (
+                local.clone(),
+                Err(RefreshError::Refused {
+                    from: from_s,
+                    source,
+                }),
+            );
+        }
+    };
+    // Only a new token for the same endpoint: a provider cannot redirect the consumer.
+    if let Ok(ours) = super::kubeconfig(Some(local), r, policy).await
+        && let Some(what) = super::kubeconfig::endpoint_change(&ours.kubeconfig, &theirs.kubeconfig)
+    {
         return (
             local.clone(),
-            Err(RefreshError::Refused {
-                from: from_s,
-                source,
-            }),
+            Err(RefreshError::EndpointChanged { from: from_s, what }),
         );
     }
     if !write(&from_s) {

@@ -338,3 +338,45 @@ fn issued_grant_secret_reads_only_the_current_contexts_extension() {
         assert!(e.contains("iam.kbind.io/grant"), "{bad}: {e}");
     }
 }
+
+/// Rotation by pull accepts a new token for the same endpoint only: each other change is named.
+#[test]
+fn endpoint_changes_are_named() {
+    let kc = |text: String| Kubeconfig::from_yaml(&text).unwrap();
+    let base = kubeconfig("", "    token: first-token\n");
+    let current = kc(base.clone());
+    assert_eq!(
+        endpoint_change(&current, &kc(kubeconfig("", "    token: second-token\n"))),
+        None,
+        "a new token is a rotation"
+    );
+    for (next, what) in [
+        (
+            base.replace("https://127.0.0.1:6443", "https://localhost:6443"),
+            "server",
+        ),
+        (
+            kubeconfig(
+                "    certificate-authority-data: Zm9v\n",
+                "    token: first-token\n",
+            ),
+            "certificate authority",
+        ),
+        (
+            kubeconfig(
+                "    tls-server-name: other.example\n",
+                "    token: first-token\n",
+            ),
+            "TLS server name",
+        ),
+        (
+            kubeconfig(
+                "",
+                "    client-certificate-data: Zm9v\n    client-key-data: YmFy\n",
+            ),
+            "authentication method",
+        ),
+    ] {
+        assert_eq!(endpoint_change(&current, &kc(next)), Some(what));
+    }
+}
