@@ -497,8 +497,19 @@ async fn an_empty_binding_is_recorded_with_zero_counts_and_no_conflicts() {
     })
     .await;
     assert_eq!(s.fx.cluster_binding("cb", &s.conn, &[&s.api]).await, s.cb);
-    s.fx.pass("schema", &[]);
-    support::wait_established(&Api::all(s.fx.consumer.clone()), &s.api).await;
+    // The old CRD may still be terminating (the apiserver removes its instances first): schema
+    // installs the new one on a run after it is gone.
+    let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(s.fx.consumer.clone());
+    support::eventually("the consumer CRD installed again", || async {
+        s.fx.pass("schema", &[]);
+        crds.get_opt(&s.api)
+            .await
+            .unwrap()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .map(|_| ())
+    })
+    .await;
+    support::wait_established(&crds, &s.api).await;
     s.resync(&[]);
     let st = cbs.get(&s.cb).await.unwrap().status.unwrap();
     assert_eq!(cond(&st.conditions, "Conflicts").0, "False");

@@ -124,8 +124,11 @@ pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) {
     }
 }
 
+/// Wait until CRD `name` is Established: the apiserver's own controller, which a machine busy
+/// with the rest of the suite can keep for many seconds (a 10 s bound failed a CI-like run).
+/// At most 60 s.
 pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
-    for _ in 0..100 {
+    for _ in 0..600 {
         if let Ok(crd) = api.get(name).await {
             let ok = crd
                 .status
