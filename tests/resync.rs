@@ -1625,3 +1625,83 @@ async fn a_hand_labelled_crd_or_a_forged_local_uid_syncs_nothing() {
         "nothing is written under a forged consumer identity"
     );
 }
+
+/// A provider that keeps kbind's copy terminating (a finalizer of its own) does not hold the
+/// consumer object, and its namespace's deletion, for ever: the consumer object waits over
+/// several runs, then, past `--provider-deletion-wait` counted from its own deletion, is
+/// released with a Warning Event; the provider's copy is left to the provider.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_copy_the_provider_keeps_terminating_releases_the_consumer_object_after_the_wait() {
+    let s = setup("stuckcopy", "Fail").await;
+    s.create(&s.consumer(), "stuck", json!({"spec": {"size": 1}}))
+        .await;
+    s.resync(&[]);
+    // The provider holds its copy with a finalizer of its own.
+    s.provider()
+        .patch(
+            "stuck",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["provider.example/hold"]}})),
+        )
+        .await
+        .unwrap();
+    s.consumer()
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Within the wait (the default 30m): the consumer object waits, run after run.
+    for round in 1..=3 {
+        s.resync(&[]);
+        let copy = s.provider().get("stuck").await.unwrap();
+        assert!(
+            copy.metadata.deletion_timestamp.is_some(),
+            "round {round}: our copy deleted"
+        );
+        assert!(
+            s.consumer().get_opt("stuck").await.unwrap().is_some(),
+            "round {round}: the consumer object waits for it"
+        );
+    }
+    // Past the wait: released, with a Warning Event; the copy stays the provider's.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    s.resync(&["--provider-deletion-wait", "1s"]);
+    assert!(
+        s.consumer().get_opt("stuck").await.unwrap().is_none(),
+        "released past the wait"
+    );
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    assert!(
+        events.items.iter().any(|e| {
+            e.reason.as_deref() == Some("ProviderDeletionStuck")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stuck")
+        }),
+        "a Warning Event says so"
+    );
+    assert!(
+        s.provider().get_opt("stuck").await.unwrap().is_some(),
+        "the copy is left to the provider"
+    );
+    let quiet = s.resync(&["--provider-deletion-wait", "1s"]);
+    assert_eq!(
+        quiet["data_writes"], 0,
+        "a run after writes nothing: {quiet}"
+    );
+    // The provider finishes its deletion.
+    s.provider()
+        .patch(
+            "stuck",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}

@@ -136,6 +136,10 @@ fn describe(a: &Action) -> (&'static str, &'static str) {
         Action::OrphanProvider => ("strip markers", "provider"),
         Action::ClearOrphaned => ("clear orphaned mark", "provider"),
         Action::ReleaseFinalizer => ("release finalizer", "consumer"),
+        Action::ReleaseUnconfirmed => (
+            "release finalizer, the provider copy still terminating",
+            "consumer",
+        ),
     }
 }
 
@@ -160,7 +164,13 @@ async fn write(
                 "metadata": {"name": name, "namespace": ns, "finalizers": [keys::SYNCER_FINALIZER]}});
             consumer.patch(&name, &PatchParams::apply(FINALIZER_MANAGER), &Patch::Apply(&body)).await.map(|_| ())
         }
-        Action::ReleaseFinalizer => {
+        Action::ReleaseFinalizer | Action::ReleaseUnconfirmed => {
+            if *a == Action::ReleaseUnconfirmed {
+                let note = "the provider kept its copy terminating past --provider-deletion-wait: this object is released; the copy is left to the provider to finish";
+                ctx.recorder
+                    .publish(&reference(api, obj), EventType::Warning, "ProviderDeletionStuck", note)
+                    .await;
+            }
             let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
                 "metadata": {"name": name, "namespace": ns, "finalizers": []}});
             release(&consumer, &name, &body, FINALIZER_MANAGER, keys::SYNCER_FINALIZER).await

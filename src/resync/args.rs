@@ -10,4 +10,11 @@ pub struct ResyncArgs {
     pub write: crate::pass::concurrency::WriteConcurrencyArgs,
     #[command(flatten)]
     pub credentials: crate::connection::CredentialArgs,
+    /// How long a deleted consumer object waits for its provider copy to go. A provider that
+    /// keeps the copy terminating (a finalizer of its own) would otherwise hold the consumer
+    /// object, and its namespace's deletion, forever; past this, counted from the consumer
+    /// object's deletion, its finalizer is released with a Warning Event and the copy is left
+    /// to the provider (docs/resync.md "Deletion").
+    #[arg(long, env = "KBIND_PROVIDER_DELETION_WAIT", default_value = "30m", value_parser = crate::pass::args::parse_duration)]
+    pub provider_deletion_wait: std::time::Duration,
 }

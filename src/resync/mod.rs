@@ -98,6 +98,9 @@ struct Run<'a> {
     summary: Summary,
     /// Objects whose writes may be in flight at once (1 in a dry run: plans print in order).
     write_concurrency: std::num::NonZeroUsize,
+    /// Deletions that began before this (Unix seconds) no longer wait for a terminating
+    /// provider copy (`--provider-deletion-wait`).
+    waited_out: i64,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -111,6 +114,9 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         seen.selected,
         args.write.write_concurrency,
     );
+    run.waited_out = Timestamp::now()
+        .as_second()
+        .saturating_sub(i64::try_from(args.provider_deletion_wait.as_secs()).unwrap_or(i64::MAX));
     let policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
     // The consumer's own identity, read now: copies are marked with it, so a Connection status
     // claiming another (forged, or restored onto another cluster) must not be trusted.
@@ -207,6 +213,7 @@ impl<'a> Run<'a> {
             } else {
                 write_concurrency
             },
+            waited_out: i64::MIN,
         }
     }
 }

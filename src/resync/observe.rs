@@ -289,6 +289,11 @@ pub(super) fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
         spec: field(o, "spec"),
         status: field(o, "status"),
         deleting: o.metadata.deletion_timestamp.is_some(),
+        deleting_since: o
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
         has_finalizer: o.finalizers().iter().any(|f| f == keys::SYNCER_FINALIZER),
         conflict: ann.get(keys::CONFLICT).cloned(),
         orphan_on_delete: ann

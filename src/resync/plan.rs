@@ -17,6 +17,8 @@ pub struct ConsumerObj {
     pub spec: Doc,
     pub status: Doc,
     pub deleting: bool,
+    /// When its deletion began (Unix seconds), if it is being deleted.
+    pub deleting_since: Option<i64>,
     pub has_finalizer: bool,
     pub conflict: Option<String>,
     pub orphan_on_delete: bool,
@@ -84,6 +86,9 @@ pub enum Action {
     /// A re-adopted orphan: drop its `core.kbind.io/orphaned` annotation.
     ClearOrphaned,
     ReleaseFinalizer,
+    /// The provider kept our copy terminating past `--provider-deletion-wait`: release the
+    /// consumer object anyway, with a Warning Event; the copy is the provider's to finish.
+    ReleaseUnconfirmed,
 }
 
 /// How the object stands after the planned writes succeed.
@@ -96,12 +101,15 @@ pub enum Standing {
     Deleting,
 }
 
+/// `waited_out`: deletions that began before it (Unix seconds) no longer wait for a provider
+/// copy that is terminating (`i64::MIN`: wait for ever).
 pub fn plan_object(
     c: &ConsumerObj,
     p: Option<&ProviderObj>,
     local_uid: &str,
     live_uids: &BTreeSet<String>,
     policy: ConflictPolicy,
+    waited_out: i64,
 ) -> (Vec<Action>, Standing) {
     let provider = p.map(|p| (p, ownership(p, local_uid, &c.uid, live_uids)));
     if c.deleting {
@@ -119,7 +127,12 @@ pub fn plan_object(
                     a.push(Action::DeleteProvider);
                 }
             }
-            Some((_, Ownership::Ours)) => {} // deletion in progress on the provider
+            // Deletion in progress on the provider: wait, within bounds.
+            Some((_, Ownership::Ours)) => {
+                if c.deleting_since.is_some_and(|t| t < waited_out) {
+                    a.push(Action::ReleaseUnconfirmed);
+                }
+            }
             _ => a.push(Action::ReleaseFinalizer),
         }
         return (a, Standing::Deleting);
@@ -397,7 +410,7 @@ mod tests {
             ),
         ];
         for (what, c, p, policy, want, standing) in cases {
-            let (a, s) = plan_object(&c, p.as_ref(), LOCAL, &live(), policy);
+            let (a, s) = plan_object(&c, p.as_ref(), LOCAL, &live(), policy, i64::MIN);
             assert_eq!(a, want, "{what}");
             assert_eq!(s, standing, "{what}");
         }
@@ -420,6 +433,30 @@ mod tests {
             (
                 "copy going: wait",
                 deleting.clone(),
+                Some(ProviderObj {
+                    deleting: true,
+                    ..ours.clone()
+                }),
+                vec![],
+            ),
+            (
+                "copy going past the wait: release unconfirmed",
+                ConsumerObj {
+                    deleting_since: Some(100),
+                    ..deleting.clone()
+                },
+                Some(ProviderObj {
+                    deleting: true,
+                    ..ours.clone()
+                }),
+                vec![Action::ReleaseUnconfirmed],
+            ),
+            (
+                "copy going within the wait: wait",
+                ConsumerObj {
+                    deleting_since: Some(1000),
+                    ..deleting.clone()
+                },
                 Some(ProviderObj {
                     deleting: true,
                     ..ours.clone()
@@ -465,7 +502,7 @@ mod tests {
         ];
         for (what, c, p, want) in cases {
             assert_eq!(
-                plan_object(&c, p.as_ref(), LOCAL, &live(), ConflictPolicy::Fail).0,
+                plan_object(&c, p.as_ref(), LOCAL, &live(), ConflictPolicy::Fail, 500).0,
                 want,
                 "{what}"
             );
@@ -535,6 +572,7 @@ mod tests {
             LOCAL,
             &live(),
             ConflictPolicy::Fail,
+            i64::MIN,
         );
         assert_eq!(a, [Action::UpdateSpec, Action::ClearOrphaned]);
         // With the provider's status on it: that comes down in the same run, after the adoption.
@@ -548,6 +586,7 @@ mod tests {
             LOCAL,
             &live(),
             ConflictPolicy::Fail,
+            i64::MIN,
         );
         assert_eq!(
             a,

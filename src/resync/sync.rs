@@ -186,6 +186,7 @@ impl Run<'_> {
                 &s.provider.local_uid,
                 &sides.live_uids,
                 binding.policy,
+                self.waited_out,
             );
             let (slot, policy) = ((binding.key.clone(), api.name.clone()), binding.policy);
             if actions.iter().any(apply::is_data)
