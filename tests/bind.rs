@@ -378,6 +378,32 @@ async fn bind_writes_secret_connection_and_binding_that_schema_and_resync_use() 
         .unwrap();
     assert!(!yaml.contains(token), "the token is redacted");
     assert!(yaml.contains("REDACTED"), "{yaml}");
+    // Without --credential-namespace, in a Pod: the Secret goes to the install namespace
+    // ($POD_NAMESPACE), where the passes read it by default.
+    let mut cmd = support::kbind_command(&[
+        "bind",
+        "--provider-kubeconfig",
+        &file.to_string_lossy(),
+        "--name",
+        &other,
+        "--apis",
+        &api,
+        "--dry-run",
+        "-o",
+        "json",
+    ]);
+    cmd.env("POD_NAMESPACE", &fx.ns);
+    let out = cmd.output().unwrap();
+    support::keep_emitted(&out);
+    assert!(out.status.success());
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let secret = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "Secret")
+        .unwrap();
+    assert_eq!(secret["metadata"]["namespace"], json!(fx.ns), "{secret}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("redacted"),
         "stderr says the Secret is redacted"

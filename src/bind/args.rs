@@ -29,8 +29,9 @@ pub struct BindArgs {
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
     /// Namespace of the consumer Secret: one of `kbind schema`'s and `kbind resync`'s
-    /// --credential-namespace.
-    #[arg(long, default_value = "kbind-system")]
+    /// --credential-namespace. Default: the install namespace, as theirs ($POD_NAMESPACE in a
+    /// Pod, else kbind-system).
+    #[arg(long, default_value_t = crate::pass::args::install_namespace())]
     pub credential_namespace: String,
     /// Re-allow a kubeconfig field refused by default (repeatable), as the passes'
     /// --allow-kubeconfig-field; they must re-allow it too.
