@@ -80,5 +80,8 @@ else
   cargo test --workspace --all-targets --features kbind/servers "$@"
 fi
 echo "test.sh: tests took $((SECONDS - t0))s (total $((SECONDS - start))s)"
+# The real node's figures (docs/performance.md "On a real node"), which cargo does not show for
+# a test that passed.
+[ -f "$dir/node/figures.txt" ] && sed 's/^/test.sh: /' "$dir/node/figures.txt"
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR"
 hack/deps.sh
