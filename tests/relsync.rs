@@ -1059,9 +1059,41 @@ async fn a_namespace_without_the_credentials_grant_is_reported_as_permission_den
         0,
         "nothing sent upstream"
     );
+    // A join directory's ConfigMap is read under the same per-namespace grant: without it the
+    // pass's identity reads no ConfigMap here (it has no cluster-wide ConfigMap read).
+    let configmaps = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        support::client(&std::path::PathBuf::from(&kc)).await,
+        &rx.ns,
+    );
+    let directory: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "directory"}, "data": {"users": "{}"}}))
+            .unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(rx.client.clone(), &rx.ns)
+        .create(&Default::default(), &directory)
+        .await
+        .unwrap();
+    let code = |r: Result<k8s_openapi::api::core::v1::ConfigMap, kube::Error>| match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        code(configmaps.get("directory").await),
+        403,
+        "no ConfigMap read before the grant"
+    );
 
     // The namespace's team grants it: the next run reads the Secret and syncs.
     grant_credentials(&rx, &rx.ns, &rx.ns).await;
+    let mut got = 0;
+    for _ in 0..40 {
+        got = code(configmaps.get("directory").await);
+        if got == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert_eq!(got, 200, "the grant lets it read the join directory");
     for _ in 0..40 {
         let (code, _, _) = run().await;
         last = ready().await;

@@ -120,13 +120,23 @@ async fn directory(client: &Client, ns: &str, cfg: &KindConfig) -> Result<Direct
     let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
         .get_opt(&r.name)
         .await
-        .map_err(|e| Refusal {
-            reason: "DirectoryUnreadable",
-            message: format!(
-                "reading ConfigMap {:?}: {}",
-                r.name,
-                crate::scrub::scrub(&e.to_string())
-            ),
+        .map_err(|e| match &e {
+            // Granted per namespace with the credentials, never cluster-wide (docs/relsync.md "RBAC").
+            kube::Error::Api(s) if s.code == 403 => Refusal {
+                reason: "PermissionDenied",
+                message: format!(
+                    "may not read ConfigMap {ns}/{}: namespace {ns} has no RoleBinding granting relsync's ServiceAccount the ClusterRole kbind-relsync-credentials; a namespace admin creates one as deploy/components/directory/relsync-credentials-example.yaml shows",
+                    r.name
+                ),
+            },
+            _ => Refusal {
+                reason: "DirectoryUnreadable",
+                message: format!(
+                    "reading ConfigMap {:?}: {}",
+                    r.name,
+                    crate::scrub::scrub(&e.to_string())
+                ),
+            },
         })?
         .ok_or_else(|| Refusal {
             reason: "DirectoryNotFound",
