@@ -448,22 +448,9 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
         support::identity::Without::Nothing,
     )
     .await;
-    // What the provider admin adds per exported API (deploy/components/provider/issue-rbac.yaml, aggregated into
-    // kbind-issue-grantable; bound directly here so the test does not wait for aggregation).
-    let grantable = support::unique("grantable");
-    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": grantable, "labels": {"iam.kbind.io/grantable": "true"}},
-        "rules": [{"apiGroups": [group], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})).unwrap();
-    Api::<ClusterRole>::all(ix.fx.provider.clone())
-        .create(&PostParams::default(), &cr)
-        .await
-        .unwrap();
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": grantable},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grantable},
-        "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": ix.ns}]})).unwrap();
-    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .unwrap();
+    // What the provider admin adds per exported API (deploy/components/provider/issue-rbac.yaml,
+    // aggregated into kbind-issue-grantable).
+    let grantable = ix.grantable(&["widgets", "widgets/status"]).await;
 
     let ok = format!("{}-ok", ix.fx.label);
     let greedy = format!("{}-greedy", ix.fx.label);
@@ -531,12 +518,7 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
                 .is_none()
         );
     }
-    let _ = Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
-        .delete(&grantable, &Default::default())
-        .await;
-    let _ = Api::<ClusterRole>::all(ix.fx.provider.clone())
-        .delete(&grantable, &Default::default())
-        .await;
+    ix.remove_grantable(&grantable).await;
     identity.remove().await;
 }
 
@@ -804,7 +786,6 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         .fx
         .provider_crd("gadgets", "Namespaced", Some("true"), None)
         .await;
-    let group = ix.fx.group.clone();
     // The issuer's deploy role without patch on admission policies, and both APIs grantable.
     let identity = support::identity::pass_identity(
         &ix.fx.env.provider,
@@ -816,23 +797,9 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         },
     )
     .await;
-    let grantable = support::unique("grantable");
-    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": grantable},
-        "rules": [{"apiGroups": [group], "resources": ["widgets", "widgets/status", "gadgets", "gadgets/status"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}))
-    .unwrap();
-    Api::<ClusterRole>::all(ix.fx.provider.clone())
-        .create(&PostParams::default(), &cr)
-        .await
-        .unwrap();
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": grantable},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grantable},
-        "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": ix.ns}]}))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .unwrap();
+    let grantable = ix
+        .grantable(&["widgets", "widgets/status", "gadgets", "gadgets/status"])
+        .await;
 
     let export = format!("{}-e", ix.fx.label);
     let grant = format!("{}-g", ix.fx.label);
@@ -890,9 +857,6 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         .await
         .unwrap();
     ix.run(&[]);
-    let _ = Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
-        .delete(&grantable, &Default::default())
-        .await;
-    let _ = roles.delete(&grantable, &Default::default()).await;
+    ix.remove_grantable(&grantable).await;
     identity.remove().await;
 }

@@ -51,6 +51,17 @@ impl Setup {
     fn resync(&self, extra: &[&str]) -> Value {
         self.fx.pass("resync", extra)
     }
+    /// The Events with `reason` in the test's namespace (where Events on its objects go).
+    async fn events(&self, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.fx.consumer.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
     fn consumer(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.fx.consumer.clone(), &self.ns, &self.ar)
     }
@@ -223,16 +234,8 @@ async fn conflicts_under_fail_adopt_and_owned_by_another() {
         .status
         .unwrap();
     assert_eq!(cond(&st.conditions, "Conflicts").0, "True");
-    let events =
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
-            .list(&Default::default())
-            .await
-            .unwrap();
     assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("ForeignObjectExists")),
+        !s.events("ForeignObjectExists").await.is_empty(),
         "a warning Event explains it"
     );
 
@@ -548,15 +551,7 @@ async fn a_conflict_stays_reported_across_runs_without_writes() {
         assert_eq!(summary["counts"]["conflicts"], 1, "run {run}: {summary}");
         assert_eq!(s.binding_api_status().await.conflict_count, Some(1));
     }
-    let warnings =
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some("ForeignObjectExists"))
-            .count();
+    let warnings = s.events("ForeignObjectExists").await.len();
     assert_eq!(warnings, 1, "one Event for one conflict");
     assert_eq!(
         s.provider().get("taken").await.unwrap().data["spec"]["size"],
@@ -1673,15 +1668,9 @@ async fn a_copy_the_provider_keeps_terminating_releases_the_consumer_object_afte
         s.consumer().get_opt("stuck").await.unwrap().is_none(),
         "released past the wait"
     );
-    let events =
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), &s.ns)
-            .list(&Default::default())
-            .await
-            .unwrap();
     assert!(
-        events.items.iter().any(|e| {
-            e.reason.as_deref() == Some("ProviderDeletionStuck")
-                && e.type_.as_deref() == Some("Warning")
+        s.events("ProviderDeletionStuck").await.iter().any(|e| {
+            e.type_.as_deref() == Some("Warning")
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stuck")
         }),
         "a Warning Event says so"

@@ -21,22 +21,40 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::fx::{Fx, cond};
 
-/// `kbind <pass>` without `--selector`, its Lease in `lease_ns`; (exit code, summary, stderr).
-fn unscoped(fx: &Fx, pass: &str, lease_ns: &str, envs: &[(&str, &str)]) -> (i32, Value, String) {
+/// `kbind <pass>` without `--selector`, its Lease in `lease_ns`, then `extra`; (exit code,
+/// summary, stderr).
+fn kbind_unscoped(
+    fx: &Fx,
+    pass: &str,
+    lease_ns: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (i32, Value, String) {
     let kc = fx.env.consumer.to_string_lossy().to_string();
-    let mut cmd = support::kbind_command(&[
+    let mut args = vec![
         pass,
         "--kubeconfig",
         &kc,
         "--lease-namespace",
         lease_ns,
-        "--credential-namespace",
-        &fx.ns,
         "-o",
         "json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let mut cmd = support::kbind_command(&args);
     cmd.envs(envs.iter().copied());
     support::outcome(cmd.output().expect("run kbind"))
+}
+
+/// [`kbind_unscoped`] reading Connection Secrets in the test's own namespace.
+fn unscoped(fx: &Fx, pass: &str, lease_ns: &str, envs: &[(&str, &str)]) -> (i32, Value, String) {
+    kbind_unscoped(
+        fx,
+        pass,
+        lease_ns,
+        &["--credential-namespace", &fx.ns],
+        envs,
+    )
 }
 
 /// An unscoped run that must exit 0 (a refused or broken foreign object is a condition on it,
@@ -301,24 +319,11 @@ async fn a_binding_whose_connection_is_gone_says_so_and_is_torn_down() {
 }
 
 /// `kbind <pass>` as installed in namespace `fx.ns` (`$POD_NAMESPACE`, no
-/// `--credential-namespace` unless `credentials` names one), without `--selector`.
+/// `--credential-namespace` unless `credentials` names one), without `--selector`; exit 0.
 fn installed(fx: &Fx, pass: &str, credentials: Option<&str>) -> Value {
-    let kc = fx.env.consumer.to_string_lossy().to_string();
-    let mut args = vec![
-        pass,
-        "--kubeconfig",
-        &kc,
-        "--lease-namespace",
-        &fx.ns,
-        "-o",
-        "json",
-    ];
-    if let Some(flag) = credentials {
-        args.push(flag);
-    }
-    let mut cmd = support::kbind_command(&args);
-    cmd.env("POD_NAMESPACE", &fx.ns);
-    let (code, summary, stderr) = support::outcome(cmd.output().expect("run kbind"));
+    let extra: Vec<&str> = credentials.into_iter().collect();
+    let (code, summary, stderr) =
+        kbind_unscoped(fx, pass, &fx.ns, &extra, &[("POD_NAMESPACE", &fx.ns)]);
     assert_eq!(code, 0, "kbind {pass}: {summary}\n{stderr}");
     summary
 }

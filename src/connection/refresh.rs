@@ -231,8 +231,16 @@ pub async fn refresh(
         }
     };
     // Only a new token for the same endpoint: a provider cannot redirect the consumer.
-    if let Ok(ours) = super::kubeconfig(Some(local), r, policy).await
-        && let Some(what) = super::kubeconfig::endpoint_change(&ours.kubeconfig, &theirs.kubeconfig)
+    // The local kubeconfig just authenticated the read above, so it parses; parsed only (its
+    // server was checked when the pass built the provider client), no second DNS lookup.
+    if let Ok(ours) = super::kubeconfig::kubeconfig_from_secret(
+        Some(local),
+        &r.namespace,
+        &r.name,
+        &r.key,
+        policy,
+    ) && let Some(what) =
+        super::kubeconfig::endpoint_change(&ours.kubeconfig, &theirs.kubeconfig)
     {
         return (
             local.clone(),

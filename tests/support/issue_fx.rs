@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kbind::api::iam::Grant;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
@@ -85,6 +86,42 @@ impl Ix {
             &e,
         )
         .await;
+    }
+
+    /// What a provider admin adds per exported API for the issuer's deploy identity (the
+    /// `kbind-issue` ServiceAccount of this namespace): a ClusterRole with every object verb on
+    /// `resources` of this fixture's group, bound directly (no wait for aggregation). Its name,
+    /// for [`Ix::remove_grantable`].
+    pub async fn grantable(&self, resources: &[&str]) -> String {
+        let name = super::unique("grantable");
+        let cr: ClusterRole = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {"iam.kbind.io/grantable": "true"}},
+            "rules": [{"apiGroups": [self.fx.group], "resources": resources,
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}),
+        )
+        .unwrap();
+        Api::<ClusterRole>::all(self.fx.provider.clone())
+            .create(&PostParams::default(), &cr)
+            .await
+            .unwrap();
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": self.ns}]}))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(self.fx.provider.clone())
+            .create(&PostParams::default(), &crb)
+            .await
+            .unwrap();
+        name
+    }
+
+    pub async fn remove_grantable(&self, name: &str) {
+        let _ = Api::<ClusterRoleBinding>::all(self.fx.provider.clone())
+            .delete(name, &Default::default())
+            .await;
+        let _ = Api::<ClusterRole>::all(self.fx.provider.clone())
+            .delete(name, &Default::default())
+            .await;
     }
 
     pub async fn grant(&self, name: &str, export: &str, ttl: &str) {
