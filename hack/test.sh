@@ -18,6 +18,20 @@ node_only=false
 if [ "${1:-}" = "--node-only" ]; then node_only=true; shift; fi
 
 start=$SECONDS
+# Disk (docs/testing.md "Disk"): a clean run writes about 4 GiB under target/ and 2 GiB under
+# $TMPDIR (servers, the node, the image's podman storage). Say so up front rather than fail
+# twenty minutes in with "No space left on device" from the linker.
+target=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target"
+for where in "$target" "${TMPDIR:-/tmp}"; do
+  free=$(df -Pk "$where" | awk 'NR == 2 { print int($4 / 1048576) }')
+  echo "test.sh: ${free} GiB free for $where"
+  if [ "$free" -lt 6 ]; then
+    echo "test.sh: warning: less than 6 GiB free for $where; a clean run may run out of disk" >&2
+  fi
+done
+# A one-shot run gains nothing from incremental compilation, which doubles what target/ holds.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 # Style and lints first: a red lint fails in seconds, before any server starts.
 cargo fmt --all --check
 cargo clippy --quiet --workspace --all-targets -- -D warnings
@@ -83,5 +97,6 @@ echo "test.sh: tests took $((SECONDS - t0))s (total $((SECONDS - start))s)"
 # The real node's figures (docs/performance.md "On a real node"), which cargo does not show for
 # a test that passed.
 [ -f "$dir/node/figures.txt" ] && sed 's/^/test.sh: /' "$dir/node/figures.txt"
+echo "test.sh: target/ holds $(du -sh "$target" | cut -f1)"
 hack/secret-scan.sh "$dir" "$KBIND_TEST_EMIT_DIR"
 hack/deps.sh
