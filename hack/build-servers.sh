@@ -9,8 +9,11 @@
 #        hack/build-servers.sh --print-helm     (print the helm binary's path)
 #        hack/build-servers.sh --print-pushgateway (print the Pushgateway binary's path)
 #        hack/build-servers.sh --print-kcp-crds (print where kcp's published CRDs are kept)
-#        hack/build-servers.sh --with-kcp       (also build kcp itself: not needed by the test suite;
-#                                                hack/kcp-claims.sh uses it; ~36 min cold on 2 cores)
+#        hack/build-servers.sh --with-kcp       (also kcp: the test suite's claims tests on real
+#                                                workspaces, tests/kcp.rs; hack/test.sh passes it)
+#        hack/build-servers.sh --print-kcp      (print the kcp binary's path)
+# kcp is the slowest: ~16 min on 2 cores after the kube servers (shared packages come from Go's
+# build cache), ~36 min on a machine with an empty Go cache (docs/testing.md "Real kcp").
 set -euo pipefail
 
 KUBE_VERSION=v1.36.3

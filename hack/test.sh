@@ -51,7 +51,7 @@ for name in KBIND_CRASH_AFTER_WRITES kbind_testkit kbind-fake-upstreams; do
 done
 
 hack/node-packages.sh
-hack/build-servers.sh
+hack/build-servers.sh --with-kcp
 echo "test.sh: servers ready after $((SECONDS - start))s"
 # The image ghcr.io/kbind/kbind:<version> in target/image/kbind.tar, from the Dockerfile's final
 # stage (tests/image.rs checks it). Not rebuilt while the archive is newer than every input
@@ -70,7 +70,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-hack/testenv.sh up "$dir"
+hack/testenv.sh up "$dir" --kcp
 # shellcheck disable=SC1091
 source "$dir/env"
 KBIND_NODE_IMAGES=target/image/kbind.tar hack/node.sh up "$dir/node"

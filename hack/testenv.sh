@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
 # Starts and stops the real servers tests and the demo run against, all on 127.0.0.1:
 #   etcd; two kube-apiservers ("consumer", "provider"), each with a kube-controller-manager;
-#   SpiceDB (serve-testing for tests, serve with a preshared key for the demo).
+#   SpiceDB (serve-testing for tests, serve with a preshared key for the demo);
+#   with --kcp, one `kcp start` (its own embedded etcd) for the claims tests on real workspaces.
 #
-#   hack/testenv.sh up DIR [--spicedb-mode testing|serve]   start; writes DIR/env (shell exports)
-#   hack/testenv.sh down DIR                                 stop everything started in DIR
+#   hack/testenv.sh up DIR [--spicedb-mode testing|serve] [--kcp]   start; writes DIR/env (exports)
+#   hack/testenv.sh down DIR                                         stop everything started in DIR
 #
 # DIR/env exports, per cluster C in CONSUMER, PROVIDER:
 #   KBIND_TEST_<C>_KUBECONFIG             admin (system:masters)
 #   KBIND_TEST_<C>_RESTRICTED_KUBECONFIG  user kbind-restricted, no RBAC until a test grants it
 #   KBIND_TEST_<C>_URL
-# and KBIND_TEST_SPICEDB_URL (HTTP gateway), KBIND_TEST_SPICEDB_KEY (serve mode only), and
+# and KBIND_TEST_SPICEDB_URL (HTTP gateway), KBIND_TEST_SPICEDB_KEY (serve mode only),
+# KBIND_TEST_KCP_KUBECONFIG (kcp's admin, at workspace root; --kcp only), and
 # KBIND_TEST_PUSHGATEWAY_BIN: the Pushgateway binary, which each test that needs one starts itself
 # (a group is per pass and shard, so concurrent tests would share groups in one Pushgateway).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+usage="usage: $0 up|down DIR [--spicedb-mode testing|serve] [--kcp]"
 cmd=${1:-}; dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 up|down DIR [--spicedb-mode testing|serve]" >&2; exit 2; }
-spicedb_mode=testing
-if [ "${3:-}" = "--spicedb-mode" ]; then spicedb_mode=${4:-testing}; fi
+[ -n "$cmd" ] && [ -n "$dir" ] || { echo "$usage" >&2; exit 2; }
+shift 2
+spicedb_mode=testing; with_kcp=false
+while [ $# -gt 0 ]; do
+  case $1 in
+    --spicedb-mode) spicedb_mode=${2:-testing}; shift 2 ;;
+    --kcp) with_kcp=true; shift ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
 
 cache=$("$here/build-servers.sh" --print-dir)
 ver() { sed -n "s/^$1=//p" "$here/build-servers.sh"; }
@@ -29,6 +39,7 @@ apiserver_bin=$cache/kube-apiserver-$KUBE_VERSION
 kcm_bin=$cache/kube-controller-manager-$KUBE_VERSION
 spicedb_bin=$cache/spicedb-$SPICEDB_VERSION
 pushgateway_bin=$("$here/build-servers.sh" --print-pushgateway)
+kcp_bin=$("$here/build-servers.sh" --print-kcp)
 
 log() { echo "testenv: $*" >&2; }
 
@@ -46,7 +57,9 @@ down() {
 if [ "$cmd" = down ]; then down; exit 0; fi
 [ "$cmd" = up ] || { echo "usage: $0 up|down DIR" >&2; exit 2; }
 
-for b in "$etcd_bin" "$apiserver_bin" "$kcm_bin" "$spicedb_bin" "$pushgateway_bin"; do
+bins=("$etcd_bin" "$apiserver_bin" "$kcm_bin" "$spicedb_bin" "$pushgateway_bin")
+$with_kcp && bins+=("$kcp_bin")
+for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "testenv: $b is missing: run hack/build-servers.sh (the README test command does)" >&2; exit 1; }
 done
 
@@ -106,6 +119,17 @@ contexts:
 current-context: testenv
 KC
 }
+
+# kcp first: it takes longest to be ready (its own etcd, then the root workspace's bootstrap), so
+# it starts while the rest comes up and is waited for last. Every address it serves or advertises
+# (its virtual workspaces' URLs in APIExportEndpointSlices) is 127.0.0.1.
+if $with_kcp; then
+  kcp_start=$SECONDS
+  kcp_port=$(free_port)
+  start kcp "$kcp_bin" start --root-directory="$dir/kcp" --bind-address=127.0.0.1 \
+    --secure-port="$kcp_port" --external-hostname="127.0.0.1:$kcp_port" \
+    --embedded-etcd-client-port="$(free_port)" --embedded-etcd-peer-port="$(free_port)"
+fi
 
 etcd_port=$(free_port); etcd_peer=$(free_port)
 start etcd "$etcd_bin" --data-dir="$dir/etcd" --name=testenv \
@@ -173,6 +197,14 @@ wait_for spicedb 60 curl -s -o /dev/null "http://127.0.0.1:$http/healthz"
 for cluster in consumer provider; do
   wait_for "$cluster-controller-manager" 90 kubectl --kubeconfig "$dir/$cluster-admin.kubeconfig" get serviceaccount default -n default
 done
+if $with_kcp; then
+  kcp_admin=$dir/kcp/admin.kubeconfig
+  wait_for kcp 180 sh -c "[ -f '$kcp_admin' ] && kubectl --kubeconfig '$kcp_admin' get --raw /readyz"
+  # The root workspace's types exist once the bootstrap is done; tests create workspaces at once.
+  wait_for kcp 60 kubectl --kubeconfig "$kcp_admin" get workspacetype universal
+  log "kcp ready $((SECONDS - kcp_start))s after its start"
+  echo "export KBIND_TEST_KCP_KUBECONFIG=$kcp_admin" >> "$env_file"
+fi
 kcp_crds=$("$here/build-servers.sh" --print-kcp-crds)
 [ -d "$kcp_crds" ] && echo "export KBIND_TEST_KCP_CRDS=$kcp_crds" >> "$env_file"
 echo "export KBIND_TEST_PUSHGATEWAY_BIN=$pushgateway_bin" >> "$env_file"

@@ -38,10 +38,6 @@ pub enum HubError {
     },
     #[error("building a request for {what}: {message}")]
     Request { what: String, message: String },
-    #[error(
-        "APIExportEndpointSlice {slice} in {path} lists no endpoints yet (kcp fills them in once a shard serves the export)"
-    )]
-    NoEndpoints { slice: String, path: String },
     #[error("APIExportEndpointSlice {slice} not found in {path}")]
     NoSlice { slice: String, path: String },
     #[error("endpoint URL {url} is not a valid URL")]
@@ -238,7 +234,8 @@ impl Hub {
     }
 }
 
-/// The virtual-workspace URLs of the core export (one per shard).
+/// The virtual-workspace URLs of the core export (one per shard serving a binding of it; none
+/// before the first binding).
 pub async fn endpoint_urls(
     root: &Client,
     path: &str,
@@ -257,10 +254,13 @@ pub async fn endpoint_urls(
         .map(|st| st.endpoints.into_iter().map(|e| e.url).collect())
         .unwrap_or_default();
     if urls.is_empty() {
-        return Err(HubError::NoEndpoints {
-            slice: slice.into(),
-            path: path.into(),
-        });
+        // kcp lists a shard's virtual workspace only once a workspace on it binds the export:
+        // before the first tenant binds the core export there is simply nothing in scope.
+        tracing::info!(
+            slice,
+            path,
+            "no workspace has bound the core export yet (its APIExportEndpointSlice lists no endpoints)"
+        );
     }
     Ok(urls)
 }

@@ -6,6 +6,7 @@ pub mod claims_fx;
 pub mod fx;
 pub mod identity;
 pub mod issue_fx;
+pub mod kcp_fx;
 pub mod node;
 pub mod pushgateway;
 
@@ -181,6 +182,21 @@ pub async fn kbind_async_env(
         .await
         .expect("run kbind");
     outcome(out)
+}
+
+/// The real `kbind` binary with `args` for a command that prints a document rather than a
+/// summary (`kbind claims export`, `kbind crds`): (exit code, stdout, stderr).
+pub async fn kbind_output(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::from(kbind_command(args))
+        .output()
+        .await
+        .expect("run kbind");
+    keep_emitted(&out);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 /// Keep what a kbind run printed, for the suite's secret scan (`hack/test.sh` sets

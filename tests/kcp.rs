@@ -1,0 +1,347 @@
+//! `kbind claims` on a real kcp (docs/claims.md, docs/testing.md "Real kcp"): real workspaces,
+//! the core export's virtual workspace, identity hashes kcp computed, and kcp's own verdict
+//! (`PermissionClaimsValid`, `PermissionClaimsApplied`) on every binding kbind wrote.
+
+mod support;
+
+use kbind::api::kcp::PermissionClaim;
+use kbind::api::providers::Requirement;
+use support::kcp_fx::{KcpFx, within};
+use support::unique;
+
+fn claim(group: &str, resource: &str, verbs: &[&str], identity_hash: &str) -> PermissionClaim {
+    PermissionClaim {
+        group: group.into(),
+        resource: resource.into(),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        identity_hash: identity_hash.into(),
+    }
+}
+
+fn req(group: &str, resource: &str, provider: Option<&str>) -> Requirement {
+    Requirement {
+        group: group.into(),
+        resource: resource.into(),
+        provider: provider.map(String::from),
+    }
+}
+
+/// The kind a storage provider exports and a compute provider composes.
+const VOLUMES: (&str, &str, &str) = ("storage.example.io", "volumes", "Volume");
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// kcp accepts what kbind wrote: both of its claims conditions True on the binding.
+async fn kcp_accepts(fx: &KcpFx, ws: &str) {
+    for type_ in ["PermissionClaimsValid", "PermissionClaimsApplied"] {
+        fx.kcp_says_true(ws, "compute", type_).await;
+    }
+}
+
+/// A storage provider (an export whose identity makes `volumes` a composition) and a compute
+/// provider claiming configmaps, secrets and storage's volumes with storage's real identity
+/// hash; returns (compute path, compute export, storage entry name, storage identity, storage
+/// path).
+async fn providers(fx: &KcpFx) -> (String, String, String, String, String) {
+    let storage_ws = fx.workspace(&fx.parent, "storage").await;
+    let storage = fx
+        .resource_export(&storage_ws, "storage.example.io", VOLUMES)
+        .await;
+    let storage_entry = unique("storage");
+    fx.entry(&storage_entry, &storage_ws, "storage.example.io", vec![])
+        .await;
+    let compute_ws = fx.workspace(&fx.parent, "prov").await;
+    fx.export(
+        &compute_ws,
+        "compute.example.io",
+        vec![
+            claim("", "configmaps", &["get", "list"], ""),
+            claim("", "secrets", &["get"], ""),
+            claim("storage.example.io", "volumes", &["get", "list"], &storage),
+        ],
+    )
+    .await;
+    (
+        compute_ws,
+        "compute.example.io".into(),
+        storage_entry,
+        storage,
+        storage_ws,
+    )
+}
+
+/// The requirement change reaches every tenant holding the core binding, kcp accepts each
+/// binding as written, a tenant's `Rejected` survives, consent recorded by a Grant turns the
+/// composition `Accepted` and revoking it turns it back, and an unchanged run writes nothing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
+    let fx = KcpFx::new("kt-req").await;
+    let (path, export, storage_entry, storage, storage_path) = providers(&fx).await;
+    let t1 = fx.tenant("t1").await;
+    let t2 = fx.tenant("t2").await;
+    // Bound to compute but not to the core export: out of kbind's scope.
+    let t3 = fx.workspace(&fx.parent, "t3").await;
+    for ws in [&t1, &t2, &t3] {
+        fx.bind(ws, "compute", &path, &export).await;
+        fx.bind(ws, "storage", &storage_path, "storage.example.io")
+            .await;
+    }
+    let entry = unique("compute");
+    let mut requires = vec![
+        req("", "configmaps", None),
+        req("storage.example.io", "volumes", Some(&storage_entry)),
+    ];
+    fx.entry(&entry, &path, &export, requires.clone()).await;
+
+    // The first run opens t1 and t2 (their core bindings) and writes their compute bindings;
+    // kcp lists the opened workspaces' bindings in the virtual workspace asynchronously, so a
+    // binding it had not shown yet is written by the next run.
+    let want = strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]);
+    for ws in [&t1, &t2] {
+        within(120, &format!("{ws} reconciled"), || async {
+            if fx.claims(ws, "compute").await == want {
+                return Some(());
+            }
+            fx.run().await;
+            None
+        })
+        .await;
+        kcp_accepts(&fx, ws).await;
+        let b = fx.binding(ws, "compute").await;
+        let volumes = b
+            .spec
+            .permission_claims
+            .iter()
+            .find(|c| c.resource == "volumes")
+            .expect("volumes claim");
+        assert_eq!(volumes.identity_hash, storage, "kcp's identity hash copied");
+    }
+    assert!(
+        fx.claims(&t3, "compute").await.is_empty(),
+        "t3 holds no core binding and is not touched"
+    );
+
+    // The tenant of t2 rejects secrets; the provider then requires secrets.
+    let client = fx.client(&t2).await;
+    let api: kube::Api<kbind::api::kcp::APIBinding> = kube::Api::all(client);
+    api.patch(
+        "compute",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Json::<()>(
+            serde_json::from_value(serde_json::json!([{"op": "add",
+                "path": "/spec/permissionClaims/-",
+                "value": {"group": "", "resource": "secrets", "verbs": ["get"],
+                    "identityHash": "", "selector": {"matchAll": true}, "state": "Rejected"}}]))
+            .expect("json patch"),
+        ),
+    )
+    .await
+    .expect("tenant rejects secrets");
+    requires.push(req("", "secrets", None));
+    fx.entry(&entry, &path, &export, requires).await;
+    fx.run().await;
+    assert_eq!(
+        fx.claims(&t1, "compute").await,
+        strings(&[
+            "configmaps=Accepted",
+            "storage.example.io/volumes=Rejected",
+            "secrets=Accepted"
+        ])
+    );
+    let t2_claims = strings(&[
+        "configmaps=Accepted",
+        "storage.example.io/volumes=Rejected",
+        "secrets=Rejected",
+    ]);
+    assert_eq!(fx.claims(&t2, "compute").await, t2_claims);
+
+    // t1 consents to the composition: Accepted there only; revoked: Rejected again.
+    let grant = unique("t1-compute");
+    let t1_cluster = fx.logical_cluster(&t1).await;
+    fx.grant(
+        &grant,
+        &t1_cluster,
+        &entry,
+        &[("storage.example.io", "volumes")],
+    )
+    .await;
+    fx.run().await;
+    let consented = strings(&[
+        "configmaps=Accepted",
+        "storage.example.io/volumes=Accepted",
+        "secrets=Accepted",
+    ]);
+    assert_eq!(fx.claims(&t1, "compute").await, consented);
+    assert_eq!(fx.claims(&t2, "compute").await, t2_claims);
+    for ws in [&t1, &t2] {
+        kcp_accepts(&fx, ws).await;
+    }
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 0, "an unchanged run writes nothing: {s}");
+
+    fx.revoke(&grant).await;
+    fx.run().await;
+    assert_eq!(
+        fx.claims(&t1, "compute").await,
+        strings(&[
+            "configmaps=Accepted",
+            "storage.example.io/volumes=Rejected",
+            "secrets=Accepted"
+        ])
+    );
+    kcp_accepts(&fx, &t1).await;
+    for _ in 0..2 {
+        let s = fx.run().await;
+        assert_eq!(s["data_writes"], 0, "an unchanged run writes nothing: {s}");
+    }
+}
+
+/// Before any tenant binds the core export kcp lists no endpoint for it: kbind has nothing in
+/// scope and says so, it does not fail. The first tenant's binding is then reconciled by the
+/// next runs.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_core_export_no_workspace_has_bound_yet_is_not_an_error() {
+    let fx = KcpFx::new("kt-empty").await;
+    let prov = fx.workspace(&fx.parent, "prov").await;
+    fx.export(
+        &prov,
+        "compute.example.io",
+        vec![claim("", "configmaps", &["get", "list"], "")],
+    )
+    .await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &prov,
+        "compute.example.io",
+        vec![req("", "configmaps", None)],
+    )
+    .await;
+    for _ in 0..2 {
+        let s = fx.run().await;
+        assert_eq!(s["outcome"], "completed", "{s}");
+        assert_eq!(s["data_writes"], 0, "{s}");
+    }
+    let t1 = fx.tenant("t1").await;
+    fx.bind(&t1, "compute", &prov, "compute.example.io").await;
+    within(120, "t1's binding reconciled", || async {
+        if fx.claims(&t1, "compute").await == strings(&["configmaps=Accepted"]) {
+            return Some(());
+        }
+        fx.run().await;
+        None
+    })
+    .await;
+    kcp_accepts(&fx, &t1).await;
+}
+
+/// `kbind claims export` renders the claims a provider publishes; kcp's admission takes them as
+/// written, and a consenting tenant's binding then carries exactly them, which kcp finds valid.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
+    let fx = KcpFx::new("kt-export").await;
+    let storage_ws = fx.workspace(&fx.parent, "storage").await;
+    let storage = fx
+        .resource_export(&storage_ws, "storage.example.io", VOLUMES)
+        .await;
+    let storage_entry = unique("storage");
+    fx.entry(&storage_entry, &storage_ws, "storage.example.io", vec![])
+        .await;
+    let prov = fx.workspace(&fx.parent, "prov").await;
+    fx.export(&prov, "compute.example.io", vec![]).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &prov,
+        "compute.example.io",
+        vec![
+            req("", "configmaps", None),
+            req("", "secrets", None),
+            req("storage.example.io", "volumes", Some(&storage_entry)),
+        ],
+    )
+    .await;
+
+    let kubeconfig = fx.kubeconfig();
+    let (code, stdout, stderr) =
+        support::kbind_output(&["claims", "export", &entry, "--kubeconfig", &kubeconfig]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let rendered: serde_json::Value = serde_saphyr::from_str(&stdout).expect("YAML");
+    assert_eq!(
+        rendered["spec"]["permissionClaims"],
+        serde_json::json!([
+            {"group": "", "resource": "configmaps", "verbs": ["*"], "identityHash": ""},
+            {"group": "", "resource": "secrets", "verbs": ["*"], "identityHash": ""},
+            {"group": "storage.example.io", "resource": "volumes", "verbs": ["*"], "identityHash": storage},
+        ])
+    );
+    // Applied as the docs say (server-side, in the provider's workspace): kcp admits it.
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        fx.client(&prov).await,
+        &kube::api::ApiResource {
+            group: "apis.kcp.io".into(),
+            version: "v1alpha2".into(),
+            api_version: "apis.kcp.io/v1alpha2".into(),
+            kind: "APIExport".into(),
+            plural: "apiexports".into(),
+        },
+    );
+    let name = rendered["metadata"]["name"]
+        .as_str()
+        .expect("rendered name")
+        .to_string();
+    assert_eq!(name, "compute.example.io");
+    let applied = api
+        .patch(
+            &name,
+            &kube::api::PatchParams::apply("provider").force(),
+            &kube::api::Patch::Apply(&rendered),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("kcp refused the rendered export: {e}"));
+    assert_eq!(
+        applied.data["spec"]["permissionClaims"], rendered["spec"]["permissionClaims"],
+        "kcp kept the claims as written"
+    );
+
+    let t1 = fx.tenant("t1").await;
+    let t1_cluster = fx.logical_cluster(&t1).await;
+    fx.grant(
+        &unique("g"),
+        &t1_cluster,
+        &entry,
+        &[("storage.example.io", "volumes")],
+    )
+    .await;
+    fx.bind(&t1, "compute", &prov, "compute.example.io").await;
+    fx.bind(&t1, "storage", &storage_ws, "storage.example.io")
+        .await;
+    let want = strings(&[
+        "configmaps=Accepted",
+        "secrets=Accepted",
+        "storage.example.io/volumes=Accepted",
+    ]);
+    within(120, "t1's binding reconciled", || async {
+        if fx.claims(&t1, "compute").await == want {
+            return Some(());
+        }
+        fx.run().await;
+        None
+    })
+    .await;
+    kcp_accepts(&fx, &t1).await;
+}
