@@ -345,3 +345,101 @@ async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
     .await;
     kcp_accepts(&fx, &t1).await;
 }
+
+/// A WorkspaceType with `defaultAPIBindingLifecycle: Maintain` makes kcp rewrite its default
+/// bindings' claims itself (every claim of the export Accepted). kbind leaves those bindings to
+/// kcp instead of fighting it (no write, run after run) and says so on the CatalogEntry, naming
+/// the workspace; the same export's other bindings are reconciled as usual.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn bindings_kcp_maintains_are_reported_not_fought() {
+    let fx = KcpFx::new("kt-maint").await;
+    let (path, export, storage_entry, _, storage_path) = providers(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.example.io", "volumes", Some(&storage_entry)),
+        ],
+    )
+    .await;
+    fx.workspace_type(
+        "maintained",
+        &[
+            (storage_path.as_str(), "storage.example.io"),
+            (path.as_str(), export.as_str()),
+        ],
+        "Maintain",
+    )
+    .await;
+    let maintained = fx
+        .typed_workspace(&fx.parent, "m", Some((&fx.parent, "maintained")))
+        .await;
+    fx.bind(&maintained, "core", &fx.hub_ws, &fx.core_export)
+        .await;
+    let default_binding = fx
+        .bindings(&maintained)
+        .await
+        .into_iter()
+        .find(|(_, e)| *e == export)
+        .map(|(name, _)| name)
+        .expect("kcp created the default binding");
+    // A plain tenant of the same export, for contrast.
+    let plain = fx.tenant("p").await;
+    fx.bind(&plain, "compute", &path, &export).await;
+    fx.bind(&plain, "storage", &storage_path, "storage.example.io")
+        .await;
+
+    let kcps = strings(&[
+        "configmaps=Accepted",
+        "secrets=Accepted",
+        "storage.example.io/volumes=Accepted",
+    ]);
+    within(120, "the plain tenant reconciled", || async {
+        let done = fx.claims(&plain, "compute").await
+            == strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]);
+        if done {
+            return Some(());
+        }
+        fx.run().await;
+        None
+    })
+    .await;
+    let mut writes = Vec::new();
+    for _ in 0..3 {
+        let s = fx.run().await;
+        writes.push(s["data_writes"].as_i64().unwrap_or(-1));
+        // kcp's own shape, untouched by kbind.
+        assert_eq!(fx.claims(&maintained, &default_binding).await, kcps);
+    }
+    assert_eq!(
+        writes,
+        vec![0, 0, 0],
+        "kbind does not fight kcp: writes per run"
+    );
+    let e = fx.catalog_entry(&entry).await;
+    let c = e
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "KcpMaintained"))
+        .cloned()
+        .expect("KcpMaintained condition");
+    assert_eq!(c.status, "True", "{c:?}");
+    assert_eq!(c.reason, "DefaultAPIBindingLifecycleMaintain", "{c:?}");
+    let cluster = fx.logical_cluster(&maintained).await;
+    assert!(
+        c.message.contains(&cluster) && c.message.contains(&default_binding),
+        "names the workspace and binding: {c:?}"
+    );
+    assert_eq!(
+        fx.claims(&plain, "compute").await,
+        strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]),
+        "the export's other bindings are still kbind's"
+    );
+}

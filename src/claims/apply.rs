@@ -8,10 +8,11 @@ use kube::ResourceExt;
 
 use super::args;
 use super::hub::{Hub, HubError, SlimBinding};
+use super::maintain::Maintained;
 use super::merge::{ClaimKey, merge, parse_placeholders, render_placeholders};
 use super::observe::{CoreIdentity, relist_opened};
 use super::policy::{self, Consent, Desired, OwnIdentities};
-use super::record::{self, Blocked, EntryOutcome};
+use super::record::{self, Blocked, EntryOutcome, MaintainedBinding};
 use super::{GrantKey, blocked_by, identity_gap, warn_entry};
 use crate::api::kcp::{APIExport, ClaimState, PermissionClaim};
 use crate::api::providers::CatalogEntry;
@@ -38,6 +39,7 @@ impl Observed<'_> {
         &self,
         entry: &CatalogEntry,
         bindings: &[&SlimBinding],
+        maintained: &Maintained,
         writes: &mut Writes,
         summary: &mut Summary,
     ) -> (EntryOutcome, Option<Exhausted>) {
@@ -66,6 +68,18 @@ impl Observed<'_> {
         for b in sorted {
             let key = b.key();
             if resume.as_ref().is_some_and(|r| key.as_str() <= r.as_str()) {
+                continue;
+            }
+            if let Some(by) = maintained.get(&key) {
+                // kcp owns these claims (docs/claims.md "Bindings kcp maintains"): no write.
+                summary.count("kcpMaintained", 1);
+                outcome.maintained.push(MaintainedBinding {
+                    workspace: b.cluster.clone(),
+                    binding: b.name.clone(),
+                    by: by.clone(),
+                });
+                outcome.checked += 1;
+                last = Some(key);
                 continue;
             }
             if let Err(why) = self.ctx.budget.check() {

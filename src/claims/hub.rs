@@ -118,6 +118,30 @@ impl Hub {
         }
     }
 
+    /// Object `name` of `collection` (e.g. `apis/core.kcp.io/v1alpha1/logicalclusters`) in
+    /// workspace `workspace` (a logical cluster name or a path), as JSON; `None` when it does
+    /// not exist, and always on a single cluster (no workspaces there).
+    pub async fn get_in_workspace(
+        &self,
+        workspace: &str,
+        collection: &str,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<serde_json::Value>, HubError> {
+        match self {
+            Hub::Kcp { root, .. } => {
+                get_opt(
+                    root,
+                    &format!("/clusters/{workspace}/{collection}"),
+                    name,
+                    what,
+                )
+                .await
+            }
+            Hub::Single { .. } => Ok(None),
+        }
+    }
+
     /// Every APIBinding visible to the hub, deduplicated by (cluster, name), in pages.
     pub async fn list_bindings(&self) -> Result<Vec<SlimBinding>, HubError> {
         let mut out: BTreeMap<String, SlimBinding> = BTreeMap::new();

@@ -7,7 +7,7 @@
 //! The files, in the order of a run:
 //! - `mod.rs`: [`run`], the pass's shape, and the errors and Events it reports;
 //! - observe: `observe.rs` (catalog, Grants, core export, the hub topology; `hub.rs` reads and
-//!   writes kcp or a single cluster);
+//!   writes kcp or a single cluster; `maintain.rs` finds the bindings kcp maintains itself);
 //! - plan (pure): `policy.rs` (which claims a binding should hold), `merge.rs` (merged into
 //!   what the binding holds, a tenant's own edits kept);
 //! - apply: `apply.rs` (core bindings, then each entry's bindings from its cursor);
@@ -18,6 +18,7 @@ mod apply;
 pub mod args;
 pub mod export;
 pub mod hub;
+pub mod maintain;
 pub mod merge;
 mod observe;
 pub mod policy;
@@ -86,6 +87,13 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
             .await?;
     }
     let by_export = by_export(&bindings, core.as_ref(), &mut summary);
+    let selected: Vec<&SlimBinding> = entries
+        .iter()
+        .filter_map(|e| by_export.get(&(e.spec.export.path.clone(), e.spec.export.name.clone())))
+        .flatten()
+        .copied()
+        .collect();
+    let maintained = maintain::find(&hub, &selected).await;
 
     for entry in &entries {
         if stopped.is_some() {
@@ -112,7 +120,7 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
         }
         let mine = by_export.get(&key).map(Vec::as_slice).unwrap_or_default();
         let (outcome, exhausted) = observed
-            .reconcile_entry(entry, mine, &mut writes, &mut summary)
+            .reconcile_entry(entry, mine, &maintained, &mut writes, &mut summary)
             .await;
         stopped = exhausted;
         record::write(&ctx, entry, &outcome, &manager, &mut writes).await;

@@ -18,6 +18,9 @@ use crate::scrub::scrub;
 pub const READY: &str = "Ready";
 pub const EXPORT_COMPLETE: &str = "ExportComplete";
 pub const IDENTITY_KNOWN: &str = "IdentityKnown";
+/// Whether kcp itself maintains some of the export's bindings (docs/claims.md "Bindings kcp
+/// maintains").
+pub const KCP_MAINTAINED: &str = "KcpMaintained";
 /// `Ready=False` reason of a CatalogEntry naming the same APIExport as an older one.
 pub const DUPLICATE_ENTRY: &str = "DuplicateEntry";
 
@@ -38,6 +41,17 @@ pub struct IdentityGap {
     pub message: String,
 }
 
+/// A binding kbind left alone because kcp maintains it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MaintainedBinding {
+    /// The logical cluster.
+    pub workspace: String,
+    pub binding: String,
+    /// The WorkspaceType (`<path>:<name>`) whose `Maintain` lifecycle owns it, or why that
+    /// could not be read (then it is not written either: writing might start the fight).
+    pub by: Result<String, String>,
+}
+
 /// One entry's share of a pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EntryOutcome {
@@ -54,6 +68,7 @@ pub struct EntryOutcome {
     pub blocked: Option<Blocked>,
     /// `None` when every identity own requirements are recognised by could be read.
     pub identity_gap: Option<IdentityGap>,
+    pub maintained: Vec<MaintainedBinding>,
 }
 
 /// Where a run starts for this entry: after the recorded cursor when it continues a cycle for
@@ -130,6 +145,8 @@ pub fn next_status(
             &gap.message,
         ),
     }
+    let (status, reason, message) = kcp_maintained(&outcome.maintained);
+    set(&mut st, KCP_MAINTAINED, status, reason, &message);
     if outcome.missing_on_export.is_empty() {
         set(
             &mut st,
@@ -162,6 +179,63 @@ pub fn next_status(
         );
     }
     st
+}
+
+/// The `KcpMaintained` condition: which bindings kcp maintains (named, the first few), and any
+/// whose WorkspaceType could not be read.
+fn kcp_maintained(maintained: &[MaintainedBinding]) -> (ConditionStatus, &'static str, String) {
+    const SHOWN: usize = 3;
+    let name = |m: &MaintainedBinding| format!("workspace {} binding {}", m.workspace, m.binding);
+    let listed = |items: Vec<String>| {
+        let more = items.len().saturating_sub(SHOWN);
+        let mut text = items.into_iter().take(SHOWN).collect::<Vec<_>>().join(", ");
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+        text
+    };
+    let unknown: Vec<String> = maintained
+        .iter()
+        .filter_map(|m| {
+            m.by.as_ref()
+                .err()
+                .map(|e| format!("{} ({})", name(m), scrub(e)))
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return (
+            ConditionStatus::Unknown,
+            "MaintainUnknown",
+            format!(
+                "cannot tell whether kcp maintains these default bindings, so kbind does not write them: {}",
+                listed(unknown)
+            ),
+        );
+    }
+    let owned: Vec<String> = maintained
+        .iter()
+        .filter_map(|m| {
+            m.by.as_ref()
+                .ok()
+                .map(|t| format!("{} (WorkspaceType {t})", name(m)))
+        })
+        .collect();
+    if owned.is_empty() {
+        return (
+            ConditionStatus::False,
+            "NoneMaintained",
+            "kcp maintains none of this export's bindings; kbind writes their claims".into(),
+        );
+    }
+    (
+        ConditionStatus::True,
+        "DefaultAPIBindingLifecycleMaintain",
+        format!(
+            "kcp maintains the claims of {} binding(s) (defaultAPIBindingLifecycle: Maintain accepts every claim of the export) and kbind leaves them to kcp: {}",
+            owned.len(),
+            listed(owned)
+        ),
+    )
 }
 
 /// Record the entry's outcome in its status (one write per entry per run).
@@ -246,6 +320,60 @@ mod tests {
         assert_eq!(resume_point(&prev, "h"), Some("ws|b".into()));
         assert_eq!(resume_point(&prev, "other"), None);
         assert_eq!(resume_point(&CatalogEntryStatus::default(), ""), None);
+    }
+
+    #[test]
+    fn kcp_maintained_names_the_bindings_and_an_unreadable_type_is_unknown() {
+        let prev = CatalogEntryStatus::default();
+        let m = |ws: &str, by: Result<&str, &str>| MaintainedBinding {
+            workspace: ws.into(),
+            binding: format!("compute-{ws}"),
+            by: by.map(String::from).map_err(String::from),
+        };
+        let st = next_status(&prev, None, &EntryOutcome::default(), now());
+        assert_eq!(
+            reason(&st, KCP_MAINTAINED),
+            ("False".into(), "NoneMaintained".into())
+        );
+        let owned: Vec<_> = (0..5).map(|i| m(&format!("w{i}"), Ok("root:m"))).collect();
+        let st = next_status(
+            &prev,
+            None,
+            &EntryOutcome {
+                maintained: owned.clone(),
+                ..Default::default()
+            },
+            now(),
+        );
+        assert_eq!(
+            reason(&st, KCP_MAINTAINED),
+            ("True".into(), "DefaultAPIBindingLifecycleMaintain".into())
+        );
+        let msg = &st.conditions.condition(KCP_MAINTAINED).unwrap().message;
+        assert!(
+            msg.contains("5 binding(s)")
+                && msg.contains("workspace w0 binding compute-w0 (WorkspaceType root:m)")
+                && msg.contains("and 2 more"),
+            "{msg}"
+        );
+        assert_eq!(reason(&st, READY), ("True".into(), "InStep".into()));
+        let mut mixed = owned;
+        mixed.push(m("w9", Err("reading WorkspaceType root:m: forbidden")));
+        let st = next_status(
+            &prev,
+            None,
+            &EntryOutcome {
+                maintained: mixed,
+                ..Default::default()
+            },
+            now(),
+        );
+        assert_eq!(
+            reason(&st, KCP_MAINTAINED),
+            ("Unknown".into(), "MaintainUnknown".into())
+        );
+        let msg = &st.conditions.condition(KCP_MAINTAINED).unwrap().message;
+        assert!(msg.contains("w9") && msg.contains("forbidden"), "{msg}");
     }
 
     #[test]

@@ -169,10 +169,23 @@ impl KcpFx {
 
     /// Create workspace `<parent>:<unique(prefix)>` and wait until kcp says it is Ready.
     pub async fn workspace(&self, parent: &str, prefix: &str) -> String {
+        self.typed_workspace(parent, prefix, None).await
+    }
+
+    /// [`KcpFx::workspace`] of WorkspaceType `(path, name)` when given.
+    pub async fn typed_workspace(
+        &self,
+        parent: &str,
+        prefix: &str,
+        type_: Option<(&str, &str)>,
+    ) -> String {
         let name = unique(prefix);
         let api: Api<DynamicObject> = Api::all_with(self.client(parent).await, &workspaces());
-        let body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace",
+        let mut body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace",
             "metadata": {"name": name}});
+        if let Some((path, type_name)) = type_ {
+            body["spec"] = json!({"type": {"path": path, "name": type_name}});
+        }
         api.patch(
             &name,
             &PatchParams::apply("kbind-tests"),
@@ -186,6 +199,52 @@ impl KcpFx {
         })
         .await;
         format!("{parent}:{name}")
+    }
+
+    /// WorkspaceType `name` in the parent workspace (extending `root:universal`) binding
+    /// `defaults` (`(path, export)`) in each workspace of the type, with `lifecycle`
+    /// (`InitializeOnly` or `Maintain`: kcp then keeps rewriting those bindings' claims).
+    pub async fn workspace_type(&self, name: &str, defaults: &[(&str, &str)], lifecycle: &str) {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client(&self.parent).await,
+            &resource(
+                "tenancy.kcp.io",
+                "v1alpha1",
+                "WorkspaceType",
+                "workspacetypes",
+            ),
+        );
+        let body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "WorkspaceType",
+            "metadata": {"name": name},
+            "spec": {"extend": {"with": [{"name": "universal", "path": "root"}]},
+                "defaultAPIBindings": defaults.iter()
+                    .map(|(path, export)| json!({"path": path, "export": export}))
+                    .collect::<Vec<_>>(),
+                "defaultAPIBindingLifecycle": lifecycle}});
+        api.patch(
+            name,
+            &PatchParams::apply("kbind-tests"),
+            &Patch::Apply(body),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply WorkspaceType {name}: {e}"));
+    }
+
+    /// The APIBindings in `ws` as (name, export name).
+    pub async fn bindings(&self, ws: &str) -> Vec<(String, String)> {
+        Api::<APIBinding>::all(self.client(ws).await)
+            .list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("list APIBindings in {ws}: {e}"))
+            .items
+            .into_iter()
+            .map(|b| {
+                (
+                    kube::ResourceExt::name_any(&b),
+                    b.spec.reference.export.name.clone(),
+                )
+            })
+            .collect()
     }
 
     /// Create or update APIExport `name` in `path` with `claims` and no resources of its own;
