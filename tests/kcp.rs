@@ -443,3 +443,117 @@ async fn bindings_kcp_maintains_are_reported_not_fought() {
         "the export's other bindings are still kbind's"
     );
 }
+
+/// A Connection to a kcp workspace pins that workspace's LogicalCluster `cluster` UID as the
+/// provider's identity (docs/schema.md), pulls and syncs as from any provider, and a Secret
+/// pointing at another workspace of the same kcp (same server, same CA, same user) is
+/// `ClusterIdentityChanged`: nothing is installed or synced from it.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_connection_to_a_kcp_workspace_pins_its_logical_cluster() {
+    use kbind::api::core::ClusterBinding;
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    use serde_json::json;
+    use support::fx::{Fx, cond};
+
+    let kcp = KcpFx::new("kt-id").await;
+    let fx = Fx::new("kt-id").await;
+    let prov = kcp.workspace(&kcp.parent, "prov").await;
+    let crd = fx.crd("widgets", "Namespaced", Some("true"), None);
+    support::apply_crds(&kcp.client(&prov).await, std::slice::from_ref(&crd)).await;
+    let widgets = format!("widgets.{}", fx.group);
+    fx.secret("provider", "kubeconfig", &kcp.kubeconfig_at(&prov))
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    fx.run(&[]);
+    let lc: DynamicObject = Api::all_with(
+        kcp.client(&prov).await,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster"),
+            "logicalclusters",
+        ),
+    )
+    .get("cluster")
+    .await
+    .expect("the workspace's LogicalCluster");
+    let pinned = fx.conn(&conn).await.status.unwrap().remote_cluster_uid;
+    assert_eq!(
+        pinned, lc.metadata.uid,
+        "the LogicalCluster's UID is pinned"
+    );
+    assert!(
+        fx.installed_by(&widgets, &conn).await,
+        "CRD pulled from kcp"
+    );
+    support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
+
+    // An object goes up into the workspace, its status comes down.
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let consumer: Api<DynamicObject> = Api::namespaced_with(fx.consumer.clone(), &fx.ns, &ar);
+    let mut w = DynamicObject::new("w1", &ar).data(json!({"spec": {"size": 3}}));
+    w.metadata.namespace = Some(fx.ns.clone());
+    consumer.create(&PostParams::default(), &w).await.unwrap();
+    let run = fx.pass("resync", &[]);
+    assert_eq!(run["outcome"], "completed", "{run}");
+    let provider: Api<DynamicObject> = Api::namespaced_with(kcp.client(&prov).await, &fx.ns, &ar);
+    let mut copy = provider.get("w1").await.expect("copy in the workspace");
+    assert_eq!(copy.data["spec"], json!({"size": 3}));
+    copy.data["status"] = json!({"phase": "Ready"});
+    provider
+        .replace_status("w1", &PostParams::default(), &copy)
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    assert_eq!(
+        consumer.get("w1").await.unwrap().data["status"]["phase"],
+        "Ready"
+    );
+    let s = fx.pass("resync", &[]);
+    assert_eq!(
+        s["data_writes"], 0,
+        "an unchanged resync writes nothing: {s}"
+    );
+
+    // The Secret now points at another workspace of the same kcp.
+    let other = kcp.workspace(&kcp.parent, "other").await;
+    support::apply_crds(&kcp.client(&other).await, std::slice::from_ref(&crd)).await;
+    fx.secret("provider", "kubeconfig", &kcp.kubeconfig_at(&other))
+        .await;
+    for _ in 0..2 {
+        fx.run(&[]);
+        let st = fx.conn(&conn).await.status.unwrap();
+        let (s, r, m) = cond(&st.conditions, "Connected");
+        assert_eq!((s, r), ("False", "ClusterIdentityChanged"), "{m}");
+        assert_eq!(
+            st.remote_cluster_uid, lc.metadata.uid,
+            "the pin never moves"
+        );
+        let run = fx.pass("resync", &[]);
+        assert_eq!(
+            run["data_writes"], 0,
+            "nothing synced to another workspace: {run}"
+        );
+    }
+    let other_copies: Api<DynamicObject> =
+        Api::namespaced_with(kcp.client(&other).await, &fx.ns, &ar);
+    assert!(
+        other_copies.get_opt("w1").await.unwrap().is_none(),
+        "no copy in the other workspace"
+    );
+    let bst = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&bst.conditions, "Ready").0, "False");
+}

@@ -47,6 +47,19 @@ impl Fx {
         exported: Option<&str>,
         extra_prop: Option<&str>,
     ) -> String {
+        let crd = self.crd(plural, scope, exported, extra_prop);
+        support::apply_crds(&self.provider, std::slice::from_ref(&crd)).await;
+        format!("{plural}.{}", self.group)
+    }
+
+    /// The CRD [`Fx::provider_crd`] applies, for a provider elsewhere (a kcp workspace).
+    pub fn crd(
+        &self,
+        plural: &str,
+        scope: &str,
+        exported: Option<&str>,
+        extra_prop: Option<&str>,
+    ) -> CustomResourceDefinition {
         let kind = format!(
             "{}{}",
             plural[..1].to_uppercase(),
@@ -69,9 +82,7 @@ impl Fx {
         if let Some(v) = exported {
             crd["metadata"]["labels"] = json!({"core.kbind.io/exported": v});
         }
-        let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
-        support::apply_crds(&self.provider, &[crd]).await;
-        format!("{plural}.{}", self.group)
+        serde_json::from_value(crd).unwrap()
     }
 
     pub async fn secret(&self, name: &str, key: &str, data: &str) {

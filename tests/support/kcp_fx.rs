@@ -155,6 +155,47 @@ impl KcpFx {
         serde_saphyr::to_string(&kc).expect("kubeconfig to YAML")
     }
 
+    /// A kubeconfig of kcp's admin for workspace `path` alone (one cluster, user and context),
+    /// as a Connection's Secret holds it.
+    pub fn kubeconfig_at(&self, path: &str) -> String {
+        let context = self
+            .admin
+            .current_context
+            .clone()
+            .expect("kcp admin kubeconfig has a current context");
+        let ctx = self
+            .admin
+            .contexts
+            .iter()
+            .find(|c| c.name == context)
+            .and_then(|c| c.context.clone())
+            .expect("current context");
+        let cluster = self
+            .admin
+            .clusters
+            .iter()
+            .find(|c| c.name == ctx.cluster)
+            .and_then(|c| c.cluster.clone())
+            .expect("current cluster");
+        let ca = cluster
+            .certificate_authority_data
+            .expect("kcp's CA is inline");
+        let token = self
+            .admin
+            .auth_infos
+            .iter()
+            .find(|u| Some(&u.name) == ctx.user.as_ref())
+            .and_then(|u| u.auth_info.as_ref()?.token.clone())
+            .map(|t| secrecy::ExposeSecret::expose_secret(&t).to_string())
+            .expect("kcp admin token");
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kcp\n  cluster:\n    server: {}/clusters/{path}\n    certificate-authority-data: {ca}\n\
+             users:\n- name: admin\n  user:\n    token: {token}\n\
+             contexts:\n- name: kcp\n  context: {{cluster: kcp, user: admin}}\ncurrent-context: kcp\n",
+            self.base
+        )
+    }
+
     /// An admin client for workspace `path`.
     pub async fn client(&self, path: &str) -> Client {
         let mut config =
