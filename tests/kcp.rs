@@ -557,3 +557,230 @@ async fn a_connection_to_a_kcp_workspace_pins_its_logical_cluster() {
         .unwrap();
     assert_eq!(cond(&bst.conditions, "Ready").0, "False");
 }
+
+/// The merge rules kcp itself makes necessary: an `Accepted` claim the export does not list
+/// makes kcp report `PermissionClaimsValid=False` and kbind removes it; a tenant's `Rejected`
+/// stays; an existing claim keeps its selector (kcp refuses to change it) while its verbs follow
+/// the export. kcp's verdict is read before and after.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn stale_claims_go_and_a_tenants_rejection_and_selector_stay() {
+    let fx = KcpFx::new("kt-merge").await;
+    let (path, export, _, _, _) = providers(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let ws = fx.tenant("t").await;
+    let held = |group: &str, resource: &str, verbs: &[&str], hash: &str, state: &str, selector| {
+        serde_json::json!({"group": group, "resource": resource, "verbs": verbs,
+            "identityHash": hash, "selector": selector, "state": state})
+    };
+    let all = serde_json::json!({"matchAll": true});
+    let team = serde_json::json!({"matchLabels": {"team": "a"}});
+    let body = serde_json::json!({"apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIBinding",
+    "metadata": {"name": "compute"},
+    "spec": {"reference": {"export": {"path": path, "name": export}}, "permissionClaims": [
+        held("", "configmaps", &["get", "list"], "", "Rejected", all.clone()),
+        held("", "secrets", &["get", "delete"], "", "Accepted", team.clone()),
+        held("gone.example.io", "things", &["get"], "", "Accepted", all.clone()),
+    ]}});
+    let api: kube::Api<kbind::api::kcp::APIBinding> = kube::Api::all(fx.client(&ws).await);
+    api.create(
+        &kube::api::PostParams::default(),
+        &serde_json::from_value(body).expect("binding"),
+    )
+    .await
+    .expect("the tenant's binding");
+    within(60, "kcp finds the stale claim invalid", || async {
+        let b = api.get("compute").await.ok()?;
+        let c = b
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "PermissionClaimsValid")?;
+        (c.status == "False").then_some(())
+    })
+    .await;
+
+    within(120, "the binding reconciled", || async {
+        let now = fx.claims(&ws, "compute").await;
+        if now == strings(&["configmaps=Rejected", "secrets=Accepted"]) {
+            return Some(());
+        }
+        fx.run().await;
+        None
+    })
+    .await;
+    let b = fx.binding(&ws, "compute").await;
+    let secrets = b
+        .spec
+        .permission_claims
+        .iter()
+        .find(|c| c.resource == "secrets")
+        .expect("secrets");
+    assert_eq!(
+        serde_json::to_value(&secrets.selector).expect("selector"),
+        team,
+        "selector kept"
+    );
+    assert_eq!(secrets.verbs, vec!["get"], "verbs follow the export");
+    kcp_accepts(&fx, &ws).await;
+    for _ in 0..2 {
+        let s = fx.run().await;
+        assert_eq!(s["data_writes"], 0, "{s}");
+    }
+}
+
+/// CatalogEntry conditions on kcp: a requirement the export does not list is reported, not
+/// claimed; a second entry for the same export writes nothing (`DuplicateEntry`) until the
+/// older one is deleted; an entry naming an export that does not exist is a condition, not a
+/// failed run.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn catalog_entries_report_what_they_cannot_claim() {
+    use kbind::api::providers::CatalogEntry;
+    let fx = KcpFx::new("kt-cat").await;
+    let (path, export, _, _, _) = providers(&fx).await;
+    let older = format!("z-{}", unique("older"));
+    fx.entry(
+        &older,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("", "serviceaccounts", None),
+        ],
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let newer = format!("a-{}", unique("newer"));
+    fx.entry(
+        &newer,
+        &path,
+        &export,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    let ghost = unique("ghost");
+    fx.entry(
+        &ghost,
+        &fx.parent.clone(),
+        "ghost.example.io",
+        vec![req("", "configmaps", None)],
+    )
+    .await;
+    let ws = fx.tenant("t").await;
+    fx.bind(&ws, "compute", &path, &export).await;
+    within(120, "the binding reconciled", || async {
+        if fx.claims(&ws, "compute").await == strings(&["configmaps=Accepted"]) {
+            return Some(());
+        }
+        fx.run().await;
+        None
+    })
+    .await;
+    let cond = |e: &CatalogEntry, t: &str| {
+        let c = e
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t).cloned())
+            .unwrap_or_else(|| panic!("no {t} on {}", kube::ResourceExt::name_any(e)));
+        (c.status, c.reason, c.message)
+    };
+    let e = fx.catalog_entry(&older).await;
+    let (s, r, m) = cond(&e, "ExportComplete");
+    assert_eq!(
+        (s.as_str(), r.as_str()),
+        ("False", "RequirementsMissingOnExport")
+    );
+    assert!(m.contains("serviceaccounts"), "{m}");
+    assert_eq!(cond(&e, "Ready").0, "True");
+    let (s, r, m) = cond(&fx.catalog_entry(&newer).await, "Ready");
+    assert_eq!((s.as_str(), r.as_str()), ("False", "DuplicateEntry"));
+    assert!(m.contains(&older), "{m}");
+    let (s, r, m) = cond(&fx.catalog_entry(&ghost).await, "Ready");
+    assert_eq!((s.as_str(), r.as_str()), ("False", "ExportNotFound"), "{m}");
+    assert!(m.contains("ghost.example.io"), "{m}");
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+
+    kube::Api::<CatalogEntry>::all(fx.client(&fx.hub_ws).await)
+        .delete(&older, &Default::default())
+        .await
+        .expect("delete the older entry");
+    fx.run().await;
+    assert_eq!(
+        fx.claims(&ws, "compute").await,
+        strings(&["configmaps=Accepted", "secrets=Accepted"])
+    );
+    kcp_accepts(&fx, &ws).await;
+}
+
+/// `--max-items` ends a run part-way through the cycle; the CatalogEntry's cursor resumes it on
+/// the next run, on real workspaces.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
+    let fx = KcpFx::new("kt-budget").await;
+    let (path, export, _, _, _) = providers(&fx).await;
+    let entry = unique("compute");
+    fx.entry(&entry, &path, &export, vec![req("", "configmaps", None)])
+        .await;
+    let mut tenants = Vec::new();
+    for i in 0..5 {
+        tenants.push(fx.tenant(&format!("w{i}")).await);
+    }
+    // Open the five workspaces (core bindings only), bind them to the provider, and wait until
+    // kcp lists all five provider bindings in the core export's virtual workspace (a dry run
+    // plans a write for each).
+    fx.run().await;
+    for ws in &tenants {
+        fx.bind(ws, "compute", &path, &export).await;
+    }
+    within(60, "five bindings visible", || async {
+        let mut args = fx.args();
+        args.push("--dry-run".into());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, s, _) = support::kbind_async(&refs).await;
+        (s["planned"].to_string().matches("/compute").count() >= 5).then_some(())
+    })
+    .await;
+    let mut updated = Vec::new();
+    for _ in 0..5 {
+        let mut args = fx.args();
+        args.extend(["--max-items".to_string(), "2".to_string()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, s, stderr) = support::kbind_async(&refs).await;
+        assert_eq!(code, 0, "{s}\n{stderr}");
+        updated.push(s["data_writes"].as_i64().unwrap_or(-1));
+        let st = fx.catalog_entry(&entry).await.status.expect("status");
+        if s["outcome"] == "completed" {
+            assert_eq!(st.cursor, "");
+            assert_eq!((st.bindings_checked, st.bindings_updated), (5, 5));
+            break;
+        }
+        assert_eq!(s["outcome"], "partial", "{s}");
+        assert!(!st.cursor.is_empty(), "a cursor is recorded");
+    }
+    assert_eq!(updated, vec![2, 2, 1]);
+    for ws in &tenants {
+        assert_eq!(
+            fx.claims(ws, "compute").await,
+            strings(&["configmaps=Accepted"])
+        );
+    }
+}

@@ -234,7 +234,7 @@ impl KcpFx {
         )
         .await
         .unwrap_or_else(|e| panic!("create workspace {name} in {parent}: {e}"));
-        within(90, &format!("workspace {parent}:{name} Ready"), || async {
+        within(180, &format!("workspace {parent}:{name} Ready"), || async {
             let ws = api.get(&name).await.ok()?;
             (ws.data["status"]["phase"] == "Ready").then_some(())
         })
