@@ -784,3 +784,93 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
         );
     }
 }
+
+/// An org-owned provider whose requirement on another export's kind names no `provider`: the
+/// identity hash kcp gave that export makes it a composition all the same (consent needed), its
+/// own and built-in claims are Accepted as for a platform provider; a `--dry-run` first lists
+/// the writes and makes none.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn identity_not_the_provider_field_decides_and_a_dry_run_writes_nothing() {
+    let fx = KcpFx::new("kt-org").await;
+    let (path, export, _, _, storage_path) = providers(&fx).await;
+    let entry = unique("compute");
+    fx.entry_in_org(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.example.io", "volumes", None),
+        ],
+        Some("org-acme"),
+    )
+    .await;
+    let yes = fx.tenant("yes").await;
+    let no = fx.tenant("no").await;
+    for ws in [&yes, &no] {
+        fx.bind(ws, "compute", &path, &export).await;
+        fx.bind(ws, "storage", &storage_path, "storage.example.io")
+            .await;
+    }
+    let yes_cluster = fx.logical_cluster(&yes).await;
+    fx.grant(
+        &unique("g"),
+        &yes_cluster,
+        &entry,
+        &[("storage.example.io", "volumes")],
+    )
+    .await;
+
+    let mut args = fx.args();
+    args.push("--dry-run".into());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, s, stderr) = support::kbind_async(&refs).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["outcome"], "dry-run", "{s}");
+    assert!(
+        s["planned"].to_string().contains("/core"),
+        "the core bindings' writes are listed: {s}"
+    );
+    for ws in [&yes, &no] {
+        assert!(
+            fx.claims(ws, "core").await.is_empty(),
+            "dry run wrote nothing"
+        );
+        assert!(
+            fx.claims(ws, "compute").await.is_empty(),
+            "dry run wrote nothing"
+        );
+    }
+    assert!(fx.catalog_entry(&entry).await.status.is_none(), "no status");
+
+    let with = |volumes: &str| {
+        strings(&[
+            "configmaps=Accepted",
+            &format!("storage.example.io/volumes={volumes}"),
+        ])
+    };
+    for (ws, want) in [(&yes, with("Accepted")), (&no, with("Rejected"))] {
+        within(120, &format!("{ws} reconciled"), || async {
+            if fx.claims(ws, "compute").await == want {
+                return Some(());
+            }
+            fx.run().await;
+            None
+        })
+        .await;
+        kcp_accepts(&fx, ws).await;
+    }
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    let e = fx.catalog_entry(&entry).await;
+    assert_eq!(e.spec.org, "org-acme");
+    let ready = e
+        .status
+        .and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready");
+    assert_eq!(ready.status, "True", "{ready:?}");
+}

@@ -446,13 +446,28 @@ impl KcpFx {
             .unwrap_or_else(|| panic!("LogicalCluster of {ws} has no kcp.io/cluster"))
     }
 
-    /// CatalogEntry `name` in the hub for export `path:export`.
+    /// CatalogEntry `name` in the hub for export `path:export` (a platform provider).
     pub async fn entry(&self, name: &str, path: &str, export: &str, requires: Vec<Requirement>) {
+        self.entry_in_org(name, path, export, requires, None).await
+    }
+
+    /// [`KcpFx::entry`] owned by `org` (`spec.org`) when given.
+    pub async fn entry_in_org(
+        &self,
+        name: &str,
+        path: &str,
+        export: &str,
+        requires: Vec<Requirement>,
+        org: Option<&str>,
+    ) {
         let api: Api<kbind::api::providers::CatalogEntry> =
             Api::all(self.client(&self.hub_ws).await);
-        let body = json!({"apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
+        let mut body = json!({"apiVersion": "providers.kbind.io/v1alpha1", "kind": "CatalogEntry",
             "metadata": {"name": name},
             "spec": {"export": {"path": path, "name": export}, "requires": requires}});
+        if let Some(org) = org {
+            body["spec"]["org"] = json!(org);
+        }
         api.patch(
             name,
             &PatchParams::apply("kbind-tests").force(),
