@@ -76,12 +76,12 @@ start() { # NAME CMD...
   echo "$! $name" >> "$dir/pids"
 }
 
-wait_for() { # NAME SECONDS CMD...
+wait_for() { # NAME[:STEP] SECONDS CMD...   (the server's log is DIR/NAME.log)
   local name=$1 secs=$2; shift 2
   local deadline=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
     if [ $SECONDS -ge $deadline ]; then
-      log "$name not ready after ${secs}s; last log lines:"; tail -n 20 "$dir/$name.log" >&2; return 1
+      log "$name not ready after ${secs}s; last log lines:"; tail -n 20 "$dir/${name%%:*}.log" >&2; return 1
     fi
     sleep 0.5
   done
@@ -199,9 +199,9 @@ for cluster in consumer provider; do
 done
 if $with_kcp; then
   kcp_admin=$dir/kcp/admin.kubeconfig
-  wait_for kcp 180 sh -c "[ -f '$kcp_admin' ] && kubectl --kubeconfig '$kcp_admin' get --raw /readyz"
+  wait_for kcp:readyz 180 sh -c "[ -f '$kcp_admin' ] && kubectl --kubeconfig '$kcp_admin' get --raw /readyz"
   # The root workspace's types exist once the bootstrap is done; tests create workspaces at once.
-  wait_for kcp 60 kubectl --kubeconfig "$kcp_admin" get workspacetype universal
+  wait_for kcp:bootstrap 60 kubectl --kubeconfig "$kcp_admin" get workspacetype universal
   log "kcp ready $((SECONDS - kcp_start))s after its start"
   echo "export KBIND_TEST_KCP_KUBECONFIG=$kcp_admin" >> "$env_file"
 fi

@@ -10,7 +10,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::collections::BTreeSet;
-use support::claims_fx::{ClaimsFx, claim, held, req};
+use support::claims_fx::{ClaimsFx, claim, entry_condition, held, req};
 use support::{kbind, kbind_async, unique};
 
 fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -24,15 +24,6 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
 
 fn count(summary: &serde_json::Value, key: &str) -> i64 {
     summary["counts"][key].as_i64().unwrap_or(0)
-}
-
-fn condition(entry: &CatalogEntry, type_: &str) -> (String, String, String) {
-    let c = entry
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
-        .unwrap_or_else(|| panic!("no {type_} condition on {}", entry.name_any()));
-    (c.status, c.reason, c.message)
 }
 
 /// [`provider`] and a CatalogEntry for it with `requires`: (path, export, entry name).
@@ -133,13 +124,13 @@ async fn requirements_missing_on_the_export_are_reported_not_claimed() {
         missing,
         vec!["/serviceaccounts", "compute.io/instances/exec"]
     );
-    let (status, reason, message) = condition(&e, "ExportComplete");
+    let (status, reason, message) = entry_condition(&e, "ExportComplete");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "RequirementsMissingOnExport")
     );
     assert!(message.contains("compute.io/instances/exec"), "{message}");
-    assert_eq!(condition(&e, "Ready").0, "True");
+    assert_eq!(entry_condition(&e, "Ready").0, "True");
 }
 
 /// Spec 001: own requirements are Accepted "for platform and org-owned providers alike", and a
@@ -178,7 +169,7 @@ async fn own_requirements_are_accepted_for_platform_and_org_owned_providers_alik
             assert_eq!(fx.claims(&ws, binding).await, want, "{binding}, run {run}");
             let e = fx.catalog_entry(entry).await;
             assert_eq!(e.spec.org, org.unwrap_or_default(), "{binding}");
-            assert_eq!(condition(&e, "Ready").0, "True", "{binding}");
+            assert_eq!(entry_condition(&e, "Ready").0, "True", "{binding}");
         }
     }
 }
@@ -341,13 +332,13 @@ async fn a_composition_with_provider_omitted_and_a_foreign_identity_needs_consen
         "an acceptance by self-declaration is withdrawn until the workspace consents"
     );
     let e = fx.catalog_entry(&entry).await;
-    assert_eq!(condition(&e, "IdentityKnown").1, "IdentitiesRead");
-    let ready = condition(&e, "Ready");
+    assert_eq!(entry_condition(&e, "IdentityKnown").1, "IdentitiesRead");
+    let ready = entry_condition(&e, "Ready");
 
     let again = fx.run(&[]).await;
     assert_eq!(again["data_writes"], 0, "{again}");
     let e = fx.catalog_entry(&entry).await;
-    assert_eq!(condition(&e, "Ready").1, ready.1);
+    assert_eq!(entry_condition(&e, "Ready").1, ready.1);
 
     // The upgraded workspace consents: kbind's placeholder becomes Accepted, only there.
     fx.grant(&upgraded, &entry, &[("storage.io", "volumes")])
@@ -397,7 +388,8 @@ async fn an_unreadable_own_identity_fails_safe_and_says_so() {
             ("configmaps", "Accepted")
         ])
     );
-    let (status, reason, message) = condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
+    let (status, reason, message) =
+        entry_condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "ExportIdentityUnknown")
@@ -417,7 +409,7 @@ async fn an_unreadable_own_identity_fails_safe_and_says_so() {
             ("configmaps", "Accepted")
         ])
     );
-    let (status, reason, _) = condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
+    let (status, reason, _) = entry_condition(&fx.catalog_entry(&entry).await, "IdentityKnown");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("True", "IdentitiesRead")
@@ -460,21 +452,21 @@ async fn two_catalog_entries_on_one_export_the_oldest_wins() {
         "only the oldest entry's requirements reach the binding"
     );
     assert_eq!(count(&s, "duplicateEntries"), 1, "{s}");
-    let (status, reason, message) = condition(&fx.catalog_entry(&newer).await, "Ready");
+    let (status, reason, message) = entry_condition(&fx.catalog_entry(&newer).await, "Ready");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "DuplicateEntry")
     );
     assert!(message.contains(&older), "{message}");
     assert_eq!(
-        condition(&fx.catalog_entry(&older).await, "Ready").0,
+        entry_condition(&fx.catalog_entry(&older).await, "Ready").0,
         "True"
     );
 
     let again = fx.run(&[]).await;
     assert_eq!(again["data_writes"], 0, "{again}");
     assert_eq!(
-        condition(&fx.catalog_entry(&newer).await, "Ready").1,
+        entry_condition(&fx.catalog_entry(&newer).await, "Ready").1,
         "DuplicateEntry"
     );
 
@@ -489,7 +481,7 @@ async fn two_catalog_entries_on_one_export_the_oldest_wins() {
         pairs(&[("configmaps", "Accepted"), ("secrets", "Accepted")])
     );
     assert_eq!(
-        condition(&fx.catalog_entry(&newer).await, "Ready").0,
+        entry_condition(&fx.catalog_entry(&newer).await, "Ready").0,
         "True"
     );
 }
@@ -682,13 +674,13 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
         let st = e.status.clone().unwrap();
         if s["outcome"] == "completed" {
             assert_eq!(st.cursor, "");
-            assert_eq!(condition(&e, "Ready").1, "InStep");
+            assert_eq!(entry_condition(&e, "Ready").1, "InStep");
             assert_eq!((st.bindings_checked, st.bindings_updated), (5, 5));
             break;
         }
         assert_eq!(s["outcome"], "partial", "{s}");
         assert!(!st.cursor.is_empty());
-        assert_eq!(condition(&e, "Ready").1, "InProgress");
+        assert_eq!(entry_condition(&e, "Ready").1, "InProgress");
     }
     assert_eq!(updated, vec![2, 2, 1]);
     for ws in &workspaces {
@@ -820,7 +812,7 @@ async fn a_missing_export_is_a_condition_not_a_failure() {
     )
     .await;
     fx.run(&[]).await;
-    let (status, reason, message) = condition(&fx.catalog_entry(&entry).await, "Ready");
+    let (status, reason, message) = entry_condition(&fx.catalog_entry(&entry).await, "Ready");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "ExportNotFound")

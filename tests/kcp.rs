@@ -6,6 +6,7 @@ mod support;
 
 use kbind::api::kcp::PermissionClaim;
 use kbind::api::providers::Requirement;
+use support::claims_fx::entry_condition;
 use support::kcp_fx::{KcpFx, within};
 use support::unique;
 
@@ -35,8 +36,13 @@ fn strings(items: &[&str]) -> Vec<String> {
 
 /// kcp accepts what kbind wrote: both of its claims conditions True on the binding.
 async fn kcp_accepts(fx: &KcpFx, ws: &str) {
+    kcp_accepts_binding(fx, ws, "compute").await;
+}
+
+/// [`kcp_accepts`] for binding `name`.
+async fn kcp_accepts_binding(fx: &KcpFx, ws: &str, name: &str) {
     for type_ in ["PermissionClaimsValid", "PermissionClaimsApplied"] {
-        fx.kcp_says_true(ws, "compute", type_).await;
+        fx.kcp_says_true(ws, name, type_).await;
     }
 }
 
@@ -104,14 +110,7 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
     // binding it had not shown yet is written by the next run.
     let want = strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]);
     for ws in [&t1, &t2] {
-        within(120, &format!("{ws} reconciled"), || async {
-            if fx.claims(ws, "compute").await == want {
-                return Some(());
-            }
-            fx.run().await;
-            None
-        })
-        .await;
+        fx.reconciled(ws, "compute", &want).await;
         kcp_accepts(&fx, ws).await;
         let b = fx.binding(ws, "compute").await;
         let volumes = b
@@ -234,14 +233,8 @@ async fn a_core_export_no_workspace_has_bound_yet_is_not_an_error() {
     }
     let t1 = fx.tenant("t1").await;
     fx.bind(&t1, "compute", &prov, "compute.example.io").await;
-    within(120, "t1's binding reconciled", || async {
-        if fx.claims(&t1, "compute").await == strings(&["configmaps=Accepted"]) {
-            return Some(());
-        }
-        fx.run().await;
-        None
-    })
-    .await;
+    fx.reconciled(&t1, "compute", &strings(&["configmaps=Accepted"]))
+        .await;
     kcp_accepts(&fx, &t1).await;
 }
 
@@ -335,21 +328,15 @@ async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
         "secrets=Accepted",
         "storage.example.io/volumes=Accepted",
     ]);
-    within(120, "t1's binding reconciled", || async {
-        if fx.claims(&t1, "compute").await == want {
-            return Some(());
-        }
-        fx.run().await;
-        None
-    })
-    .await;
+    fx.reconciled(&t1, "compute", &want).await;
     kcp_accepts(&fx, &t1).await;
 }
 
 /// A WorkspaceType with `defaultAPIBindingLifecycle: Maintain` makes kcp rewrite its default
 /// bindings' claims itself (every claim of the export Accepted). kbind leaves those bindings to
 /// kcp instead of fighting it (no write, run after run) and says so on the CatalogEntry, naming
-/// the workspace; the same export's other bindings are reconciled as usual.
+/// the workspace; the same export's other bindings are reconciled as usual. Once the type is
+/// switched to `InitializeOnly`, kbind reconciles the binding and kcp leaves it be.
 #[tokio::test]
 #[cfg_attr(
     not(feature = "servers"),
@@ -401,16 +388,8 @@ async fn bindings_kcp_maintains_are_reported_not_fought() {
         "secrets=Accepted",
         "storage.example.io/volumes=Accepted",
     ]);
-    within(120, "the plain tenant reconciled", || async {
-        let done = fx.claims(&plain, "compute").await
-            == strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]);
-        if done {
-            return Some(());
-        }
-        fx.run().await;
-        None
-    })
-    .await;
+    let plain_want = strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]);
+    fx.reconciled(&plain, "compute", &plain_want).await;
     let mut writes = Vec::new();
     for _ in 0..3 {
         let s = fx.run().await;
@@ -424,23 +403,58 @@ async fn bindings_kcp_maintains_are_reported_not_fought() {
         "kbind does not fight kcp: writes per run"
     );
     let e = fx.catalog_entry(&entry).await;
-    let c = e
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "KcpMaintained"))
-        .cloned()
-        .expect("KcpMaintained condition");
-    assert_eq!(c.status, "True", "{c:?}");
-    assert_eq!(c.reason, "DefaultAPIBindingLifecycleMaintain", "{c:?}");
+    let c = entry_condition(&e, "KcpMaintained");
+    assert_eq!(
+        (c.0.as_str(), c.1.as_str()),
+        ("True", "DefaultAPIBindingLifecycleMaintain"),
+        "{c:?}"
+    );
     let cluster = fx.logical_cluster(&maintained).await;
     assert!(
-        c.message.contains(&cluster) && c.message.contains(&default_binding),
+        c.2.contains(&cluster) && c.2.contains(&default_binding),
         "names the workspace and binding: {c:?}"
     );
     assert_eq!(
         fx.claims(&plain, "compute").await,
         strings(&["configmaps=Accepted", "storage.example.io/volumes=Rejected"]),
         "the export's other bindings are still kbind's"
+    );
+
+    // The type switched to InitializeOnly: kcp lets go, kbind reconciles the binding from its
+    // next run (the composition Rejected without a Grant) and kcp no longer rewrites it.
+    fx.workspace_type(
+        "maintained",
+        &[
+            (storage_path.as_str(), "storage.example.io"),
+            (path.as_str(), export.as_str()),
+        ],
+        "InitializeOnly",
+    )
+    .await;
+    // kbind keeps the Accepted claims the export lists (secrets) and rejects the composition.
+    let reconciled = strings(&[
+        "configmaps=Accepted",
+        "secrets=Accepted",
+        "storage.example.io/volumes=Rejected",
+    ]);
+    fx.reconciled(&maintained, &default_binding, &reconciled)
+        .await;
+    kcp_accepts_binding(&fx, &maintained, &default_binding).await;
+    for _ in 0..3 {
+        let s = fx.run().await;
+        assert_eq!(s["data_writes"], 0, "{s}");
+        assert_eq!(
+            fx.claims(&maintained, &default_binding).await,
+            reconciled,
+            "kcp no longer rewrites the binding"
+        );
+    }
+    let e = fx.catalog_entry(&entry).await;
+    let c = entry_condition(&e, "KcpMaintained");
+    assert_eq!(
+        (c.0.as_str(), c.1.as_str()),
+        ("False", "NoneMaintained"),
+        "{c:?}"
     );
 }
 
@@ -558,6 +572,182 @@ async fn a_connection_to_a_kcp_workspace_pins_its_logical_cluster() {
     assert_eq!(cond(&bst.conditions, "Ready").0, "False");
 }
 
+/// `kbind issue` on a kcp workspace: the identity it issues reads the workspace's LogicalCluster
+/// (the one object it may get on `core.kcp.io`), so a consumer's `kbind schema` through the
+/// issued kubeconfig pins the LogicalCluster's UID; once the issuer pins the consumer from its
+/// heartbeat, an object syncs into the workspace, and further runs of all three write nothing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kbind::api::iam::Grant;
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use serde_json::json;
+    use support::issue_fx::{apply, widget};
+
+    let kcp = KcpFx::new("kt-iss").await;
+    let fx = support::fx::Fx::new("kt-iss").await;
+    let prov = kcp.workspace(&kcp.parent, "prov").await;
+    let admin = kcp.client(&prov).await;
+    support::kbind_crds(&admin).await;
+    let crd = fx.crd("widgets", "Namespaced", Some("true"), None);
+    support::apply_crds(&admin, std::slice::from_ref(&crd)).await;
+    let widgets = format!("widgets.{}", fx.group);
+    let ns = support::namespace(&admin, "grants").await;
+    let export = format!("{}-w", fx.label);
+    apply(
+        &admin,
+        "catalog.kbind.io",
+        "Export",
+        "exports",
+        &json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
+            "metadata": {"name": export},
+            "spec": {"description": "test", "apis": [{"name": widgets}], "permissions": []}}),
+    )
+    .await;
+    let grant = format!("{}-g", fx.label);
+    apply(
+        &admin,
+        "iam.kbind.io",
+        "Grant",
+        "grants",
+        &json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
+            "metadata": {"name": grant},
+            "spec": {"export": export, "consumer": "team", "tokenTTL": "1h"}}),
+    )
+    .await;
+    let admin_file = support::temp_file("kcp-admin", &kcp.kubeconfig_at(&prov));
+    let ca_file = support::temp_file("kcp-ca", &kcp.ca_pem());
+    let url = kcp.url(&prov);
+    let issue = || {
+        let args = [
+            "issue",
+            "--kubeconfig",
+            admin_file.to_str().expect("path"),
+            "--lease-namespace",
+            &ns,
+            "--grants-namespace",
+            &ns,
+            "--server-url",
+            &url,
+            "--server-ca-file",
+            ca_file.to_str().expect("path"),
+            "-o",
+            "json",
+        ];
+        let (code, s, err) = support::kbind(&args);
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    };
+    let s = issue();
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let g: Grant = Api::all(admin.clone()).get(&grant).await.expect("Grant");
+    let ready = g
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"));
+    assert_eq!(
+        ready.map(|c| c.reason.as_str()),
+        Some("Issued"),
+        "{:?}",
+        g.status
+    );
+
+    // The issued kubeconfig, handed to the consumer as docs/binding-flow.md says.
+    let issued = Api::<Secret>::namespaced(admin.clone(), &ns)
+        .get(&format!("kbind-grant-{grant}"))
+        .await
+        .expect("the issued Secret");
+    let kc = String::from_utf8(issued.data.expect("data")["kubeconfig"].0.clone())
+        .expect("kubeconfig text");
+    assert!(
+        kc.contains(&url),
+        "the issued kubeconfig names the workspace"
+    );
+    // `kbind bind` copies the Grant's name from the issued Secret (docs/binding-flow.md).
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": grant}},
+        "stringData": {"kubeconfig": kc}}))
+    .expect("Secret");
+    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .patch(
+            "issued",
+            &PatchParams::apply("kbind-tests").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .expect("the Connection's Secret");
+    let conn = fx
+        .connection("p", "issued", json!({"source": "CRD"}), false)
+        .await;
+    fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    let s = fx.run(&[]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let lc: DynamicObject = Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster"),
+            "logicalclusters",
+        ),
+    )
+    .get("cluster")
+    .await
+    .expect("the workspace's LogicalCluster");
+    let st = fx.conn(&conn).await.status.expect("Connection status");
+    assert_eq!(
+        st.remote_cluster_uid, lc.metadata.uid,
+        "the issued identity read the LogicalCluster and its UID is pinned: {:?}",
+        st.conditions
+    );
+    support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
+
+    // resync's heartbeat, then the issuer pins the consumer, then the object goes up.
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &fx.ns, &ar)
+        .patch(
+            "w1",
+            &PatchParams::apply("kbind-tests"),
+            &Patch::Apply(widget(&fx.group, "w1", None)),
+        )
+        .await
+        .expect("consumer widget");
+    fx.pass("resync", &[]);
+    issue();
+    let g: Grant = Api::all(admin.clone()).get(&grant).await.expect("Grant");
+    assert!(
+        g.status
+            .as_ref()
+            .and_then(|st| st.consumer_cluster.clone())
+            .is_some(),
+        "the issuer pinned the consumer: {:?}",
+        g.status
+    );
+    let copies: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &fx.ns, &ar);
+    within(60, "the widget in the workspace", || async {
+        fx.pass("resync", &[]);
+        copies.get_opt("w1").await.ok().flatten()
+    })
+    .await;
+    for _ in 0..2 {
+        for (pass, s) in [
+            ("schema", fx.run(&[])),
+            ("resync", fx.pass("resync", &[])),
+            ("issue", issue()),
+        ] {
+            assert_eq!(
+                s["data_writes"], 0,
+                "a further {pass} run writes nothing: {s}"
+            );
+        }
+    }
+}
+
 /// The merge rules kcp itself makes necessary: an `Accepted` claim the export does not list
 /// makes kcp report `PermissionClaimsValid=False` and kbind removes it; a tenant's `Rejected`
 /// stays; an existing claim keeps its selector (kcp refuses to change it) while its verbs follow
@@ -610,14 +800,11 @@ async fn stale_claims_go_and_a_tenants_rejection_and_selector_stay() {
     })
     .await;
 
-    within(120, "the binding reconciled", || async {
-        let now = fx.claims(&ws, "compute").await;
-        if now == strings(&["configmaps=Rejected", "secrets=Accepted"]) {
-            return Some(());
-        }
-        fx.run().await;
-        None
-    })
+    fx.reconciled(
+        &ws,
+        "compute",
+        &strings(&["configmaps=Rejected", "secrets=Accepted"]),
+    )
     .await;
     let b = fx.binding(&ws, "compute").await;
     let secrets = b
@@ -682,34 +869,20 @@ async fn catalog_entries_report_what_they_cannot_claim() {
     .await;
     let ws = fx.tenant("t").await;
     fx.bind(&ws, "compute", &path, &export).await;
-    within(120, "the binding reconciled", || async {
-        if fx.claims(&ws, "compute").await == strings(&["configmaps=Accepted"]) {
-            return Some(());
-        }
-        fx.run().await;
-        None
-    })
-    .await;
-    let cond = |e: &CatalogEntry, t: &str| {
-        let c = e
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t).cloned())
-            .unwrap_or_else(|| panic!("no {t} on {}", kube::ResourceExt::name_any(e)));
-        (c.status, c.reason, c.message)
-    };
+    fx.reconciled(&ws, "compute", &strings(&["configmaps=Accepted"]))
+        .await;
     let e = fx.catalog_entry(&older).await;
-    let (s, r, m) = cond(&e, "ExportComplete");
+    let (s, r, m) = entry_condition(&e, "ExportComplete");
     assert_eq!(
         (s.as_str(), r.as_str()),
         ("False", "RequirementsMissingOnExport")
     );
     assert!(m.contains("serviceaccounts"), "{m}");
-    assert_eq!(cond(&e, "Ready").0, "True");
-    let (s, r, m) = cond(&fx.catalog_entry(&newer).await, "Ready");
+    assert_eq!(entry_condition(&e, "Ready").0, "True");
+    let (s, r, m) = entry_condition(&fx.catalog_entry(&newer).await, "Ready");
     assert_eq!((s.as_str(), r.as_str()), ("False", "DuplicateEntry"));
     assert!(m.contains(&older), "{m}");
-    let (s, r, m) = cond(&fx.catalog_entry(&ghost).await, "Ready");
+    let (s, r, m) = entry_condition(&fx.catalog_entry(&ghost).await, "Ready");
     assert_eq!((s.as_str(), r.as_str()), ("False", "ExportNotFound"), "{m}");
     assert!(m.contains("ghost.example.io"), "{m}");
     let s = fx.run().await;
@@ -752,20 +925,13 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
         fx.bind(ws, "compute", &path, &export).await;
     }
     within(60, "five bindings visible", || async {
-        let mut args = fx.args();
-        args.push("--dry-run".into());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (_, s, _) = support::kbind_async(&refs).await;
+        let s = fx.run_with(&["--dry-run"]).await;
         (s["planned"].to_string().matches("/compute").count() >= 5).then_some(())
     })
     .await;
     let mut updated = Vec::new();
     for _ in 0..5 {
-        let mut args = fx.args();
-        args.extend(["--max-items".to_string(), "2".to_string()]);
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (code, s, stderr) = support::kbind_async(&refs).await;
-        assert_eq!(code, 0, "{s}\n{stderr}");
+        let s = fx.run_with(&["--max-items", "2"]).await;
         updated.push(s["data_writes"].as_i64().unwrap_or(-1));
         let st = fx.catalog_entry(&entry).await.status.expect("status");
         if s["outcome"] == "completed" {
@@ -825,11 +991,7 @@ async fn identity_not_the_provider_field_decides_and_a_dry_run_writes_nothing() 
     )
     .await;
 
-    let mut args = fx.args();
-    args.push("--dry-run".into());
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, s, stderr) = support::kbind_async(&refs).await;
-    assert_eq!(code, 0, "{s}\n{stderr}");
+    let s = fx.run_with(&["--dry-run"]).await;
     assert_eq!(s["outcome"], "dry-run", "{s}");
     assert!(
         s["planned"].to_string().contains("/core"),
@@ -854,23 +1016,13 @@ async fn identity_not_the_provider_field_decides_and_a_dry_run_writes_nothing() 
         ])
     };
     for (ws, want) in [(&yes, with("Accepted")), (&no, with("Rejected"))] {
-        within(120, &format!("{ws} reconciled"), || async {
-            if fx.claims(ws, "compute").await == want {
-                return Some(());
-            }
-            fx.run().await;
-            None
-        })
-        .await;
+        fx.reconciled(ws, "compute", &want).await;
         kcp_accepts(&fx, ws).await;
     }
     let s = fx.run().await;
     assert_eq!(s["data_writes"], 0, "{s}");
     let e = fx.catalog_entry(&entry).await;
     assert_eq!(e.spec.org, "org-acme");
-    let ready = e
-        .status
-        .and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"))
-        .expect("Ready");
-    assert_eq!(ready.status, "True", "{ready:?}");
+    let ready = entry_condition(&e, "Ready");
+    assert_eq!(ready.0, "True", "{ready:?}");
 }

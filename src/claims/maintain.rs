@@ -6,8 +6,8 @@
 //! maintains").
 //!
 //! Only bindings carrying kcp's generated default-binding name are looked at (one hash each), so
-//! the usual binding costs no request; a default binding costs one read of its workspace's
-//! LogicalCluster, and each WorkspaceType is read once per run.
+//! the usual binding costs no request; a workspace holding default bindings costs one read of
+//! its LogicalCluster, and each WorkspaceType is read once per run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -69,42 +69,65 @@ pub type Maintained = BTreeMap<String, Result<String, String>>;
 pub async fn find(hub: &Hub, bindings: &[&SlimBinding]) -> Maintained {
     let mut out = Maintained::new();
     let mut types = Types::default();
+    // A workspace's type, read once however many default bindings it holds.
+    let mut workspace_types: BTreeMap<String, Result<Option<String>, String>> = BTreeMap::new();
     for b in bindings {
         if b.name != default_binding_name(&b.cluster, &b.export.path, &b.export.name) {
             continue;
         }
-        match maintained_by(hub, b, &mut types).await {
+        let workspace_type = match workspace_types.get(&b.cluster) {
+            Some(read) => read.clone(),
+            None => {
+                let read = workspace_type(hub, &b.cluster)
+                    .await
+                    .map_err(|e| e.to_string());
+                workspace_types.insert(b.cluster.clone(), read.clone());
+                read
+            }
+        };
+        let verdict = match workspace_type {
+            Ok(Some(type_)) => maintained_by(hub, b, type_, &mut types).await,
+            other => other,
+        };
+        match verdict {
             Ok(Some(type_)) => {
                 out.insert(b.key(), Ok(type_));
             }
             Ok(None) => {}
             Err(e) => {
-                out.insert(b.key(), Err(e.to_string()));
+                out.insert(b.key(), Err(e));
             }
         }
     }
     out
 }
 
-/// The WorkspaceType that makes kcp maintain `b`, if any.
+/// The WorkspaceType of logical cluster `cluster` (`<path>:<name>`), from its LogicalCluster.
+async fn workspace_type(hub: &Hub, cluster: &str) -> Result<Option<String>, HubError> {
+    let what = format!("reading the LogicalCluster of workspace {cluster}");
+    let lc = hub
+        .get_in_workspace(cluster, LOGICAL_CLUSTERS, "cluster", &what)
+        .await?;
+    Ok(lc.and_then(|lc| {
+        lc["metadata"]["annotations"][TYPE_ANNOTATION]
+            .as_str()
+            .map(String::from)
+    }))
+}
+
+/// `type_` when that WorkspaceType (or one it extends) makes kcp maintain `b`.
 async fn maintained_by(
     hub: &Hub,
     b: &SlimBinding,
+    type_: String,
     types: &mut Types,
-) -> Result<Option<String>, HubError> {
-    let what = format!("reading the LogicalCluster of workspace {}", b.cluster);
-    let Some(lc) = hub
-        .get_in_workspace(&b.cluster, LOGICAL_CLUSTERS, "cluster", &what)
-        .await?
-    else {
-        return Ok(None);
-    };
-    let Some(type_) = lc["metadata"]["annotations"][TYPE_ANNOTATION].as_str() else {
-        return Ok(None);
-    };
-    let defaults = types.maintained_defaults(hub, type_).await?;
+) -> Result<Option<String>, String> {
+    let defaults = types
+        .maintained_defaults(hub, &type_)
+        .await
+        .map_err(|e| e.to_string())?;
     let export = (b.export.path.clone(), b.export.name.clone());
-    Ok(defaults.contains(&export).then(|| type_.to_string()))
+    Ok(defaults.contains(&export).then_some(type_))
 }
 
 /// WorkspaceTypes read this run: per type, the default bindings (path, export) kcp maintains in
@@ -126,7 +149,7 @@ impl Types {
     }
 }
 
-/// Walk `type_` and the types it extends (breadth first, each once, at most [`MAX_TYPES`]).
+/// Walk `type_` and the types it extends (depth first, each once, at most [`MAX_TYPES`]).
 async fn resolve(hub: &Hub, type_: &str) -> Result<BTreeSet<(String, String)>, HubError> {
     let mut out = BTreeSet::new();
     let mut seen = BTreeSet::new();

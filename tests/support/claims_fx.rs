@@ -42,6 +42,22 @@ mod tempdir {
     }
 }
 
+/// CatalogEntry `entry`'s condition `type_` as (status, reason, message); panics naming the
+/// entry when it has none.
+pub fn entry_condition(entry: &CatalogEntry, type_: &str) -> (String, String, String) {
+    let c = entry
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
+        .unwrap_or_else(|| {
+            panic!(
+                "no {type_} condition on {}",
+                kube::ResourceExt::name_any(entry)
+            )
+        });
+    (c.status, c.reason, c.message)
+}
+
 pub fn claim(gr: &str, verbs: &[&str], hash: &str) -> PermissionClaim {
     let (group, resource) = gr.split_once('/').unwrap_or(("", gr));
     PermissionClaim {

@@ -5,6 +5,7 @@
 //! decides identity hashes, workspace readiness and its `PermissionClaims*` conditions; the
 //! fixture only waits for them.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -194,6 +195,24 @@ impl KcpFx {
              contexts:\n- name: kcp\n  context: {{cluster: kcp, user: admin}}\ncurrent-context: kcp\n",
             self.base
         )
+    }
+
+    /// The URL of workspace `path`, as kcp serves it to clients.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/clusters/{path}", self.base)
+    }
+
+    /// kcp's serving CA (PEM), for flags that take a CA file.
+    pub fn ca_pem(&self) -> String {
+        let data = self
+            .admin
+            .clusters
+            .iter()
+            .find_map(|c| c.cluster.as_ref()?.certificate_authority_data.clone())
+            .expect("kcp's CA is inline");
+        let pem: k8s_openapi::ByteString =
+            serde_json::from_value(json!(data)).expect("base64 CA data");
+        String::from_utf8(pem.0).expect("PEM is text")
     }
 
     /// An admin client for workspace `path`.
@@ -412,15 +431,57 @@ impl KcpFx {
             .collect()
     }
 
-    /// Wait until kcp's own condition `type_` on the binding is True for the binding's current
-    /// generation; returns the binding.
+    /// Wait until kcp's own condition `type_` on the binding is True *for the claims the binding
+    /// holds now*; returns the binding. kcp's conditions carry no observed generation, so a True
+    /// could be left from before kbind's write: kcp sets both claims conditions in the pass that
+    /// writes `status.appliedPermissionClaims`, so the verdict is current once that list is the
+    /// spec's `Accepted` claims (kcp applies exactly those when they are valid).
     pub async fn kcp_says_true(&self, ws: &str, name: &str, type_: &str) -> APIBinding {
-        let api: Api<APIBinding> = Api::all(self.client(ws).await);
-        within(60, &format!("{ws}/{name} {type_}=True"), || async {
-            let b = api.get(name).await.ok()?;
-            let status = b.status.as_ref()?;
-            let c = status.conditions.iter().find(|c| c.type_ == type_)?;
-            (c.status == "True").then_some(b.clone())
+        let client = self.client(ws).await;
+        let typed: Api<APIBinding> = Api::all(client.clone());
+        let raw: Api<DynamicObject> = Api::all_with(client, &apibindings());
+        within(
+            60,
+            &format!("{ws}/{name} {type_}=True for its current claims"),
+            || async {
+                let b = raw.get(name).await.ok()?;
+                let accepted: BTreeSet<String> = b.data["spec"]["permissionClaims"]
+                    .as_array()?
+                    .iter()
+                    .filter(|c| c["state"] == "Accepted")
+                    .map(|c| {
+                        let mut c = c.clone();
+                        c.as_object_mut()?.remove("state");
+                        Some(c.to_string())
+                    })
+                    .collect::<Option<_>>()?;
+                let applied: BTreeSet<String> = b.data["status"]["appliedPermissionClaims"]
+                    .as_array()
+                    .map(|a| a.iter().map(Value::to_string).collect())
+                    .unwrap_or_default();
+                let verdict = b.data["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == type_ && c["status"] == "True");
+                if !(verdict && accepted == applied) {
+                    return None;
+                }
+                typed.get(name).await.ok()
+            },
+        )
+        .await
+    }
+
+    /// Run `kbind claims` until binding `ws/name` holds `want` (as [`KcpFx::claims`] renders
+    /// them), within 120 s: kcp shows an opened workspace's bindings in the virtual workspace
+    /// asynchronously, so a binding it had not shown yet is written by a later run.
+    pub async fn reconciled(&self, ws: &str, name: &str, want: &[String]) {
+        within(120, &format!("{ws}/{name} holds {want:?}"), || async {
+            if self.claims(ws, name).await == *want {
+                return Some(());
+            }
+            self.run().await;
+            None
         })
         .await
     }
@@ -517,7 +578,7 @@ impl KcpFx {
     }
 
     /// `kbind claims` for this fixture's hub: the core export configured, Grants in [`NS`].
-    pub fn args(&self) -> Vec<String> {
+    fn args(&self) -> Vec<String> {
         [
             "claims",
             "--kubeconfig",
@@ -541,8 +602,14 @@ impl KcpFx {
 
     /// One pass; it must exit 0. Returns its summary.
     pub async fn run(&self) -> Value {
+        self.run_with(&[]).await
+    }
+
+    /// [`KcpFx::run`] with `extra` flags (`--dry-run`, `--max-items N`).
+    pub async fn run_with(&self, extra: &[&str]) -> Value {
         let args = self.args();
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        refs.extend_from_slice(extra);
         let (code, summary, stderr) = kbind_async(&refs).await;
         assert_eq!(code, 0, "kbind claims failed: {summary}\n{stderr}");
         summary
