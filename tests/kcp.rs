@@ -748,6 +748,126 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
     }
 }
 
+/// A provider that withdraws every export (here its kcp workspace: a provider whose exports
+/// this test alone controls) never causes the deletion of consumer objects: autoBind keeps its
+/// ClusterBinding, and so the consumer CRD and its objects, while that CRD holds objects, says
+/// so on the Connection (`AutoBind=False ExportsWithdrawn`, naming the CRD) and in a Warning
+/// Event, run after run writing 0; once a person deletes the objects, the binding goes as the
+/// spec says, and its teardown takes the CRD kbind created.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kbind::api::core::ClusterBinding;
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    use serde_json::json;
+    use support::fx::{Fx, cond};
+
+    let kcp = KcpFx::new("kt-wd").await;
+    let fx = Fx::new("kt-wd").await;
+    let prov = kcp.workspace(&kcp.parent, "prov").await;
+    let crd = fx.crd("widgets", "Namespaced", Some("true"), None);
+    support::apply_crds(&kcp.client(&prov).await, std::slice::from_ref(&crd)).await;
+    let widgets = format!("widgets.{}", fx.group);
+    fx.secret("provider", "kubeconfig", &kcp.kubeconfig_at(&prov))
+        .await;
+    let conn = fx
+        .connection(
+            "p",
+            "provider",
+            json!({"source": "CRD", "pullPolicy": "All"}),
+            true,
+        )
+        .await;
+    fx.run(&[]);
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    cbs.get(&conn).await.expect("the autoBind ClusterBinding");
+    // resync runs with this fixture's label selector on bindings; autoBind's binding carries
+    // no labels of its own, so it is labelled here as a user sharding by label would.
+    cbs.patch(
+        &conn,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"labels": {"kbind-test": fx.label}}})),
+    )
+    .await
+    .expect("label the autoBind ClusterBinding");
+    let consumer_crds = Api::<CustomResourceDefinition>::all(fx.consumer.clone());
+    support::wait_established(&consumer_crds, &widgets).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let objects: Api<DynamicObject> = Api::namespaced_with(fx.consumer.clone(), &fx.ns, &ar);
+    let mut w = DynamicObject::new("w1", &ar).data(json!({"spec": {"size": 3}}));
+    w.metadata.namespace = Some(fx.ns.clone());
+    objects
+        .create(&PostParams::default(), &w)
+        .await
+        .expect("a consumer object");
+
+    // The provider withdraws its only export.
+    let provider_crds = Api::<CustomResourceDefinition>::all(kcp.client(&prov).await);
+    provider_crds
+        .delete(&widgets, &Default::default())
+        .await
+        .expect("delete the provider CRD");
+    within(60, "the provider CRD gone", || async {
+        provider_crds
+            .get_opt(&widgets)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let mut writes = Vec::new();
+    for _ in 0..4 {
+        writes.push(fx.run(&[])["data_writes"].as_i64().unwrap_or(-1));
+        let cb = cbs.get(&conn).await.expect("the ClusterBinding stays");
+        assert!(cb.metadata.deletion_timestamp.is_none(), "not deleted");
+        assert!(
+            objects.get_opt("w1").await.expect("read").is_some(),
+            "object kept"
+        );
+        let st = fx.conn(&conn).await.status.expect("status");
+        let (s, r, m) = cond(&st.conditions, "AutoBind");
+        assert_eq!((s, r), ("False", "ExportsWithdrawn"), "{m}");
+        assert!(m.contains(&widgets), "names the CRD holding objects: {m}");
+    }
+    assert_eq!(writes, vec![0, 0, 0, 0], "nothing written while withdrawn");
+    let events = Api::<Event>::namespaced(fx.consumer.clone(), "default")
+        .list(&Default::default())
+        .await
+        .expect("Events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ExportsWithdrawn")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(conn.as_str())),
+        "a Warning Event on the Connection"
+    );
+
+    // A person deletes the objects: the binding goes, and its teardown takes the CRD.
+    objects
+        .delete("w1", &Default::default())
+        .await
+        .expect("delete w1");
+    within(90, "the binding and the consumer CRD gone", || async {
+        fx.run(&[]);
+        fx.pass("resync", &[]);
+        let cb = cbs.get_opt(&conn).await.ok()?;
+        let crd = consumer_crds.get_opt(&widgets).await.ok()?;
+        (cb.is_none() && crd.is_none()).then_some(())
+    })
+    .await;
+}
+
 /// The merge rules kcp itself makes necessary: an `Accepted` claim the export does not list
 /// makes kcp report `PermissionClaimsValid=False` and kbind removes it; a tenant's `Rejected`
 /// stays; an existing claim keeps its selector (kcp refuses to change it) while its verbs follow

@@ -25,6 +25,7 @@ use crate::api::core::Connection;
 use crate::api::keys;
 use crate::connection::CredentialPolicy;
 use crate::discovery::crdpull;
+use crate::pass::events::EventType;
 use crate::pass::finalizer;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
@@ -231,11 +232,17 @@ async fn reconcile(
         discovery: None,
         bindings: &world.views,
         consumer_crds: &world.crds,
+        holding: Default::default(),
     };
     if let (Ok(p), Some(Ok(_))) = (&reached.provider, &observed.remote_uid)
         && !observed.identity_changed()
     {
         observed.discovery = Some(memo.discover(p, conn.spec.schema.source).await);
+    }
+    if let Some(b) = autobind_binding(world, conn).filter(|_| conn.spec.auto_bind)
+        && observed.exports().is_some_and(|d| d.exports.is_empty())
+    {
+        observed.holding = observe::holding(&world.client, &world.crds, &b.view.apis).await;
     }
 
     // Plan and apply the consumer CRD writes (the bindings they serve hold the cleanup
@@ -257,6 +264,16 @@ async fn reconcile(
     }
     let (autobind, autobind_uid) = autobind_view(world, conn);
     let plan = plan::plan_status(&observed, &actions, &outcomes, autobind, Timestamp::now());
+    if let Some(note) = plan::exports_withdrawn(&plan.connection) {
+        ctx.recorder
+            .publish(
+                &kube::Resource::object_ref(conn, &()),
+                EventType::Warning,
+                plan::EXPORTS_WITHDRAWN,
+                note,
+            )
+            .await;
+    }
     let after = plan::crds_after(&observed, &actions, &outcomes);
     drop(observed);
     world.crds = after;
@@ -273,8 +290,7 @@ fn autobind_view<'w>(
         .bindings
         .iter()
         .find(|b| b.view.key.namespace.is_none() && b.view.key.name == name);
-    let autobind_ours =
-        autobind_cb.is_some_and(|b| b.owner_uids.contains(&conn.uid().unwrap_or_default()));
+    let autobind_ours = autobind_binding(world, conn).is_some();
     let view = match (conn.spec.auto_bind, autobind_cb) {
         (false, _) => plan::AutoBindView::Off,
         (true, Some(_)) if !autobind_ours => {
@@ -285,6 +301,15 @@ fn autobind_view<'w>(
     };
     let uid = autobind_cb.filter(|_| autobind_ours).map(|b| b.uid.clone());
     (view, uid)
+}
+
+/// The ClusterBinding named after the Connection, when the Connection owns it.
+fn autobind_binding<'w>(world: &'w World, conn: &Connection) -> Option<&'w BindingObj> {
+    let name = conn.name_any();
+    let uid = conn.uid().unwrap_or_default();
+    world.bindings.iter().find(|b| {
+        b.view.key.namespace.is_none() && b.view.key.name == name && b.owner_uids.contains(&uid)
+    })
 }
 
 #[cfg(test)]

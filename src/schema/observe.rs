@@ -9,7 +9,7 @@ use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client, Resource};
 
 use super::memo::Providers;
-use super::plan::{BindingView, CrdMeta};
+use super::plan::{BindingView, CrdMeta, Holding};
 use super::{BindingObj, World};
 use crate::api::core::Connection;
 use crate::api::core::SecretKeyRef;
@@ -216,4 +216,54 @@ impl World {
         }
         (secret, Some(outcome))
     }
+}
+
+/// The consumer CRDs among `apis` that still hold objects (docs/schema.md "autoBind"), read
+/// only once a provider exports nothing: discovery of the CRD's group, then one LIST of at most
+/// one object's metadata. A CRD whose objects cannot be read is kept too: when unsure, nothing
+/// is deleted.
+pub(super) async fn holding(
+    client: &Client,
+    crds: &std::collections::BTreeMap<String, CrdMeta>,
+    apis: &[String],
+) -> std::collections::BTreeMap<String, Holding> {
+    let mut out = std::collections::BTreeMap::new();
+    for api in apis.iter().filter(|a| crds.contains_key(*a)) {
+        match has_objects(client, api).await {
+            Ok(false) => {}
+            Ok(true) => {
+                out.insert(api.clone(), Holding::Objects);
+            }
+            Err(e) => {
+                let e = crate::scrub::scrub(&e.to_string());
+                tracing::warn!(crd = %api, error = %e, "objects of a withdrawn export unreadable; the CRD is kept");
+                out.insert(api.clone(), Holding::Unreadable(e));
+            }
+        }
+    }
+    out
+}
+
+async fn has_objects(client: &Client, crd: &str) -> Result<bool, kube::Error> {
+    // A CRD's name is `<plural>.<group>`; discovery (open to every identity) gives the version
+    // served, so the pass needs no read of the CRD itself.
+    let Some((plural, group)) = crd.split_once('.') else {
+        return Ok(false);
+    };
+    let found = match kube::discovery::group(client, group).await {
+        Ok(g) => g,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let Some((ar, _)) = found
+        .recommended_resources()
+        .into_iter()
+        .find(|(ar, _)| ar.plural == plural)
+    else {
+        return Ok(false);
+    };
+    let some = Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar)
+        .list_metadata(&ListParams::default().limit(1))
+        .await?;
+    Ok(!some.items.is_empty())
 }

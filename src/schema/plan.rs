@@ -60,6 +60,19 @@ pub struct Observed<'a> {
     /// Every binding in the cluster (the resolver needs the ones of other Connections too).
     pub bindings: &'a [BindingView],
     pub consumer_crds: &'a BTreeMap<String, CrdMeta>,
+    /// Consumer CRDs of the autoBind ClusterBinding that still hold objects (or whose objects
+    /// could not be read), read only once the provider exports nothing: a provider withdrawing
+    /// its exports never causes the deletion of consumer objects (docs/schema.md "autoBind").
+    pub holding: BTreeMap<String, Holding>,
+}
+
+/// Why a consumer CRD of a withdrawn autoBind binding is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// It holds objects.
+    Objects,
+    /// Its objects could not be listed (the reason): kept, as when unsure nothing is deleted.
+    Unreadable(String),
 }
 
 /// One consumer CRD write.
@@ -111,7 +124,8 @@ impl Observed<'_> {
         remote || local
     }
 
-    fn exports(&self) -> Option<&Discovered> {
+    /// What discovery found, when it ran on a connected provider.
+    pub fn exports(&self) -> Option<&Discovered> {
         match &self.discovery {
             Some(Ok(d)) if self.connected_uid().is_some() => Some(d),
             _ => None,
@@ -259,7 +273,9 @@ pub fn crds_after(
 mod binding;
 mod status;
 pub use binding::{SchemaOwned, schema_owned};
-pub use status::{AutoBind, AutoBindView, StatusPlan, plan_status};
+pub use status::{
+    AutoBind, AutoBindView, EXPORTS_WITHDRAWN, StatusPlan, exports_withdrawn, plan_status,
+};
 
 #[cfg(test)]
 mod tests;

@@ -370,12 +370,54 @@ fn autobind_condition(
             g,
             now,
         ),
+        AutoBindView::Maintained(Some(_))
+            if o.exports().is_some_and(|d| d.exports.is_empty()) && !o.holding.is_empty() =>
+        {
+            st.conditions.set_condition(
+                AUTO_BIND,
+                S::False,
+                EXPORTS_WITHDRAWN,
+                &withdrawn_message(o),
+                g,
+                now,
+            )
+        }
         AutoBindView::Maintained(_) => {
             st.conditions
                 .set_condition(AUTO_BIND, S::True, "Maintained", "", g, now)
         }
         AutoBindView::Off => st.conditions.remove_condition(AUTO_BIND),
     };
+}
+
+/// The reason of `AutoBind=False` while the provider exports nothing and consumer CRDs of the
+/// autoBind ClusterBinding hold objects; [`exports_withdrawn`] reads it back for the Event.
+pub const EXPORTS_WITHDRAWN: &str = "ExportsWithdrawn";
+
+fn withdrawn_message(o: &Observed) -> String {
+    let why: Vec<String> = o
+        .holding
+        .iter()
+        .map(|(crd, h)| match h {
+            Holding::Objects => format!("{crd} holds objects"),
+            Holding::Unreadable(e) => format!(
+                "{crd}: its objects could not be listed ({e}; kbind schema needs list on them to see they are gone)"
+            ),
+        })
+        .collect();
+    format!(
+        "the provider exports nothing any more; ClusterBinding {} and its consumer CRDs stay: {}. Delete those objects (or the ClusterBinding, which deletes them) to let autoBind remove it",
+        o.name,
+        why.join("; ")
+    )
+}
+
+/// The message of an `ExportsWithdrawn` AutoBind condition in `st`, if it carries one.
+pub fn exports_withdrawn(st: &ConnectionStatus) -> Option<&str> {
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == AUTO_BIND && c.reason == EXPORTS_WITHDRAWN)
+        .map(|c| c.message.as_str())
 }
 
 fn names_where(
@@ -407,8 +449,14 @@ fn plan_autobind(
         return AutoBind::Leave;
     }
     if d.exports.is_empty() {
-        // Two consecutive successful, empty discoveries before deleting (contract).
-        return if existing.is_some() && st.empty_discoveries.unwrap_or(0) >= 2 {
+        // Two consecutive successful, empty discoveries before deleting (contract), and never
+        // while a consumer CRD of the binding holds objects: the binding's teardown would
+        // delete them, and a provider must not be able to cause that (autobind_condition says
+        // so instead).
+        return if existing.is_some()
+            && st.empty_discoveries.unwrap_or(0) >= 2
+            && o.holding.is_empty()
+        {
             AutoBind::Delete
         } else {
             AutoBind::Leave

@@ -58,6 +58,8 @@ struct Case {
     remote: Option<Result<String, IdentityError>>,
     /// Discovery failed this way instead of finding `exports`.
     discovery_error: Option<DiscoveryError>,
+    /// Consumer CRDs of the autoBind binding found holding objects.
+    holding: BTreeMap<String, Holding>,
 }
 
 impl Default for Case {
@@ -74,6 +76,7 @@ impl Default for Case {
             status: ConnectionStatus::default(),
             remote: Some(Ok("remote".into())),
             discovery_error: None,
+            holding: BTreeMap::new(),
         }
     }
 }
@@ -99,6 +102,7 @@ impl Case {
             }),
             bindings: &self.bindings,
             consumer_crds: &self.crds,
+            holding: self.holding.clone(),
         }
     }
     fn actions(&self) -> Vec<String> {

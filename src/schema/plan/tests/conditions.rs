@@ -416,6 +416,69 @@ fn auto_bind_needs_two_empty_discoveries_to_delete() {
     );
     assert_eq!(second.autobind, AutoBind::Delete);
 
+    // A consumer CRD of the binding still holds objects: the provider withdrawing its exports
+    // does not delete them; the Connection names the CRDs, run after run, until they are empty.
+    let mut held = Case {
+        exports: vec![],
+        holding: [("a.x.io".to_string(), Holding::Objects)].into(),
+        ..Default::default()
+    };
+    for run in 0..3 {
+        let p = plan_status(
+            &held.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(Some(&existing)),
+            now(),
+        );
+        assert_eq!(p.autobind, AutoBind::Leave, "run {run}");
+        let c = p
+            .connection
+            .conditions
+            .iter()
+            .find(|c| c.type_ == AUTO_BIND);
+        let c = c.expect("AutoBind condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", EXPORTS_WITHDRAWN)
+        );
+        assert!(c.message.contains("a.x.io"), "{}", c.message);
+        assert_eq!(exports_withdrawn(&p.connection), Some(c.message.as_str()));
+        held.status = p.connection;
+    }
+    held.holding = [(
+        "a.x.io".to_string(),
+        Holding::Unreadable("forbidden".into()),
+    )]
+    .into();
+    let unsure = plan_status(
+        &held.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(Some(&existing)),
+        now(),
+    );
+    assert_eq!(unsure.autobind, AutoBind::Leave, "unreadable: kept");
+    let m = exports_withdrawn(&unsure.connection).expect("ExportsWithdrawn");
+    assert!(m.contains("could not be listed (forbidden"), "{m}");
+    held.holding.clear();
+    let emptied = plan_status(
+        &held.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(Some(&existing)),
+        now(),
+    );
+    assert_eq!(
+        emptied.autobind,
+        AutoBind::Delete,
+        "emptied by a person: deleted"
+    );
+    assert_eq!(
+        reason(&emptied.connection.conditions, AUTO_BIND),
+        "True/Maintained"
+    );
+
     let case = Case::default();
     assert_eq!(
         plan_status(
