@@ -30,6 +30,7 @@ pub struct ObservedBinding {
     pub uid: String,
     pub finalizers: Vec<String>,
     pub owner_uids: Vec<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 fn observed<K: Resource>(
@@ -55,6 +56,7 @@ fn observed<K: Resource>(
         deleting: m.deletion_timestamp.is_some(),
         uid: m.uid.clone().unwrap_or_default(),
         finalizers: m.finalizers.clone().unwrap_or_default(),
+        labels: m.labels.clone().unwrap_or_default(),
         owner_uids: m
             .owner_references
             .iter()

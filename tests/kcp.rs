@@ -785,16 +785,14 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
         .await;
     fx.run(&[]);
     let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
-    cbs.get(&conn).await.expect("the autoBind ClusterBinding");
-    // resync runs with this fixture's label selector on bindings; autoBind's binding carries
-    // no labels of its own, so it is labelled here as a user sharding by label would.
-    cbs.patch(
-        &conn,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"metadata": {"labels": {"kbind-test": fx.label}}})),
-    )
-    .await
-    .expect("label the autoBind ClusterBinding");
+    let cb = cbs.get(&conn).await.expect("the autoBind ClusterBinding");
+    // It carries the Connection's labels: resync's selector (this fixture's label) picks it.
+    assert_eq!(
+        cb.metadata.labels.unwrap_or_default().get("kbind-test"),
+        Some(&fx.label)
+    );
+    let s = fx.run(&[]);
+    assert_eq!(s["data_writes"], 0, "a second run writes nothing: {s}");
     let consumer_crds = Api::<CustomResourceDefinition>::all(fx.consumer.clone());
     support::wait_established(&consumer_crds, &widgets).await;
     let ar = ApiResource::from_gvk_with_plural(

@@ -494,6 +494,11 @@ async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
     let apis: Vec<String> = ab.spec.apis.iter().map(|a| a.name.clone()).collect();
     assert!(apis.contains(&widgets) && apis.contains(&gadgets));
     assert_eq!(ab.owner_references()[0].name, conn);
+    assert_eq!(
+        ab.labels().get("kbind-test"),
+        Some(&fx.label),
+        "the Connection's labels, so a selector picking it picks its binding"
+    );
 
     // autoBind off: the binding is left alone.
     Api::<Connection>::all(fx.consumer.clone())

@@ -427,7 +427,7 @@ async fn apply_autobind(
             }
             let body = json!({
                 "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
-                "metadata": {"name": name, "ownerReferences": [{
+                "metadata": {"name": name, "labels": conn.labels(), "ownerReferences": [{
                     "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection", "name": name,
                     "uid": conn.uid(), "controller": true, "blockOwnerDeletion": true}]},
                 "spec": {"connectionRef": {"name": name}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()},

@@ -222,6 +222,7 @@ async fn reconcile(
     let status = conn.status.clone().unwrap_or_default();
     let mut observed = Observed {
         name: &name,
+        labels: conn.labels(),
         generation: conn.meta().generation,
         policy: &conn.spec.schema,
         status: &status,

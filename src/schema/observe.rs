@@ -92,6 +92,7 @@ impl From<crate::bindings::ObservedBinding> for BindingObj {
                 generation: b.generation,
                 status: b.status,
                 deleting: b.deleting,
+                labels: b.labels,
             },
             uid: b.uid,
             finalizers: b.finalizers,

@@ -38,6 +38,7 @@ pub struct BindingView {
     pub generation: Option<i64>,
     pub status: BindingStatus,
     pub deleting: bool,
+    pub labels: BTreeMap<String, String>,
 }
 
 pub use crate::discovery::{Discovered, DiscoveryError};
@@ -46,6 +47,9 @@ pub use crate::discovery::{Discovered, DiscoveryError};
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
     pub name: &'a str,
+    /// The Connection's labels: autoBind's ClusterBinding carries them, so a `--selector` that
+    /// picks the Connection picks its binding too (in `kbind resync` as well).
+    pub labels: &'a BTreeMap<String, String>,
     pub generation: Option<i64>,
     pub policy: &'a crate::api::core::SchemaPolicy,
     pub status: &'a ConnectionStatus,

@@ -463,8 +463,11 @@ fn plan_autobind(
         };
     }
     let apis: Vec<String> = d.exports.iter().map(|e| e.api.name.clone()).collect();
+    // Labels someone else added to the binding stay (they are not kbind's fields): only the
+    // Connection's own must be there with its values.
+    let labelled = |b: &BindingView| o.labels.iter().all(|(k, v)| b.labels.get(k) == Some(v));
     match existing {
-        Some(b) if b.apis == apis && b.connection == o.name => AutoBind::Leave,
+        Some(b) if b.apis == apis && b.connection == o.name && labelled(b) => AutoBind::Leave,
         _ => AutoBind::Apply(apis),
     }
 }

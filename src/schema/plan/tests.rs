@@ -60,6 +60,8 @@ struct Case {
     discovery_error: Option<DiscoveryError>,
     /// Consumer CRDs of the autoBind binding found holding objects.
     holding: BTreeMap<String, Holding>,
+    /// The Connection's labels.
+    labels: BTreeMap<String, String>,
 }
 
 impl Default for Case {
@@ -77,6 +79,7 @@ impl Default for Case {
             remote: Some(Ok("remote".into())),
             discovery_error: None,
             holding: BTreeMap::new(),
+            labels: BTreeMap::new(),
         }
     }
 }
@@ -85,6 +88,7 @@ impl Case {
     fn observed(&self) -> Observed<'_> {
         Observed {
             name: "c",
+            labels: &self.labels,
             generation: Some(1),
             policy: &self.policy,
             status: &self.status,

@@ -508,6 +508,34 @@ fn auto_bind_needs_two_empty_discoveries_to_delete() {
         AutoBind::Leave,
         "autoBind off leaves it"
     );
+    // The Connection's labels go onto the binding (a selector picking the Connection picks
+    // it); labels someone else added stay without a write.
+    let labelled = Case {
+        labels: [("team".to_string(), "a".to_string())].into(),
+        ..Default::default()
+    };
+    let verdict = |b: &BindingView| {
+        plan_status(
+            &labelled.observed(),
+            &[],
+            &[],
+            AutoBindView::Maintained(Some(b)),
+            now(),
+        )
+        .autobind
+    };
+    assert_eq!(
+        verdict(&same),
+        AutoBind::Apply(vec!["a.x.io".into(), "b.x.io".into()]),
+        "the label is missing"
+    );
+    let mut both = same.clone();
+    both.labels = [("team", "a"), ("owner", "x")]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+    assert_eq!(verdict(&both), AutoBind::Leave);
+    both.labels.insert("team".into(), "b".into());
+    assert_ne!(verdict(&both), AutoBind::Leave, "another value");
     // A non-empty discovery resets the count.
     let reset = Case {
         status: ConnectionStatus {
