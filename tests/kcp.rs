@@ -7,7 +7,7 @@ mod support;
 use kbind::api::kcp::PermissionClaim;
 use kbind::api::providers::Requirement;
 use support::claims_fx::entry_condition;
-use support::kcp_fx::{KcpFx, within};
+use support::kcp_fx::{CORE_BINDING, KcpFx, within};
 use support::unique;
 
 fn claim(group: &str, resource: &str, verbs: &[&str], identity_hash: &str) -> PermissionClaim {
@@ -120,6 +120,13 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
             .find(|c| c.resource == "volumes")
             .expect("volumes claim");
         assert_eq!(volumes.identity_hash, storage, "kcp's identity hash copied");
+        assert_eq!(volumes.verbs, ["get", "list"], "the export's verbs copied");
+        assert_eq!(
+            fx.claims(ws, CORE_BINDING).await,
+            strings(&["apis.kcp.io/apibindings=Accepted"]),
+            "the core binding accepted the core export's claims"
+        );
+        kcp_accepts_binding(&fx, ws, CORE_BINDING).await;
     }
     assert!(
         fx.claims(&t3, "compute").await.is_empty(),
@@ -144,7 +151,15 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
     .expect("tenant rejects secrets");
     requires.push(req("", "secrets", None));
     fx.entry(&entry, &path, &export, requires).await;
-    fx.run().await;
+    let s = fx.run().await;
+    assert_eq!(
+        s["data_writes"], 1,
+        "t1 only: t2's Rejected stays as it is: {s}"
+    );
+    let st = fx.catalog_entry(&entry).await.status.expect("status");
+    assert_eq!((st.bindings_checked, st.bindings_updated), (2, 1));
+    assert_eq!(st.cursor, "");
+    assert!(!st.requirements_hash.is_empty());
     assert_eq!(
         fx.claims(&t1, "compute").await,
         strings(&[
@@ -160,9 +175,24 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
     ]);
     assert_eq!(fx.claims(&t2, "compute").await, t2_claims);
 
+    // Consent given to another provider is no consent to this one.
+    let t1_cluster = fx.logical_cluster(&t1).await;
+    fx.grant(
+        &unique("t1-other"),
+        &t1_cluster,
+        &unique("other-provider"),
+        &[("storage.example.io", "volumes")],
+    )
+    .await;
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(
+        s["counts"]["bindingsChecked"], 4,
+        "t1's and t2's compute and storage bindings, none of t3: {s}"
+    );
+
     // t1 consents to the composition: Accepted there only; revoked: Rejected again.
     let grant = unique("t1-compute");
-    let t1_cluster = fx.logical_cluster(&t1).await;
     fx.grant(
         &grant,
         &t1_cluster,
@@ -170,7 +200,8 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
         &[("storage.example.io", "volumes")],
     )
     .await;
-    fx.run().await;
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 1, "t1's binding only: {s}");
     let consented = strings(&[
         "configmaps=Accepted",
         "storage.example.io/volumes=Accepted",
@@ -899,6 +930,7 @@ async fn stale_claims_go_and_a_tenants_rejection_and_selector_stay() {
         held("", "configmaps", &["get", "list"], "", "Rejected", all.clone()),
         held("", "secrets", &["get", "delete"], "", "Accepted", team.clone()),
         held("gone.example.io", "things", &["get"], "", "Accepted", all.clone()),
+        held("left.example.io", "alone", &["get"], "", "Rejected", all.clone()),
     ]}});
     let api: kube::Api<kbind::api::kcp::APIBinding> = kube::Api::all(fx.client(&ws).await);
     api.create(
@@ -921,7 +953,11 @@ async fn stale_claims_go_and_a_tenants_rejection_and_selector_stay() {
     fx.reconciled(
         &ws,
         "compute",
-        &strings(&["configmaps=Rejected", "secrets=Accepted"]),
+        &strings(&[
+            "configmaps=Rejected",
+            "secrets=Accepted",
+            "left.example.io/alone=Rejected",
+        ]),
     )
     .await;
     let b = fx.binding(&ws, "compute").await;
@@ -965,9 +1001,12 @@ async fn catalog_entries_report_what_they_cannot_claim() {
         vec![
             req("", "configmaps", None),
             req("", "serviceaccounts", None),
+            req("compute.io", "instances/exec", None),
         ],
     )
     .await;
+    // creationTimestamp has second resolution; the older entry's name sorts last, so only
+    // creation order can make it win.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let newer = format!("a-{}", unique("newer"));
     fx.entry(
@@ -985,17 +1024,42 @@ async fn catalog_entries_report_what_they_cannot_claim() {
         vec![req("", "configmaps", None)],
     )
     .await;
+    // An export in a workspace that does not exist at all.
+    let nowhere = unique("nowhere");
+    let nowhere_export = format!("{}.example.io", unique("ghost"));
+    fx.entry(
+        &nowhere,
+        &format!("{}:nowhere", fx.parent),
+        &nowhere_export,
+        vec![req("", "configmaps", None)],
+    )
+    .await;
     let ws = fx.tenant("t").await;
     fx.bind(&ws, "compute", &path, &export).await;
     fx.reconciled(&ws, "compute", &strings(&["configmaps=Accepted"]))
         .await;
     let e = fx.catalog_entry(&older).await;
+    let missing: Vec<String> = e
+        .status
+        .as_ref()
+        .expect("status")
+        .missing_on_export
+        .iter()
+        .map(|r| format!("{}/{}", r.group, r.resource))
+        .collect();
+    assert_eq!(
+        missing,
+        vec!["/serviceaccounts", "compute.io/instances/exec"]
+    );
     let (s, r, m) = entry_condition(&e, "ExportComplete");
     assert_eq!(
         (s.as_str(), r.as_str()),
         ("False", "RequirementsMissingOnExport")
     );
-    assert!(m.contains("serviceaccounts"), "{m}");
+    assert!(
+        m.contains("serviceaccounts") && m.contains("compute.io/instances/exec"),
+        "{m}"
+    );
     assert_eq!(entry_condition(&e, "Ready").0, "True");
     let (s, r, m) = entry_condition(&fx.catalog_entry(&newer).await, "Ready");
     assert_eq!((s.as_str(), r.as_str()), ("False", "DuplicateEntry"));
@@ -1003,9 +1067,20 @@ async fn catalog_entries_report_what_they_cannot_claim() {
     let (s, r, m) = entry_condition(&fx.catalog_entry(&ghost).await, "Ready");
     assert_eq!((s.as_str(), r.as_str()), ("False", "ExportNotFound"), "{m}");
     assert!(m.contains("ghost.example.io"), "{m}");
-    let s = fx.run().await;
-    assert_eq!(s["data_writes"], 0, "{s}");
+    let (s, r, m) = entry_condition(&fx.catalog_entry(&nowhere).await, "Ready");
+    assert_eq!((s.as_str(), r.as_str()), ("False", "ExportNotFound"), "{m}");
+    assert!(m.contains(&nowhere_export), "{m}");
+    for _ in 0..2 {
+        let s = fx.run().await;
+        assert_eq!(s["data_writes"], 0, "{s}");
+        assert_eq!(s["counts"]["duplicateEntries"], 1, "{s}");
+        assert_eq!(
+            entry_condition(&fx.catalog_entry(&newer).await, "Ready").1,
+            "DuplicateEntry"
+        );
+    }
 
+    // The older entry deleted: the other one is the export's entry from the next run on.
     kube::Api::<CatalogEntry>::all(fx.client(&fx.hub_ws).await)
         .delete(&older, &Default::default())
         .await
@@ -1014,6 +1089,10 @@ async fn catalog_entries_report_what_they_cannot_claim() {
     assert_eq!(
         fx.claims(&ws, "compute").await,
         strings(&["configmaps=Accepted", "secrets=Accepted"])
+    );
+    assert_eq!(
+        entry_condition(&fx.catalog_entry(&newer).await, "Ready").0,
+        "True"
     );
     kcp_accepts(&fx, &ws).await;
 }
@@ -1051,14 +1130,17 @@ async fn the_budget_stops_a_cycle_and_the_cursor_resumes_it() {
     for _ in 0..5 {
         let s = fx.run_with(&["--max-items", "2"]).await;
         updated.push(s["data_writes"].as_i64().unwrap_or(-1));
-        let st = fx.catalog_entry(&entry).await.status.expect("status");
+        let e = fx.catalog_entry(&entry).await;
+        let st = e.status.clone().expect("status");
         if s["outcome"] == "completed" {
             assert_eq!(st.cursor, "");
             assert_eq!((st.bindings_checked, st.bindings_updated), (5, 5));
+            assert_eq!(entry_condition(&e, "Ready").1, "InStep");
             break;
         }
         assert_eq!(s["outcome"], "partial", "{s}");
         assert!(!st.cursor.is_empty(), "a cursor is recorded");
+        assert_eq!(entry_condition(&e, "Ready").1, "InProgress");
     }
     assert_eq!(updated, vec![2, 2, 1]);
     for ws in &tenants {
@@ -1111,10 +1193,15 @@ async fn identity_not_the_provider_field_decides_and_a_dry_run_writes_nothing() 
 
     let s = fx.run_with(&["--dry-run"]).await;
     assert_eq!(s["outcome"], "dry-run", "{s}");
-    assert!(
-        s["planned"].to_string().contains("/core"),
-        "the core bindings' writes are listed: {s}"
-    );
+    let no_cluster = fx.logical_cluster(&no).await;
+    for cluster in [&yes_cluster, &no_cluster] {
+        assert!(
+            s["planned"]
+                .to_string()
+                .contains(&format!("APIBinding {cluster}/core")),
+            "each core binding's write is listed, by logical cluster: {s}"
+        );
+    }
     for ws in [&yes, &no] {
         assert!(
             fx.claims(ws, "core").await.is_empty(),
