@@ -43,14 +43,7 @@ async fn apply(client: &Client, api_version: &str, plural: &str, body: Value) {
 }
 
 fn print(label: &str, s: &Value) {
-    println!(
-        "{label:<22} {:>7.2}s  requests {:>6}  data writes {:>5}  bookkeeping {:>3}  peak RSS {:>6.1} MiB",
-        s["duration_seconds"].as_f64().unwrap_or(0.0),
-        s["requests"],
-        s["data_writes"],
-        s["bookkeeping_writes"],
-        s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
-    );
+    common::print_run(label, 22, s);
 }
 
 use common::{client, concurrency, env, kbind, latency, link};

@@ -98,14 +98,7 @@ impl Kcp {
 }
 
 fn print(label: &str, s: &Value) {
-    println!(
-        "{label:<24} {:>7.2}s  requests {:>6}  data writes {:>5}  bookkeeping {:>3}  peak RSS {:>6.1} MiB",
-        s["duration_seconds"].as_f64().unwrap_or(0.0),
-        s["requests"],
-        s["data_writes"],
-        s["bookkeeping_writes"],
-        s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
-    );
+    common::print_run(label, 24, s);
 }
 
 #[tokio::main]

@@ -149,3 +149,16 @@ fn kbind_blocking<S: AsRef<OsStr>>(args: &[S]) -> Value {
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap_or_else(|| panic!("no summary: {stdout}"))
 }
+
+/// One summary line of a benchmarked run: time, requests, writes and peak RSS, `label`
+/// left-aligned in `width` columns.
+pub fn print_run(label: &str, width: usize, s: &Value) {
+    println!(
+        "{label:<width$} {:>7.2}s  requests {:>6}  data writes {:>5}  bookkeeping {:>3}  peak RSS {:>6.1} MiB",
+        s["duration_seconds"].as_f64().unwrap_or(0.0),
+        s["requests"],
+        s["data_writes"],
+        s["bookkeeping_writes"],
+        s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
+    );
+}
