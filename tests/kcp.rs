@@ -897,6 +897,83 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
     .await;
 }
 
+/// A run killed right after its first write on real kcp (the first core binding opened) is
+/// finished by the next runs once its Lease expires: every binding ends as one uninterrupted
+/// cycle leaves it, kcp accepts each, and further runs write 0. A Grant deleted and created
+/// again turns the composition back to `Accepted`.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_killed_run_is_finished_by_the_next_and_a_grant_comes_back() {
+    let fx = KcpFx::new("kt-kill").await;
+    let (path, export, storage_entry, _, storage_path) = providers(&fx).await;
+    let entry = unique("compute");
+    fx.entry(
+        &entry,
+        &path,
+        &export,
+        vec![
+            req("", "configmaps", None),
+            req("storage.example.io", "volumes", Some(&storage_entry)),
+        ],
+    )
+    .await;
+    let (yes, no) = (fx.tenant("yes").await, fx.tenant("no").await);
+    for ws in [&yes, &no] {
+        fx.bind(ws, "compute", &path, &export).await;
+        fx.bind(ws, "storage", &storage_path, "storage.example.io")
+            .await;
+    }
+    let yes_cluster = fx.logical_cluster(&yes).await;
+    let grant = unique("g");
+    let consent = [("storage.example.io", "volumes")];
+    fx.grant(&grant, &yes_cluster, &entry, &consent).await;
+
+    let (code, _, stderr) = fx
+        .run_env(
+            &[],
+            &[
+                ("KBIND_CRASH_AFTER_WRITES", "1"),
+                ("KBIND_LEASE_DURATION", "2s"),
+            ],
+        )
+        .await;
+    assert_ne!(code, 0, "the crash knob stopped the run: {stderr}");
+    assert!(stderr.contains("reached"), "{stderr}");
+
+    let with = |volumes: &str| {
+        strings(&[
+            "configmaps=Accepted",
+            &format!("storage.example.io/volumes={volumes}"),
+        ])
+    };
+    fx.reconciled(&yes, "compute", &with("Accepted")).await;
+    fx.reconciled(&no, "compute", &with("Rejected")).await;
+    for ws in [&yes, &no] {
+        assert_eq!(
+            fx.claims(ws, CORE_BINDING).await,
+            strings(&["apis.kcp.io/apibindings=Accepted"])
+        );
+        kcp_accepts(&fx, ws).await;
+    }
+    for _ in 0..2 {
+        let s = fx.run().await;
+        assert_eq!(s["data_writes"], 0, "converged: {s}");
+    }
+
+    // The Grant deleted, then created again.
+    fx.revoke(&grant).await;
+    fx.reconciled(&yes, "compute", &with("Rejected")).await;
+    fx.grant(&grant, &yes_cluster, &entry, &consent).await;
+    fx.reconciled(&yes, "compute", &with("Accepted")).await;
+    kcp_accepts(&fx, &yes).await;
+    let s = fx.run().await;
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(fx.claims(&no, "compute").await, with("Rejected"));
+}
+
 /// The merge rules kcp itself makes necessary: an `Accepted` claim the export does not list
 /// makes kcp report `PermissionClaimsValid=False` and kbind removes it; a tenant's `Rejected`
 /// stays; an existing claim keeps its selector (kcp refuses to change it) while its verbs follow

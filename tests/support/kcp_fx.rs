@@ -16,7 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
 
-use super::{apply_crds, kbind_async, unique};
+use super::{apply_crds, kbind_async_env, unique};
 
 pub const CORE_BINDING: &str = "core";
 /// Grants and the pass Lease live in this namespace of the hub workspace.
@@ -607,12 +607,18 @@ impl KcpFx {
 
     /// [`KcpFx::run`] with `extra` flags (`--dry-run`, `--max-items N`).
     pub async fn run_with(&self, extra: &[&str]) -> Value {
+        let (code, summary, stderr) = self.run_env(extra, &[]).await;
+        assert_eq!(code, 0, "kbind claims failed: {summary}\n{stderr}");
+        summary
+    }
+
+    /// One pass with `extra` flags and environment `envs`, whatever its exit: (exit code,
+    /// summary, stderr).
+    pub async fn run_env(&self, extra: &[&str], envs: &[(&str, &str)]) -> (i32, Value, String) {
         let args = self.args();
         let mut refs: Vec<&str> = args.iter().map(String::as_str).collect();
         refs.extend_from_slice(extra);
-        let (code, summary, stderr) = kbind_async(&refs).await;
-        assert_eq!(code, 0, "kbind claims failed: {summary}\n{stderr}");
-        summary
+        kbind_async_env(&refs, envs).await
     }
 
     pub fn kubeconfig(&self) -> String {
