@@ -2,6 +2,8 @@
 //! cleanup finalizers, the bindings' setup status, the autoBind ClusterBinding, the teardown of
 //! its deleting bindings, and its own status. What to write is decided in `plan` (pure).
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -9,7 +11,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::plan::{self, AutoBind, CrdAction, CrdOutcome, StatusPlan};
-use super::{World, teardown};
+use super::{BindingObj, World, teardown};
 use crate::api::BindingKey;
 use crate::api::core::{ClusterBinding, Connection, ConnectionStatus};
 use crate::api::keys;
@@ -235,17 +237,45 @@ pub(super) async fn finish_deleting_bindings(
         .iter()
         .filter(|b| b.view.deleting && b.view.connection == connection)
     {
+        // A binding autoBind deleted because the provider withdrew its exports: a CRD that
+        // holds objects again (created since the check that let the binding go) stays.
+        let keep: BTreeSet<String> = if withdrawn_autobind(world, b) {
+            let crds = teardown::crds_to_delete(b, &world.bindings, &world.crds);
+            super::observe::holding(&world.client, crds.iter().map(|(n, _)| *n))
+                .await
+                .into_keys()
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         teardown::binding(
             &world.client,
             &world.manager,
             b,
             &world.bindings,
             &world.crds,
+            &keep,
             writes,
         )
         .await?;
     }
     Ok(())
+}
+
+/// `b` is the autoBind ClusterBinding of a live Connection whose provider exports nothing: its
+/// deletion was kbind's, not a person's.
+fn withdrawn_autobind(world: &World, b: &BindingObj) -> bool {
+    world.connections.iter().any(|c| {
+        c.metadata.deletion_timestamp.is_none()
+            && c.name_any() == b.view.key.name
+            && b.view.key.namespace.is_none()
+            && b.owner_uids.contains(&c.uid().unwrap_or_default())
+            && c.status
+                .as_ref()
+                .and_then(|s| s.empty_discoveries)
+                .unwrap_or(0)
+                >= 1
+    })
 }
 
 pub(super) fn world_view(w: &World) -> teardown::View<'_> {

@@ -240,10 +240,14 @@ async fn reconcile(
     {
         observed.discovery = Some(memo.discover(p, conn.spec.schema.source).await);
     }
+    // From the second empty discovery in a row (when autoBind would delete the binding): which
+    // CRDs its teardown would delete still hold objects.
     if let Some(b) = autobind_binding(world, conn).filter(|_| conn.spec.auto_bind)
         && observed.exports().is_some_and(|d| d.exports.is_empty())
+        && status.empty_discoveries.unwrap_or(0) >= 1
     {
-        observed.holding = observe::holding(&world.client, &world.crds, &b.view.apis).await;
+        let crds = teardown::crds_to_delete(b, &world.bindings, &world.crds);
+        observed.holding = observe::holding(&world.client, crds.iter().map(|(n, _)| *n)).await;
     }
 
     // Plan and apply the consumer CRD writes (the bindings they serve hold the cleanup

@@ -219,52 +219,69 @@ impl World {
     }
 }
 
-/// The consumer CRDs among `apis` that still hold objects (docs/schema.md "autoBind"), read
-/// only once a provider exports nothing: discovery of the CRD's group, then one LIST of at most
-/// one object's metadata. A CRD whose objects cannot be read is kept too: when unsure, nothing
-/// is deleted.
-pub(super) async fn holding(
+/// Which of `crds` (consumer CRDs a withdrawn autoBind binding's teardown would delete) still
+/// hold objects (docs/schema.md "autoBind"): discovery of the CRD's group, then one LIST of at
+/// most one object's metadata. A CRD whose objects cannot be read, or that discovery does not
+/// show, is kept too: when unsure, nothing is deleted.
+pub(super) async fn holding<'c>(
     client: &Client,
-    crds: &std::collections::BTreeMap<String, CrdMeta>,
-    apis: &[String],
+    crds: impl IntoIterator<Item = &'c str>,
 ) -> std::collections::BTreeMap<String, Holding> {
     let mut out = std::collections::BTreeMap::new();
-    for api in apis.iter().filter(|a| crds.contains_key(*a)) {
-        match has_objects(client, api).await {
-            Ok(false) => {}
-            Ok(true) => {
-                out.insert(api.clone(), Holding::Objects);
-            }
-            Err(e) => {
-                let e = crate::scrub::scrub(&e.to_string());
-                tracing::warn!(crd = %api, error = %e, "objects of a withdrawn export unreadable; the CRD is kept");
-                out.insert(api.clone(), Holding::Unreadable(e));
-            }
+    for crd in crds {
+        let verdict = match has_objects(client, crd).await {
+            Ok(Some(false)) => continue,
+            Ok(Some(true)) => Holding::Objects,
+            Ok(None) => Holding::Unreadable("not served".into()),
+            Err(e) => Holding::Unreadable(short_reason(&e)),
+        };
+        if let Holding::Unreadable(why) = &verdict {
+            tracing::warn!(%crd, reason = %why, "objects of a withdrawn export not listed; the CRD is kept");
         }
+        out.insert(crd.to_string(), verdict);
     }
     out
 }
 
-async fn has_objects(client: &Client, crd: &str) -> Result<bool, kube::Error> {
-    // A CRD's name is `<plural>.<group>`; discovery (open to every identity) gives the version
+/// What refused a read, short enough to name several CRDs in one condition: the API status
+/// code and reason, or the error kind.
+fn short_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
+        other => {
+            let text = crate::scrub::scrub(&other.to_string());
+            text.chars().take(80).collect()
+        }
+    }
+}
+
+/// Whether consumer CRD `crd` holds an object; `None` when discovery shows no version of it
+/// (not established, or being deleted).
+async fn has_objects(client: &Client, crd: &str) -> Result<Option<bool>, kube::Error> {
+    // A CRD's name is `<plural>.<group>`; discovery (open to every identity) gives the versions
     // served, so the pass needs no read of the CRD itself.
     let Some((plural, group)) = crd.split_once('.') else {
-        return Ok(false);
+        return Ok(None);
     };
     let found = match kube::discovery::group(client, group).await {
         Ok(g) => g,
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
         Err(e) => return Err(e),
     };
-    let Some((ar, _)) = found
-        .recommended_resources()
-        .into_iter()
-        .find(|(ar, _)| ar.plural == plural)
-    else {
-        return Ok(false);
+    // Every served version, not only the group's preferred one: another CRD of the group may
+    // set the preferred version.
+    let versions: Vec<String> = found.versions().map(String::from).collect();
+    let Some(ar) = versions.iter().find_map(|v| {
+        found
+            .versioned_resources(v)
+            .into_iter()
+            .find(|(ar, _)| ar.plural == plural)
+            .map(|(ar, _)| ar)
+    }) else {
+        return Ok(None);
     };
     let some = Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar)
         .list_metadata(&ListParams::default().limit(1))
         .await?;
-    Ok(!some.items.is_empty())
+    Ok(Some(!some.items.is_empty()))
 }

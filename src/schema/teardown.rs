@@ -145,13 +145,14 @@ pub async fn connection(
     Ok(())
 }
 
-/// A deleting binding: finish once resync released its instances.
+/// A deleting binding: finish once resync released its instances. CRDs in `keep` stay.
 pub async fn binding(
     client: &Client,
     manager: &str,
     b: &BindingObj,
     all: &[BindingObj],
     crds: &BTreeMap<String, CrdMeta>,
+    keep: &std::collections::BTreeSet<String>,
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
     if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER) {
@@ -167,6 +168,10 @@ pub async fn binding(
     }
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (name, uid) in crds_to_delete(b, all, crds) {
+        if keep.contains(name) {
+            tracing::warn!(binding = %b.view.key, crd = %name, "consumer CRD kept: it holds objects and its provider withdrew the export");
+            continue;
+        }
         if writes.will(
             "delete",
             format!("CustomResourceDefinition {name}"),
@@ -234,9 +239,9 @@ pub(crate) fn crds_to_delete<'c>(
             m.created
         })
         .filter(|(name, _)| {
-            !all
-                .iter()
-                .any(|o| !o.view.deleting && o.view.apis.contains(name))
+            !all.iter().any(|o| {
+                o.view.key != b.view.key && !o.view.deleting && o.view.apis.contains(name)
+            })
         })
         .map(|(name, m)| (name.as_str(), m.uid.as_str()))
         .collect()
@@ -280,7 +285,7 @@ pub async fn orphan_binding(
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
     if b.view.deleting {
-        return binding(client, manager, b, all, crds, writes).await;
+        return binding(client, manager, b, all, crds, &Default::default(), writes).await;
     }
     let mut conds = b.view.status.conditions.clone();
     let msg = format!(

@@ -399,16 +399,14 @@ fn withdrawn_message(o: &Observed) -> String {
         .holding
         .iter()
         .map(|(crd, h)| match h {
-            Holding::Objects => format!("{crd} holds objects"),
-            Holding::Unreadable(e) => format!(
-                "{crd}: its objects could not be listed ({e}; kbind schema needs list on them to see they are gone)"
-            ),
+            Holding::Objects => format!("{crd} (holds objects)"),
+            Holding::Unreadable(e) => format!("{crd} (objects not listed: {e})"),
         })
         .collect();
     format!(
-        "the provider exports nothing any more; ClusterBinding {} and its consumer CRDs stay: {}. Delete those objects (or the ClusterBinding, which deletes them) to let autoBind remove it",
+        "the provider exports nothing any more; ClusterBinding {} stays while these consumer CRDs may hold objects: {}. Once they are empty (kbind schema needs list on their objects to see it), autoBind removes the binding; a CRD still holding objects is never deleted by it",
         o.name,
-        why.join("; ")
+        why.join(", ")
     )
 }
 

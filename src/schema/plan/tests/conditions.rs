@@ -460,7 +460,7 @@ fn auto_bind_needs_two_empty_discoveries_to_delete() {
     );
     assert_eq!(unsure.autobind, AutoBind::Leave, "unreadable: kept");
     let m = exports_withdrawn(&unsure.connection).expect("ExportsWithdrawn");
-    assert!(m.contains("could not be listed (forbidden"), "{m}");
+    assert!(m.contains("a.x.io (objects not listed: forbidden)"), "{m}");
     held.holding.clear();
     let emptied = plan_status(
         &held.observed(),
