@@ -434,8 +434,10 @@ impl KcpFx {
     /// Wait until kcp's own condition `type_` on the binding is True *for the claims the binding
     /// holds now*; returns the binding. kcp's conditions carry no observed generation, so a True
     /// could be left from before kbind's write: kcp sets both claims conditions in the pass that
-    /// writes `status.appliedPermissionClaims`, so the verdict is current once that list is the
-    /// spec's `Accepted` claims (kcp applies exactly those when they are valid).
+    /// writes `status.appliedPermissionClaims`, so the verdict is taken only once that list is
+    /// the spec's `Accepted` claims (kcp applies exactly those when they are valid). A write
+    /// that left the `Accepted` claims as they were (only `Rejected` ones changed) can still be
+    /// judged by an older verdict; the callers ask for `PermissionClaimsValid` first.
     pub async fn kcp_says_true(&self, ws: &str, name: &str, type_: &str) -> APIBinding {
         let client = self.client(ws).await;
         let typed: Api<APIBinding> = Api::all(client.clone());
@@ -446,7 +448,9 @@ impl KcpFx {
             || async {
                 let b = raw.get(name).await.ok()?;
                 let accepted: BTreeSet<String> = b.data["spec"]["permissionClaims"]
-                    .as_array()?
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
                     .iter()
                     .filter(|c| c["state"] == "Accepted")
                     .map(|c| {
