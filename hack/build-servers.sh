@@ -12,8 +12,8 @@
 #        hack/build-servers.sh --with-kcp       (also kcp: the test suite's claims tests on real
 #                                                workspaces, tests/kcp.rs; hack/test.sh passes it)
 #        hack/build-servers.sh --print-kcp      (print the kcp binary's path)
-# kcp is the slowest: ~16 min on 2 cores after the kube servers (shared packages come from Go's
-# build cache), ~36 min on a machine with an empty Go cache (docs/testing.md "Real kcp").
+# kcp is the slowest: ~10 min on 2 cores after the kube servers; all of them with an empty Go
+# build cache ~23 min (docs/testing.md "Real kcp").
 set -euo pipefail
 
 KUBE_VERSION=v1.36.3
