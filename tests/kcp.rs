@@ -801,9 +801,14 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
     let kcp = KcpFx::new("kt-wd").await;
     let fx = Fx::new("kt-wd").await;
     let prov = kcp.workspace(&kcp.parent, "prov").await;
+    // Two kinds of one group served at different versions: the group's preferred version
+    // (v1) does not show gadgets, which is served at v1alpha1 only.
     let crd = fx.crd("widgets", "Namespaced", Some("true"), None);
-    support::apply_crds(&kcp.client(&prov).await, std::slice::from_ref(&crd)).await;
+    let mut gadgets_crd = fx.crd("gadgets", "Namespaced", Some("true"), None);
+    gadgets_crd.spec.versions[0].name = "v1alpha1".into();
+    support::apply_crds(&kcp.client(&prov).await, &[crd, gadgets_crd]).await;
     let widgets = format!("widgets.{}", fx.group);
+    let gadgets = format!("gadgets.{}", fx.group);
     fx.secret("provider", "kubeconfig", &kcp.kubeconfig_at(&prov))
         .await;
     let conn = fx
@@ -826,6 +831,19 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
     assert_eq!(s["data_writes"], 0, "a second run writes nothing: {s}");
     let consumer_crds = Api::<CustomResourceDefinition>::all(fx.consumer.clone());
     support::wait_established(&consumer_crds, &widgets).await;
+    support::wait_established(&consumer_crds, &gadgets).await;
+    let gadget_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1alpha1", "Gadget"),
+        "gadgets",
+    );
+    let gadget_objects: Api<DynamicObject> =
+        Api::namespaced_with(fx.consumer.clone(), &fx.ns, &gadget_ar);
+    let mut g = DynamicObject::new("g1", &gadget_ar).data(json!({"spec": {"size": 1}}));
+    g.metadata.namespace = Some(fx.ns.clone());
+    gadget_objects
+        .create(&PostParams::default(), &g)
+        .await
+        .expect("a consumer gadget");
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
         "widgets",
@@ -838,19 +856,18 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
         .await
         .expect("a consumer object");
 
-    // The provider withdraws its only export.
+    // The provider withdraws both exports.
     let provider_crds = Api::<CustomResourceDefinition>::all(kcp.client(&prov).await);
-    provider_crds
-        .delete(&widgets, &Default::default())
-        .await
-        .expect("delete the provider CRD");
-    within(60, "the provider CRD gone", || async {
+    for name in [&widgets, &gadgets] {
         provider_crds
-            .get_opt(&widgets)
+            .delete(name, &Default::default())
             .await
-            .ok()?
-            .is_none()
-            .then_some(())
+            .expect("delete the provider CRD");
+    }
+    within(60, "the provider CRDs gone", || async {
+        let w = provider_crds.get_opt(&widgets).await.ok()?;
+        let g = provider_crds.get_opt(&gadgets).await.ok()?;
+        (w.is_none() && g.is_none()).then_some(())
     })
     .await;
     // One empty discovery may be a flapping label: nothing said yet.
@@ -873,10 +890,12 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
         let st = c.status.expect("status");
         let (s, r, m) = cond(&st.conditions, "AutoBind");
         assert_eq!((s, r), ("False", "ExportsWithdrawn"), "{m}");
-        assert!(
-            m.contains(&format!("{widgets} (holds objects)")),
-            "names the CRD holding objects: {m}"
-        );
+        for crd in [&widgets, &gadgets] {
+            assert!(
+                m.contains(&format!("{crd} (holds objects)")),
+                "names each CRD holding objects: {m}"
+            );
+        }
     }
     assert_eq!(writes, vec![0, 0, 0, 0], "nothing written while withdrawn");
     assert!(
@@ -904,6 +923,10 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
         .delete("w1", &Default::default())
         .await
         .expect("delete w1");
+    gadget_objects
+        .delete("g1", &Default::default())
+        .await
+        .expect("delete g1");
     within(60, "the binding deleting", || async {
         fx.run(&[]);
         let cb = cbs.get_opt(&conn).await.ok()??;
