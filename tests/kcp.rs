@@ -296,6 +296,9 @@ async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
             req("", "configmaps", None),
             req("", "secrets", None),
             req("storage.example.io", "volumes", Some(&storage_entry)),
+            // A subresource is claimed as its resource (a built-in of kcp's: kcp refuses an
+            // export claiming a core kind it does not serve, such as pods, without an identity).
+            req("", "serviceaccounts/token", None),
         ],
     )
     .await;
@@ -310,6 +313,7 @@ async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
         serde_json::json!([
             {"group": "", "resource": "configmaps", "verbs": ["*"], "identityHash": ""},
             {"group": "", "resource": "secrets", "verbs": ["*"], "identityHash": ""},
+            {"group": "", "resource": "serviceaccounts", "verbs": ["*"], "identityHash": ""},
             {"group": "storage.example.io", "resource": "volumes", "verbs": ["*"], "identityHash": storage},
         ])
     );
@@ -357,10 +361,24 @@ async fn the_rendered_export_claims_are_admitted_by_kcp_as_written() {
     let want = strings(&[
         "configmaps=Accepted",
         "secrets=Accepted",
+        "serviceaccounts=Accepted",
         "storage.example.io/volumes=Accepted",
     ]);
     fx.reconciled(&t1, "compute", &want).await;
     kcp_accepts(&fx, &t1).await;
+    // The binding carries exactly the rendered claims: verbs and identity hashes too.
+    let carried: Vec<serde_json::Value> = fx
+        .binding(&t1, "compute")
+        .await
+        .spec
+        .permission_claims
+        .iter()
+        .map(|c| serde_json::json!({"group": c.group, "resource": c.resource, "verbs": c.verbs, "identityHash": c.identity_hash}))
+        .collect();
+    assert_eq!(
+        serde_json::json!(carried),
+        rendered["spec"]["permissionClaims"]
+    );
 }
 
 /// A WorkspaceType with `defaultAPIBindingLifecycle: Maintain` makes kcp rewrite its default
