@@ -3,18 +3,21 @@
 //! more than one pass makes to a binding of either kind, by [`BindingKey`]: its status (each pass
 //! applies only the fields it owns, under its own field manager) and kbind's cleanup finalizer.
 
+pub mod admission;
+
 use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::Value;
 
 use crate::api::BindingKey;
 use crate::api::core::{
-    ApiRef, Binding, BindingStatus, ClusterBinding, ConflictPolicy, OrphanPolicy,
+    ApiRef, Binding, BindingStatus, ClusterBinding, ConflictPolicy, Connection, OrphanPolicy,
 };
 use crate::api::keys;
 use crate::pass::finalizer;
 use crate::pass::list;
 use crate::pass::status::apply_status as apply_object_status;
+use admission::{Admission, NamespaceLabels, admission, may_adopt};
 
 /// A binding of either kind as observed.
 #[derive(Clone, Debug)]
@@ -31,6 +34,10 @@ pub struct ObservedBinding {
     pub finalizers: Vec<String>,
     pub owner_uids: Vec<String>,
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Whether its Connection serves it (always, for a ClusterBinding).
+    pub admission: Admission,
+    /// A Binding in a namespace its Connection lets adopt, or a ClusterBinding.
+    pub may_adopt: bool,
 }
 
 fn observed<K: Resource>(
@@ -57,6 +64,8 @@ fn observed<K: Resource>(
         uid: m.uid.clone().unwrap_or_default(),
         finalizers: m.finalizers.clone().unwrap_or_default(),
         labels: m.labels.clone().unwrap_or_default(),
+        admission: Admission::Admitted,
+        may_adopt: true,
         owner_uids: m
             .owner_references
             .iter()
@@ -66,8 +75,14 @@ fn observed<K: Resource>(
     }
 }
 
-/// Every ClusterBinding and Binding in the cluster, sorted by key.
-pub async fn observe(client: &Client) -> Result<Vec<ObservedBinding>, kube::Error> {
+/// Every ClusterBinding and Binding in the cluster, sorted by key, each Binding with whether
+/// its Connection (among `connections`) admits its namespace; and the namespaces' UIDs when
+/// they were read (a namespaced Binding exists, or `namespaces` asks for them).
+pub async fn observe(
+    client: &Client,
+    connections: &[Connection],
+    namespaces: bool,
+) -> Result<(Vec<ObservedBinding>, admission::NamespaceUids), kube::Error> {
     let lp = ListParams::default();
     let cbs = list::all(&Api::<ClusterBinding>::all(client.clone()), &lp).await?;
     let bs = list::all(&Api::<Binding>::all(client.clone()), &lp).await?;
@@ -94,8 +109,22 @@ pub async fn observe(client: &Client) -> Result<Vec<ObservedBinding>, kube::Erro
             &b.status,
         )
     }));
+    let (labels, uids) = NamespaceLabels::read(client, namespaces || !bs.is_empty()).await;
+    for b in &mut out {
+        let Some(ns) = b.key.namespace.as_deref() else {
+            continue;
+        };
+        let conn = connections.iter().find(|c| c.name_any() == b.connection);
+        (b.admission, b.may_adopt) = match conn {
+            Some(c) => (admission(c, ns, &labels), may_adopt(c, ns, &labels)),
+            None => (
+                Admission::NotAllowed(format!("Connection {} not found", b.connection)),
+                false,
+            ),
+        };
+    }
     out.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok(out)
+    Ok((out, uids))
 }
 
 /// Server-side apply `status` to the Binding or ClusterBinding `key` as `manager`.

@@ -101,6 +101,8 @@ async fn a_status_write_racing_another_writer_is_retried_not_lost() {
         },
         schema: Default::default(),
         auto_bind: false,
+        binding_namespaces: None,
+        adoption_namespaces: None,
     };
     api.create(&PostParams::default(), &Connection::new(&name, spec))
         .await

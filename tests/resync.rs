@@ -1694,3 +1694,401 @@ async fn a_copy_the_provider_keeps_terminating_releases_the_consumer_object_afte
         .await
         .unwrap();
 }
+
+/// A Connection serves only the namespaces its `spec.bindingNamespaces` admits, and lets adopt
+/// only those its `spec.adoptionNamespaces` admits (#28 item 2): a tenant's Binding elsewhere
+/// gets `NamespaceNotAllowed`, no finalizer and no sync, over several runs; once admitted it
+/// syncs; adoption waits for its own consent; admission taken back stops the sync and leaves
+/// the provider copies; the Binding then deletes cleanly; and it never holds its Connection.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_connection_serves_only_the_namespaces_it_admits() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kbind::api::core::{Binding, Connection};
+    let fx = Fx::new("tenants").await;
+    let api = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    // The fixture's own namespace is admitted: its Binding installs the CRD.
+    fx.binding("own", &conn, &[&api]).await;
+    let tenant = support::namespace(&fx.consumer, "tenant").await;
+    let bindings = Api::<Binding>::namespaced(fx.consumer.clone(), &tenant);
+    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
+        "metadata": {"name": "theirs", "namespace": tenant, "labels": {"kbind-test": fx.label}},
+        "spec": {"connectionRef": {"name": conn}, "apis": [{"name": api}], "conflictPolicy": "Adopt"}});
+    bindings
+        .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+        .await
+        .unwrap();
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Gadget"),
+        "gadgets",
+    );
+    let consumer = Api::<DynamicObject>::namespaced_with(fx.consumer.clone(), &tenant, &ar);
+    let provider = Api::<DynamicObject>::namespaced_with(fx.provider.clone(), &tenant, &ar);
+    let mut g = DynamicObject::new("g1", &ar).data(json!({"spec": {"size": 3}}));
+    g.metadata.namespace = Some(tenant.clone());
+    consumer.create(&PostParams::default(), &g).await.unwrap();
+    let status = || async { bindings.get("theirs").await.unwrap() };
+
+    // Not admitted (the fixture's Connection admits its own namespace only), over two rounds.
+    for round in 0..2 {
+        let s = fx.run(&[]);
+        let r = fx.pass("resync", &[]);
+        let theirs = status().await;
+        let st = theirs.status.clone().unwrap();
+        let (s_, reason, msg) = cond(&st.conditions, "Ready");
+        assert_eq!((s_, reason), ("False", "NamespaceNotAllowed"), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "namespace {tenant} does not match Connection {conn}'s spec.bindingNamespaces"
+            )),
+            "{msg}"
+        );
+        let (d, reason, _) = cond(&st.conditions, "PermissionDenied");
+        assert_eq!((d, reason), ("True", "NamespaceNotAllowed"));
+        assert!(
+            theirs.finalizers().is_empty(),
+            "no cleanup finalizer on a Binding its Connection does not serve"
+        );
+        assert!(
+            provider.get_opt("g1").await.unwrap().is_none(),
+            "not synced"
+        );
+        assert!(
+            consumer.get("g1").await.unwrap().finalizers().is_empty(),
+            "its objects are not touched"
+        );
+        if round == 1 {
+            assert_eq!(s["data_writes"], 0, "second schema run: {s}");
+            assert_eq!(s["bookkeeping_writes"], 2, "Lease only: {s}");
+            assert_eq!(r["data_writes"], 0, "second resync run: {r}");
+        }
+    }
+
+    // A foreign object under the same name on the provider, and the namespace admitted.
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": tenant}})).unwrap();
+    Api::<Namespace>::all(fx.provider.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let mut foreign = DynamicObject::new("g2", &ar).data(json!({"spec": {"size": 1}}));
+    foreign.metadata.namespace = Some(tenant.clone());
+    provider
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let mut g2 = DynamicObject::new("g2", &ar).data(json!({"spec": {"size": 5}}));
+    g2.metadata.namespace = Some(tenant.clone());
+    consumer.create(&PostParams::default(), &g2).await.unwrap();
+    let nss = Api::<Namespace>::all(fx.consumer.clone());
+    let label = |v: Value| {
+        let (nss, tenant) = (nss.clone(), tenant.clone());
+        async move {
+            nss.patch(
+                &tenant,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"kbind-tenant": v}}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    label(json!("yes")).await;
+    let conns = Api::<Connection>::all(fx.consumer.clone());
+    conns
+        .patch(
+            &conn,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"bindingNamespaces": {"matchLabels": null, "matchExpressions": [
+            {"key": "kbind-tenant", "operator": "In", "values": ["yes"]}]}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The fixture's own namespace no longer matches; label it too.
+    Api::<Namespace>::all(fx.consumer.clone())
+        .patch(
+            &fx.ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kbind-tenant": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    fx.run(&[]);
+    let theirs = status().await;
+    let (s_, reason, msg) = cond(&theirs.status.as_ref().unwrap().conditions, "Ready");
+    assert_eq!((s_, reason), ("True", "Bound"), "{msg}");
+    assert!(
+        theirs
+            .finalizers()
+            .contains(&"core.kbind.io/cleanup".to_string())
+    );
+    fx.pass("resync", &[]);
+    fx.pass("resync", &[]);
+    assert_eq!(
+        provider.get("g1").await.unwrap().data["spec"]["size"],
+        3,
+        "admitted: synced"
+    );
+    // Adopt asked for, not consented to: g2 is a conflict that says why.
+    assert_eq!(provider.get("g2").await.unwrap().data["spec"]["size"], 1);
+    let st = status().await.status.unwrap();
+    let (c, _, msg) = cond(&st.conditions, "Conflicts");
+    assert_eq!(c, "True");
+    assert!(
+        msg.contains(&format!("Connection {conn}'s spec.adoptionNamespaces")),
+        "{msg}"
+    );
+    let r = fx.pass("resync", &[]);
+    assert_eq!(r["data_writes"], 0, "a steady conflict writes nothing: {r}");
+
+    // Adoption consented to for the namespace: g2 is taken over.
+    conns
+        .patch(
+            &conn,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"adoptionNamespaces": {"matchLabels": {"kbind-tenant": "yes"}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    fx.pass("resync", &[]);
+    fx.pass("resync", &[]);
+    assert_eq!(
+        provider.get("g2").await.unwrap().data["spec"]["size"],
+        5,
+        "adopted"
+    );
+    let st = status().await.status.unwrap();
+    assert_eq!(cond(&st.conditions, "Conflicts").0, "False");
+
+    // Admission taken back: the sync stops, the provider copies stay, conditions say why.
+    label(Value::Null).await;
+    consumer
+        .patch(
+            "g1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 9}})),
+        )
+        .await
+        .unwrap();
+    for round in 0..2 {
+        let s = fx.run(&[]);
+        let r = fx.pass("resync", &[]);
+        let st = status().await.status.unwrap();
+        assert_eq!(cond(&st.conditions, "Ready").1, "NamespaceNotAllowed");
+        assert_eq!(
+            provider.get("g1").await.unwrap().data["spec"]["size"],
+            3,
+            "not synced any more"
+        );
+        assert!(
+            provider.get_opt("g2").await.unwrap().is_some(),
+            "provider copies stay"
+        );
+        if round == 1 {
+            assert_eq!(s["data_writes"], 0, "{s}");
+            assert_eq!(r["data_writes"], 0, "{r}");
+        }
+    }
+
+    // Deleted while not served: released (consumer side only), the copies stay.
+    bindings
+        .delete("theirs", &DeleteParams::default())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        fx.pass("resync", &[]);
+        fx.run(&[]);
+        if bindings.get_opt("theirs").await.unwrap().is_none() {
+            break;
+        }
+    }
+    assert!(
+        bindings.get_opt("theirs").await.unwrap().is_none(),
+        "the Binding is gone"
+    );
+    assert!(provider.get_opt("g1").await.unwrap().is_some());
+    assert!(provider.get_opt("g2").await.unwrap().is_some());
+    assert!(
+        consumer.get("g1").await.unwrap().finalizers().is_empty(),
+        "its objects released"
+    );
+
+    // A Binding the Connection does not serve never holds it: deleted with only such a
+    // Binding left (and the fixture's own one going), the Connection goes.
+    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
+        "metadata": {"name": "holdout", "namespace": tenant, "labels": {"kbind-test": fx.label}},
+        "spec": {"connectionRef": {"name": conn}, "apis": [{"name": api}]}});
+    bindings
+        .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
+        .await
+        .unwrap();
+    Api::<Binding>::namespaced(fx.consumer.clone(), &fx.ns)
+        .delete("own", &DeleteParams::default())
+        .await
+        .unwrap();
+    conns.delete(&conn, &DeleteParams::default()).await.unwrap();
+    for _ in 0..4 {
+        fx.pass("resync", &[]);
+        fx.run(&[]);
+        if conns.get_opt(&conn).await.unwrap().is_none() {
+            break;
+        }
+    }
+    let left = conns.get_opt(&conn).await.unwrap();
+    assert!(
+        left.is_none(),
+        "the Connection is gone: {:?}",
+        left.and_then(|c| c.status).map(|s| s.conditions)
+    );
+    assert!(bindings.get_opt("holdout").await.unwrap().is_some());
+}
+
+/// A copy is re-adopted (or restored) only into the namespace it came from (#28 item 4): a
+/// namespace deleted (its object's finalizer removed by hand) and created again under the same
+/// name, perhaps by someone else, gets nothing: under `spec.orphans: Restore` the copy is marked
+/// `NamespaceRecreated`, not restored; an object of the same name there meets a
+/// `NamespaceRecreated` conflict and the copy is untouched; each over two runs, the second
+/// writing nothing. Once the copy is gone on the provider, the new object syncs.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_namespace_created_again_re_adopts_nothing() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let s = setup("nsagain", "Fail").await;
+    s.set_orphans("Restore").await;
+    let nss = Api::<Namespace>::all(s.fx.consumer.clone());
+    let t = support::namespace(&s.fx.consumer, "again").await;
+    let consumer = Api::<DynamicObject>::namespaced_with(s.fx.consumer.clone(), &t, &s.ar);
+    let provider = Api::<DynamicObject>::namespaced_with(s.fx.provider.clone(), &t, &s.ar);
+    let object = |size: i64| {
+        let mut o = DynamicObject::new("w", &s.ar).data(json!({"spec": {"size": size}}));
+        o.metadata.namespace = Some(t.clone());
+        o
+    };
+    consumer
+        .create(&PostParams::default(), &object(1))
+        .await
+        .unwrap();
+    s.resync(&[]);
+    let first_uid = nss.get(&t).await.unwrap().uid().unwrap();
+    let copy = provider.get("w").await.expect("synced");
+    assert_eq!(
+        copy.annotations()
+            .get("core.kbind.io/consumer-namespace-uid"),
+        Some(&first_uid),
+        "the copy records its namespace"
+    );
+
+    // The namespace goes (the object's finalizer removed by hand: the copy stays), and comes
+    // back under the same name with another UID.
+    consumer
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    nss.delete(&t, &DeleteParams::default()).await.unwrap();
+    let mut gone = false;
+    for _ in 0..600 {
+        if nss.get_opt(&t).await.unwrap().is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "namespace {t} deleted within 60 s");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": t}})).unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    assert_ne!(nss.get(&t).await.unwrap().uid().unwrap(), first_uid);
+
+    // Orphans: Restore does not restore into the new namespace; the copy is marked, once.
+    for round in 0..2 {
+        let r = s.resync(&[]);
+        assert!(
+            consumer.get_opt("w").await.unwrap().is_none(),
+            "not restored into a namespace created again"
+        );
+        let copy = provider.get("w").await.unwrap();
+        assert_eq!(
+            copy.annotations()
+                .get("core.kbind.io/orphaned")
+                .map(String::as_str),
+            Some("NamespaceRecreated")
+        );
+        assert_eq!(copy.data["spec"]["size"], 1);
+        if round == 1 {
+            assert_eq!(r["data_writes"], 0, "{r}");
+        }
+    }
+
+    // An object of the same name there: a conflict saying why; the copy untouched.
+    consumer
+        .create(&PostParams::default(), &object(7))
+        .await
+        .unwrap();
+    for round in 0..2 {
+        let r = s.resync(&[]);
+        let c = consumer.get("w").await.unwrap();
+        assert_eq!(
+            c.annotations()
+                .get("core.kbind.io/conflict")
+                .map(String::as_str),
+            Some("NamespaceRecreated")
+        );
+        let copy = provider.get("w").await.unwrap();
+        assert_eq!(copy.data["spec"]["size"], 1, "not taken over");
+        assert_eq!(
+            copy.annotations()
+                .get("core.kbind.io/consumer-namespace-uid"),
+            Some(&first_uid)
+        );
+        if round == 1 {
+            assert_eq!(r["data_writes"], 0, "{r}");
+        }
+    }
+    let st = Api::<ClusterBinding>::all(s.fx.consumer.clone())
+        .get(&s.cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(cond(&st.conditions, "Conflicts").0, "True");
+
+    // The provider removes its old copy: the new object syncs, the conflict clears.
+    provider
+        .delete("w", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.resync(&[]);
+    s.resync(&[]);
+    let copy = provider.get("w").await.expect("the new object synced");
+    assert_eq!(copy.data["spec"]["size"], 7);
+    assert!(
+        consumer
+            .get("w")
+            .await
+            .unwrap()
+            .annotations()
+            .get("core.kbind.io/conflict")
+            .is_none()
+    );
+}

@@ -418,10 +418,16 @@ async fn the_specs_example_applied_verbatim_says_what_to_set_then_syncs() {
         })
         .unwrap_or_else(|| panic!("the message names the flag: {message}"));
     assert_eq!(flag, format!("--credential-namespace={},kbind", fx.ns));
+    // The Binding is told at once that its namespace is not served either, and what to set.
     let b = bindings.get("widgets").await.unwrap();
     let bst = b.status.clone().unwrap_or_default();
     let (s, r, m) = cond(&bst.conditions, "Ready");
-    assert_eq!((s, r), ("False", "ConnectionNotReady"), "{m}");
+    assert_eq!((s, r), ("False", "NamespaceNotAllowed"), "{m}");
+    let admit = selector_in(m);
+    assert_eq!(
+        admit,
+        json!({"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})
+    );
     let seen = (version(&conn), version(&b));
     for _ in 0..2 {
         installed(&fx, "schema", None);
@@ -433,17 +439,33 @@ async fn the_specs_example_applied_verbatim_says_what_to_set_then_syncs() {
         assert_eq!(now, seen, "nothing written on the example while refused");
     }
 
-    // 2. With the setting the message names: Ready, the CRD installed, the Binding bound.
+    // 2. With the setting the Connection's message names: Ready; the Binding still refused, so
+    // no CRD is installed for it.
     installed(&fx, "schema", Some(&flag));
     let st = connections.get("provider").await.unwrap().status.unwrap();
     assert_eq!(cond(&st.conditions, "Ready").0, "True", "{st:?}");
+    let bst = bindings.get("widgets").await.unwrap().status.unwrap();
+    assert_eq!(cond(&bst.conditions, "Ready").1, "NamespaceNotAllowed");
+    let crds = Api::<CustomResourceDefinition>::all(fx.consumer.clone());
+    assert!(crds.get_opt("widgets.example.org").await.unwrap().is_none());
+
+    // 3. With the setting the Binding's message names: the CRD installed, the Binding bound.
+    connections
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"bindingNamespaces": admit}})),
+        )
+        .await
+        .unwrap();
+    installed(&fx, "schema", Some(&flag));
     support::wait_established(&Api::all(fx.consumer.clone()), "widgets.example.org").await;
     installed(&fx, "schema", Some(&flag));
     let bst = bindings.get("widgets").await.unwrap().status.unwrap();
     let (s, r, m) = cond(&bst.conditions, "Ready");
     assert_eq!((s, r), ("True", "Bound"), "{m}");
 
-    // 3. A Widget in team-a goes up; its status comes back down.
+    // 4. A Widget in team-a goes up; its status comes back down.
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("example.org", "v1", "Widget"),
         "widgets",
@@ -520,4 +542,25 @@ async fn the_specs_example_applied_verbatim_says_what_to_set_then_syncs() {
     let _ = Api::<CustomResourceDefinition>::all(fx.provider.clone())
         .delete("widgets.example.org", &Default::default())
         .await;
+}
+
+/// The selector a `NamespaceNotAllowed` message offers (`spec.bindingNamespaces: {...}`), as JSON.
+fn selector_in(message: &str) -> Value {
+    let (_, rest) = message
+        .split_once("spec.bindingNamespaces: ")
+        .unwrap_or_else(|| panic!("the message names spec.bindingNamespaces: {message}"));
+    let mut depth = 0;
+    let end = rest
+        .char_indices()
+        .find(|&(_, c)| {
+            depth += match c {
+                '{' => 1,
+                '}' => -1,
+                _ => 0,
+            };
+            depth == 0
+        })
+        .map(|(i, _)| i + 1)
+        .unwrap_or_else(|| panic!("a whole selector in: {message}"));
+    serde_saphyr::from_str(&rest[..end]).expect("the offered selector parses as YAML")
 }

@@ -1,6 +1,6 @@
 //! `core.kbind.io/v1alpha1`: Connection, ClusterBinding and Binding (docs/schema.md, docs/resync.md).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -123,6 +123,17 @@ pub struct ConnectionSpec {
     /// Maintain a ClusterBinding named after this Connection listing every exported API.
     #[serde(default)]
     pub auto_bind: bool,
+    /// The namespaces whose Bindings may use this Connection, by their labels (a label
+    /// selector, Kubernetes semantics): omitted, no namespaced Binding may; `{}`, every
+    /// namespace. ClusterBindings are not affected. A tenant of one namespace must not drive a
+    /// credential someone else owns (docs/schema.md "Namespaced Bindings").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding_namespaces: Option<LabelSelector>,
+    /// The namespaces whose Bindings may use `conflictPolicy: Adopt`, i.e. take over provider
+    /// objects kbind did not create: omitted, none may (their conflicts are reported as under
+    /// `Fail`). ClusterBindings are not affected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption_namespaces: Option<LabelSelector>,
 }
 
 /// One API the provider exports.

@@ -18,6 +18,10 @@ pub const SCHEMA_HASH: &str = "core.kbind.io/schema-hash";
 pub const CONSUMER_CLUSTER: &str = "core.kbind.io/consumer-cluster";
 /// Provider object annotation: the consumer object UID that owns it.
 pub const CONSUMER_OBJECT_UID: &str = "core.kbind.io/consumer-object-uid";
+/// Annotation on a namespaced provider copy: the UID of its consumer object's namespace. A copy
+/// is re-adopted (or restored) only into the same namespace, not one of the same name that was
+/// deleted and created again by someone else (docs/resync.md "Orphans").
+pub const CONSUMER_NAMESPACE_UID: &str = "core.kbind.io/consumer-namespace-uid";
 /// Finalizer on synced consumer objects: provider copy not yet handled.
 pub const SYNCER_FINALIZER: &str = "core.kbind.io/syncer";
 /// Consumer object annotation: why it does not sync.
@@ -34,6 +38,9 @@ pub const ORPHANED: &str = "core.kbind.io/orphaned";
 pub const ORPHANED_CONSUMER_OBJECT_GONE: &str = "ConsumerObjectGone";
 /// The ClusterBinding was deleted: the consumer CRD and its objects go, the copy stays.
 pub const ORPHANED_UNBOUND: &str = "Unbound";
+/// `core.kbind.io/orphaned` (and the conflict reason) for a copy whose consumer namespace was
+/// deleted and created again: it is never re-adopted or restored there.
+pub const NAMESPACE_RECREATED: &str = "NamespaceRecreated";
 
 /// Prefix of the heartbeat Lease on the provider.
 pub const HEARTBEAT_LEASE_PREFIX: &str = "consumer-";

@@ -180,12 +180,18 @@ pub fn desired(i: &Inputs<'_>, apis: &[String]) -> Vec<Desired> {
         "apiVersion": "v1", "kind": "Secret", "metadata": secret_meta,
         "type": "Opaque", "data": {i.key: b64},
     });
-    let connection = json!({
+    let mut connection = json!({
         "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
         "metadata": metadata(i.name, None, i.labels),
         "spec": {"kubeconfigSecretRef": {
             "namespace": i.credential_namespace, "name": i.name, "key": i.key}},
     });
+    // Binding into a namespace is the operator's consent that it may use this Connection
+    // (docs/schema.md "Namespaced Bindings"): only that namespace, by its immutable name label.
+    if let Some(ns) = i.binding_namespace {
+        connection["spec"]["bindingNamespaces"] =
+            json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    }
     let api_refs: Vec<Value> = apis.iter().map(|a| json!({"name": a})).collect();
     let (kind, binding_kind) = match i.binding_namespace {
         Some(_) => (Kind::Binding, "Binding"),

@@ -71,6 +71,9 @@ fn provider_body(api: &BoundApi, o: &ConsumerObj, local_uid: &str) -> Value {
     if let Some(ns) = &o.namespace {
         metadata["namespace"] = json!(ns);
     }
+    if let Some(uid) = &o.namespace_uid {
+        metadata["annotations"][keys::CONSUMER_NAMESPACE_UID] = json!(uid);
+    }
     json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind, "metadata": metadata, "spec": o.spec})
 }
 
@@ -180,11 +183,16 @@ async fn write(
             Err(e) if e.is_conflict() => {
                 // A name we did not list as ours: classify it with one GET.
                 let existing = prov.get_opt(&name).await.ok().flatten();
-                let own = existing.as_ref().map(|e| ownership(&super::observe::provider_obj(e), &provider.local_uid, &obj.uid, &Default::default()));
+                let own = existing.as_ref().map(|e| ownership(&super::observe::provider_obj(e), &provider.local_uid, obj, &Default::default()));
                 match own {
                     Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
                     Some(Ownership::Unmarked) => {
                         mark_conflict(ctx, &consumer, api, obj, FOREIGN_OBJECT_EXISTS).await;
+                        conflict = true;
+                        Ok(())
+                    }
+                    Some(Ownership::FromRecreatedNamespace) => {
+                        mark_conflict(ctx, &consumer, api, obj, keys::NAMESPACE_RECREATED).await;
                         conflict = true;
                         Ok(())
                     }
@@ -347,6 +355,9 @@ async fn mark_conflict(
     let note = match reason {
         FOREIGN_OBJECT_EXISTS => {
             "the provider already has an object of this name without kbind's markers (conflictPolicy Fail); it is left untouched"
+        }
+        keys::NAMESPACE_RECREATED => {
+            "the provider holds this cluster's copy of an object from an earlier namespace of this name (deleted, then created again): it is not taken over by this namespace and is left untouched; delete or rename it on the provider to sync this object"
         }
         _ => {
             "the provider's object of this name belongs to another consumer object or cluster; it is left untouched"

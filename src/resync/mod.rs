@@ -42,7 +42,13 @@ pub struct BindingRef {
     pub key: BindingKey,
     pub connection: String,
     pub apis: Vec<String>,
+    /// The conflict policy in effect: `Adopt` only where the Connection lets the namespace adopt.
     pub policy: ConflictPolicy,
+    /// `spec.conflictPolicy: Adopt` asked for, and refused by the Connection's
+    /// `spec.adoptionNamespaces` (the Conflicts condition says so).
+    pub adopt_refused: bool,
+    /// Whether its Connection serves it: one that does not covers no object (docs/resync.md).
+    pub admitted: bool,
     pub orphans: OrphanPolicy,
     pub deleting: bool,
     pub has_cleanup: bool,
@@ -101,6 +107,8 @@ struct Run<'a> {
     /// Deletions that began before this (Unix seconds) no longer wait for a terminating
     /// provider copy (`--provider-deletion-wait`).
     waited_out: i64,
+    /// Namespace name → UID: copies record it, and are re-adopted only into the same namespace.
+    namespace_uids: crate::bindings::admission::NamespaceUids,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -114,6 +122,7 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         seen.selected,
         args.write.write_concurrency,
     );
+    run.namespace_uids = seen.namespace_uids;
     run.waited_out = Timestamp::now()
         .as_second()
         .saturating_sub(i64::try_from(args.provider_deletion_wait.as_secs()).unwrap_or(i64::MAX));
@@ -214,6 +223,7 @@ impl<'a> Run<'a> {
                 write_concurrency
             },
             waited_out: i64::MIN,
+            namespace_uids: Default::default(),
         }
     }
 }
@@ -295,7 +305,7 @@ pub fn covering<'a>(
     connection: &str,
     namespace: Option<&str>,
 ) -> Option<&'a BindingRef> {
-    let live = |b: &&BindingRef| !b.deleting && b.apis.iter().any(|a| a == api);
+    let live = |b: &&BindingRef| !b.deleting && b.admitted && b.apis.iter().any(|a| a == api);
     let found = bindings
         .iter()
         .filter(live)

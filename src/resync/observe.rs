@@ -12,7 +12,7 @@ use kube::{Api, Client, ResourceExt};
 use super::plan::{self, ConsumerObj, ProviderObj};
 use super::{BindingRef, BoundApi, Provider};
 use crate::api::BindingKey;
-use crate::api::core::{Binding, ClusterBinding, Connection};
+use crate::api::core::{Binding, ClusterBinding, ConflictPolicy, Connection};
 use crate::api::keys;
 use crate::connection::{self, CredentialError, CredentialPolicy, IdentityError};
 use crate::pass::writes::Writes;
@@ -27,6 +27,8 @@ pub(super) struct Consumer {
     pub selected: BTreeSet<BindingKey>,
     /// Managed consumer CRDs, sorted by name.
     pub apis: Vec<BoundApi>,
+    /// Namespace name → UID (read when a namespaced API is managed).
+    pub namespace_uids: crate::bindings::admission::NamespaceUids,
 }
 
 /// List Connections, bindings and managed CRDs, and select this run's bindings.
@@ -40,9 +42,6 @@ pub(super) async fn consumer(
     let connections = crate::connection::list(client, &lp)
         .await
         .map_err(err("listing Connections"))?;
-    let observed = crate::bindings::observe(client)
-        .await
-        .map_err(err("listing ClusterBindings and Bindings"))?;
     // Each CRD is cut down to what instance sync reads as its page arrives: a CRD carries its
     // whole schema and managedFields naming every field of it.
     let mut apis: Vec<BoundApi> = list::map_all(
@@ -56,6 +55,11 @@ pub(super) async fn consumer(
     .flatten()
     .collect();
     apis.sort_by(|a, b| a.name.cmp(&b.name));
+    // Namespaced APIs: their copies record their namespace's UID (docs/resync.md "Orphans").
+    let namespaced = apis.iter().any(|a| a.namespaced);
+    let (observed, namespace_uids) = crate::bindings::observe(client, &connections, namespaced)
+        .await
+        .map_err(err("listing ClusterBindings and Bindings"))?;
     let bindings: Vec<BindingRef> = observed.into_iter().map(BindingRef::from).collect();
     let mut selected: BTreeSet<BindingKey> = bindings
         .iter()
@@ -71,6 +75,7 @@ pub(super) async fn consumer(
         bindings,
         selected,
         apis,
+        namespace_uids,
     })
 }
 
@@ -113,7 +118,12 @@ impl From<crate::bindings::ObservedBinding> for BindingRef {
             key: b.key,
             connection: b.connection,
             apis: b.apis,
-            policy: b.conflict_policy,
+            policy: match b.conflict_policy {
+                ConflictPolicy::Adopt if !b.may_adopt => ConflictPolicy::Fail,
+                p => p,
+            },
+            adopt_refused: b.conflict_policy == ConflictPolicy::Adopt && !b.may_adopt,
+            admitted: b.admission.admitted(),
             orphans: b.orphans,
             deleting: b.deleting,
             uid: b.uid,
@@ -299,6 +309,8 @@ pub(super) fn consumer_obj(o: &DynamicObject) -> ConsumerObj {
         orphan_on_delete: ann
             .get(keys::DELETION_POLICY)
             .is_some_and(|v| v == keys::DELETION_POLICY_ORPHAN),
+        // Filled in from the run's namespace list (`Run::namespace_uids`).
+        namespace_uid: None,
     }
 }
 
@@ -319,6 +331,11 @@ fn provider_meta(m: &kube::api::ObjectMeta) -> ProviderObj {
         uid: m.uid.clone().unwrap_or_default(),
         cluster_marker,
         object_marker,
+        namespace_marker: m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::CONSUMER_NAMESPACE_UID))
+            .cloned(),
         deleting: m.deletion_timestamp.is_some(),
         orphaned: m
             .annotations

@@ -22,6 +22,8 @@ pub struct ConsumerObj {
     pub has_finalizer: bool,
     pub conflict: Option<String>,
     pub orphan_on_delete: bool,
+    /// The UID of its namespace now (`None`: cluster-scoped, or not known this run).
+    pub namespace_uid: Option<String>,
 }
 
 /// What the pass needs of a provider object.
@@ -32,6 +34,8 @@ pub struct ProviderObj {
     pub uid: String,
     pub cluster_marker: Option<String>,
     pub object_marker: Option<String>,
+    /// `core.kbind.io/consumer-namespace-uid`: the namespace its consumer object lived in.
+    pub namespace_marker: Option<String>,
     pub spec: Doc,
     pub status: Doc,
     pub deleting: bool,
@@ -45,6 +49,9 @@ pub enum Ownership {
     Ours,
     /// Our cluster's earlier copy of an object that no longer exists: take it back.
     OurEarlierCopy,
+    /// Our cluster's earlier copy from a namespace of the same name that was deleted (its UID
+    /// differs): never re-adopted by whoever holds the name now.
+    FromRecreatedNamespace,
     /// No markers at all.
     Unmarked,
     OwnedByAnother,
@@ -53,15 +60,32 @@ pub enum Ownership {
 pub fn ownership(
     p: &ProviderObj,
     local_uid: &str,
-    consumer_uid: &str,
+    c: &ConsumerObj,
     live_uids: &BTreeSet<String>,
 ) -> Ownership {
+    let earlier = || {
+        if same_namespace(p, c.namespace_uid.as_deref()) {
+            Ownership::OurEarlierCopy
+        } else {
+            Ownership::FromRecreatedNamespace
+        }
+    };
     match (p.cluster_marker.as_deref(), p.object_marker.as_deref()) {
         (None, None) => Ownership::Unmarked,
-        (Some(c), Some(o)) if c == local_uid && o == consumer_uid => Ownership::Ours,
-        (Some(c), Some(o)) if c == local_uid && !live_uids.contains(o) => Ownership::OurEarlierCopy,
-        (Some(c), None) if c == local_uid => Ownership::OurEarlierCopy,
+        (Some(cl), Some(o)) if cl == local_uid && o == c.uid => Ownership::Ours,
+        (Some(cl), Some(o)) if cl == local_uid && !live_uids.contains(o) => earlier(),
+        (Some(cl), None) if cl == local_uid => earlier(),
         _ => Ownership::OwnedByAnother,
+    }
+}
+
+/// Whether a copy came from the namespace that now holds its name. A copy written before kbind
+/// recorded namespaces (no marker), or a namespace whose UID is not known, cannot be told apart:
+/// such a copy counts as the same (docs/upgrade.md 0.3).
+pub fn same_namespace(p: &ProviderObj, namespace_uid: Option<&str>) -> bool {
+    match (p.namespace_marker.as_deref(), namespace_uid) {
+        (Some(was), Some(now)) => was == now,
+        _ => true,
     }
 }
 
@@ -111,7 +135,7 @@ pub fn plan_object(
     policy: ConflictPolicy,
     waited_out: i64,
 ) -> (Vec<Action>, Standing) {
-    let provider = p.map(|p| (p, ownership(p, local_uid, &c.uid, live_uids)));
+    let provider = p.map(|p| (p, ownership(p, local_uid, c, live_uids)));
     if c.deleting {
         if !c.has_finalizer {
             return (vec![], Standing::Deleting);
@@ -153,6 +177,10 @@ pub fn plan_object(
             conflict(&mut a, OWNED_BY_ANOTHER);
             return (a, Standing::Conflict);
         }
+        Some((_, Ownership::FromRecreatedNamespace)) => {
+            conflict(&mut a, keys::NAMESPACE_RECREATED);
+            return (a, Standing::Conflict);
+        }
         Some((_, Ownership::Unmarked)) if policy == ConflictPolicy::Fail => {
             conflict(&mut a, FOREIGN_OBJECT_EXISTS);
             return (a, Standing::Conflict);
@@ -162,7 +190,9 @@ pub fn plan_object(
                 // The copy is going away on the provider; re-created once it is gone.
                 return (a, Standing::Pending);
             }
-            if own != Ownership::Ours || p.spec != c.spec {
+            // A copy written before kbind recorded its namespace gets the marker once.
+            let unrecorded = c.namespace_uid.is_some() && p.namespace_marker != c.namespace_uid;
+            if own != Ownership::Ours || p.spec != c.spec || unrecorded {
                 a.push(Action::UpdateSpec);
             }
             if p.orphaned.is_some() {
@@ -226,7 +256,19 @@ pub enum OrphanAction {
 
 /// Kbind never deletes provider data its consumer did not ask to delete (docs/resync.md
 /// "Orphans"): only `Delete` deletes, and an orphan already marked stays as it is under `Keep`.
-pub fn plan_orphan(p: &ProviderObj, policy: OrphanPolicy) -> Option<OrphanAction> {
+///
+/// `namespace_uid`: the UID of the namespace that holds the copy's name now. A copy from a
+/// namespace that was deleted and created again is never restored into it: it is marked
+/// `NamespaceRecreated` instead (once), whatever the policy but `Delete`.
+pub fn plan_orphan(
+    p: &ProviderObj,
+    policy: OrphanPolicy,
+    namespace_uid: Option<&str>,
+) -> Option<OrphanAction> {
+    let recreated = keys::NAMESPACE_RECREATED;
+    if policy != OrphanPolicy::Delete && !same_namespace(p, namespace_uid) {
+        return (p.orphaned.as_deref() != Some(recreated)).then_some(OrphanAction::Mark(recreated));
+    }
     match policy {
         OrphanPolicy::Keep if p.orphaned.is_some() => None,
         OrphanPolicy::Keep => Some(OrphanAction::Mark(keys::ORPHANED_CONSUMER_OBJECT_GONE)),
@@ -291,7 +333,7 @@ mod tests {
         ];
         for (c, o, want) in cases {
             assert_eq!(
-                ownership(&provider(c, o), LOCAL, "u1", &live()),
+                ownership(&provider(c, o), LOCAL, &consumer(), &live()),
                 want,
                 "{c:?} {o:?}"
             );
@@ -556,8 +598,112 @@ mod tests {
             (&marked, OrphanPolicy::Restore, Some(OrphanAction::Restore)),
         ];
         for (p, policy, want) in cases {
-            assert_eq!(plan_orphan(p, policy), want, "{policy:?} {:?}", p.orphaned);
+            assert_eq!(
+                plan_orphan(p, policy, Some("ns-uid")),
+                want,
+                "{policy:?} {:?}",
+                p.orphaned
+            );
         }
+    }
+
+    /// A copy is re-adopted or restored only into the namespace it came from (its UID), not into
+    /// one of the same name created again by someone else; a copy from before kbind recorded
+    /// namespaces (or a namespace of unknown UID) counts as the same. Existing copies get the
+    /// marker once.
+    #[test]
+    fn a_recreated_namespace_re_adopts_nothing() {
+        let from = |ns: Option<&str>| ProviderObj {
+            namespace_marker: ns.map(String::from),
+            ..provider(Some(LOCAL), Some("gone"))
+        };
+        let mut c = consumer();
+        c.namespace_uid = Some("ns-now".into());
+        let never = BTreeSet::new();
+        for (copy, want) in [
+            (from(Some("ns-now")), Ownership::OurEarlierCopy),
+            (from(Some("ns-before")), Ownership::FromRecreatedNamespace),
+            (from(None), Ownership::OurEarlierCopy),
+        ] {
+            assert_eq!(ownership(&copy, LOCAL, &c, &never), want, "{copy:?}");
+        }
+        let unknown = ConsumerObj {
+            namespace_uid: None,
+            ..c.clone()
+        };
+        assert_eq!(
+            ownership(&from(Some("ns-before")), LOCAL, &unknown, &never),
+            Ownership::OurEarlierCopy
+        );
+        // Not taken over: a conflict that says why, then nothing more.
+        let (a, st) = plan_object(
+            &c,
+            Some(&from(Some("ns-before"))),
+            LOCAL,
+            &never,
+            ConflictPolicy::Adopt,
+            i64::MIN,
+        );
+        assert_eq!(
+            (a, st),
+            (
+                vec![Action::MarkConflict(keys::NAMESPACE_RECREATED)],
+                Standing::Conflict
+            )
+        );
+        let marked = ConsumerObj {
+            conflict: Some(keys::NAMESPACE_RECREATED.into()),
+            ..c.clone()
+        };
+        let (a, _) = plan_object(
+            &marked,
+            Some(&from(Some("ns-before"))),
+            LOCAL,
+            &never,
+            ConflictPolicy::Fail,
+            i64::MIN,
+        );
+        assert_eq!(a, vec![]);
+        // Our live copy without the marker gets it once; with it, nothing.
+        let mut ours = provider(Some(LOCAL), Some("u1"));
+        let (a, _) = plan_object(
+            &c,
+            Some(&ours),
+            LOCAL,
+            &live(),
+            ConflictPolicy::Fail,
+            i64::MIN,
+        );
+        assert_eq!(a, vec![Action::UpdateSpec]);
+        ours.namespace_marker = Some("ns-now".into());
+        let (a, _) = plan_object(
+            &c,
+            Some(&ours),
+            LOCAL,
+            &live(),
+            ConflictPolicy::Fail,
+            i64::MIN,
+        );
+        assert_eq!(a, vec![]);
+        // Orphans: never restored into another namespace; marked once; Delete still deletes.
+        let before = from(Some("ns-before"));
+        let here = Some("ns-now");
+        let mark = Some(OrphanAction::Mark(keys::NAMESPACE_RECREATED));
+        assert_eq!(plan_orphan(&before, OrphanPolicy::Restore, here), mark);
+        assert_eq!(plan_orphan(&before, OrphanPolicy::Keep, here), mark);
+        assert_eq!(
+            plan_orphan(&before, OrphanPolicy::Delete, here),
+            Some(OrphanAction::Delete)
+        );
+        let reported = ProviderObj {
+            orphaned: Some(keys::NAMESPACE_RECREATED.into()),
+            ..before.clone()
+        };
+        assert_eq!(plan_orphan(&reported, OrphanPolicy::Restore, here), None);
+        assert_eq!(
+            plan_orphan(&from(Some("ns-now")), OrphanPolicy::Restore, here),
+            Some(OrphanAction::Restore)
+        );
     }
 
     #[test]

@@ -26,7 +26,21 @@ pub fn binding_status(
             .filter(|(_, c)| c.conflicts > 0)
             .map(|(a, c)| format!("{a}: {}", c.conflicts))
             .collect();
-        conds.set_condition(CONFLICTS, S::True, "ConflictsFound", &format!("objects not synced because of a conflict (see their core.kbind.io/conflict annotation): {}", detail.join(", ")), b.generation, now)
+        let mut msg = format!(
+            "objects not synced because of a conflict (see their core.kbind.io/conflict annotation): {}",
+            detail.join(", ")
+        );
+        if b.adopt_refused {
+            msg.push_str(&format!("; conflictPolicy Adopt is not in effect: Connection {}'s spec.adoptionNamespaces does not let this namespace adopt provider objects kbind did not create", b.connection));
+        }
+        conds.set_condition(
+            CONFLICTS,
+            S::True,
+            "ConflictsFound",
+            &msg,
+            b.generation,
+            now,
+        )
     } else {
         conds.set_condition(CONFLICTS, S::False, "NoConflicts", "", b.generation, now)
     };
@@ -135,6 +149,8 @@ mod tests {
             connection: "c".into(),
             apis: vec!["widgets.example.org".into()],
             policy: ConflictPolicy::Fail,
+            adopt_refused: false,
+            admitted: true,
             orphans: OrphanPolicy::Keep,
             deleting: false,
             has_cleanup: false,
@@ -223,5 +239,28 @@ mod tests {
         // A whole run without one: pinned.
         let (_, cond) = pinned_after(&refused_before, synced, true);
         assert_eq!(cond, Some(("True".into(), "Pinned".into())));
+    }
+
+    /// A Binding asking for Adopt where its Connection does not let it adopt: its conflicts say
+    /// why Adopt is not in effect, and name the Connection's field.
+    #[test]
+    fn conflicts_under_a_refused_adopt_say_so() {
+        let conflicts = Counts {
+            conflicts: 1,
+            ..Default::default()
+        };
+        let msg = |b: &BindingRef| {
+            let (out, _) = pinned_after(b, conflicts.clone(), true);
+            out.unwrap()["conditions"][0]["message"].to_string()
+        };
+        let mut b = binding(vec![]);
+        assert!(!msg(&b).contains("adoptionNamespaces"), "{}", msg(&b));
+        b.adopt_refused = true;
+        let m = msg(&b);
+        assert!(
+            m.contains("widgets.example.org: 1")
+                && m.contains("Connection c's spec.adoptionNamespaces"),
+            "{m}"
+        );
     }
 }

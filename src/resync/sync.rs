@@ -134,6 +134,12 @@ impl Run<'_> {
             // Not fatal: the conflicted objects meet their 409 again and stay marked.
             tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
         }
+        for c in &mut consumer {
+            c.namespace_uid = c
+                .namespace
+                .as_ref()
+                .and_then(|ns| self.namespace_uids.get(ns).cloned());
+        }
         let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
         consumer.sort_by_cached_key(|c| obj_key(c.namespace.as_deref(), &c.name));
         Some(Sides {
@@ -296,7 +302,12 @@ impl Run<'_> {
                 .counts
                 .entry((b.key.clone(), api.name.clone()))
                 .or_default();
-            let Some(action) = plan::plan_orphan(o, b.orphans) else {
+            let namespace_uid = o
+                .namespace
+                .as_ref()
+                .and_then(|ns| self.namespace_uids.get(ns))
+                .map(String::as_str);
+            let Some(action) = plan::plan_orphan(o, b.orphans, namespace_uid) else {
                 entry.orphaned += 1;
                 continue;
             };
@@ -338,6 +349,8 @@ static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| B
     connection: String::new(),
     apis: vec![],
     policy: ConflictPolicy::Fail,
+    adopt_refused: false,
+    admitted: true,
     orphans: OrphanPolicy::Keep,
     deleting: false,
     has_cleanup: false,

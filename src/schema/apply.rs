@@ -77,7 +77,7 @@ pub(super) async fn binding_finalizers(
     for b in world
         .bindings
         .iter()
-        .filter(|b| b.view.connection == name && !b.view.deleting)
+        .filter(|b| b.view.connection == name && !b.view.deleting && b.view.admission.admitted())
     {
         if !b.finalizers.iter().any(|f| f == keys::CLEANUP_FINALIZER)
             && writes.will(
@@ -267,14 +267,12 @@ pub(super) async fn finish_deleting_bindings(
 fn withdrawn_autobind(world: &World, b: &BindingObj) -> bool {
     world.connections.iter().any(|c| {
         c.metadata.deletion_timestamp.is_none()
-            && c.name_any() == b.view.key.name
-            && b.view.key.namespace.is_none()
-            && b.owner_uids.contains(&c.uid().unwrap_or_default())
             && c.status
                 .as_ref()
                 .and_then(|s| s.empty_discoveries)
                 .unwrap_or(0)
                 >= 1
+            && super::autobind_binding(world, c).is_some_and(|ab| ab.uid == b.uid)
     })
 }
 

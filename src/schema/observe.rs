@@ -34,7 +34,7 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
             }
             _ => PassError::kube("listing Connections", &e),
         })?;
-    let observed = crate::bindings::observe(&client)
+    let (observed, _) = crate::bindings::observe(&client, &connections, false)
         .await
         .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
     let crds = list::map_metadata(
@@ -93,6 +93,7 @@ impl From<crate::bindings::ObservedBinding> for BindingObj {
                 status: b.status,
                 deleting: b.deleting,
                 labels: b.labels,
+                admission: b.admission,
             },
             uid: b.uid,
             finalizers: b.finalizers,

@@ -39,6 +39,9 @@ pub struct BindingView {
     pub status: BindingStatus,
     pub deleting: bool,
     pub labels: BTreeMap<String, String>,
+    /// Whether its Connection serves it: a Binding in a namespace the Connection does not admit
+    /// gets no CRD installed and no cleanup finalizer, only conditions saying why.
+    pub admission: crate::bindings::admission::Admission,
 }
 
 pub use crate::discovery::{Discovered, DiscoveryError};
@@ -151,6 +154,7 @@ pub fn plan_crds(o: &Observed) -> Vec<CrdAction> {
     };
     let bound: BTreeSet<&str> = o
         .own_bindings()
+        .filter(|b| b.admission.admitted())
         .flat_map(|b| {
             b.apis
                 .iter()

@@ -63,10 +63,13 @@ pub async fn connection(
     {
         writes.data_done();
     }
+    // A Binding the Connection does not serve never holds it: it got nothing through it, and
+    // once the Connection is gone its own teardown touches only consumer objects. So a tenant
+    // cannot keep a Connection from being deleted (docs/operations.md "Deleting a Connection").
     let remaining: Vec<String> = v
         .bindings
         .iter()
-        .filter(|b| b.view.connection == name)
+        .filter(|b| b.view.connection == name && b.view.admission.admitted())
         .map(|b| b.view.key.to_string())
         .collect();
     let conns: Api<Connection> = Api::all(v.client.clone());

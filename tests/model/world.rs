@@ -151,6 +151,17 @@ impl World {
             )
             .await
             .expect("conflictPolicy");
+        // The Binding lives in namespace b: its Connection serves it (docs/schema.md
+        // "Namespaced Bindings").
+        Api::<kbind::api::core::Connection>::all(fx.consumer.clone())
+            .patch(
+                &conn,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"bindingNamespaces": {"matchLabels": null, "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [&fx.ns, &ns_b]}]}}})),
+            )
+            .await
+            .expect("bindingNamespaces");
         let local_uid = fx
             .conn(&conn)
             .await

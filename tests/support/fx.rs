@@ -114,7 +114,9 @@ impl Fx {
         let name = format!("{}-{name}", self.label);
         let c = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
             "metadata": {"name": name, "labels": {"kbind-test": self.label}},
-            "spec": {"kubeconfigSecretRef": {"namespace": self.ns, "name": secret}, "schema": schema, "autoBind": auto_bind}});
+            "spec": {"kubeconfigSecretRef": {"namespace": self.ns, "name": secret}, "schema": schema, "autoBind": auto_bind,
+                // The fixture's own namespace, where its Bindings live (docs/schema.md).
+                "bindingNamespaces": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}}}});
         let c: Connection = serde_json::from_value(c).unwrap();
         Api::<Connection>::all(self.consumer.clone())
             .create(&PostParams::default(), &c)

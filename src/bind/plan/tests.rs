@@ -129,6 +129,8 @@ fn desired_objects_name_the_secret_and_carry_the_grant_annotations() {
         d[2].body["spec"],
         json!({"connectionRef": {"name": "acme"}, "apis": [{"name": "widgets.x.io"}]})
     );
+    // A ClusterBinding admits no namespaced Binding by the way.
+    assert!(d[1].body["spec"]["bindingNamespaces"].is_null());
     for o in &d {
         assert_eq!(o.body["metadata"]["labels"], json!({"team": "a"}));
     }
@@ -142,6 +144,11 @@ fn desired_objects_name_the_secret_and_carry_the_grant_annotations() {
     assert!(d[0].body["metadata"]["labels"].is_null());
     assert_eq!(d[2].key(), "Binding team/acme");
     assert_eq!(d[2].body["kind"], "Binding");
+    // ... and the Connection serves that namespace, and only it.
+    assert_eq!(
+        d[1].body["spec"]["bindingNamespaces"],
+        json!({"matchLabels": {"kubernetes.io/metadata.name": "team"}})
+    );
 }
 
 fn managed_by(manager: &str) -> serde_json::Value {

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+use crate::bindings::admission::{Admission, NAMESPACE_NOT_ALLOWED};
 
 /// Per-API setup result of a binding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +189,9 @@ pub(super) fn binding_status(
 ) -> BindingStatus {
     let mut st = b.status.clone();
     let g = b.generation;
+    if let Admission::NotAllowed(msg) = &b.admission {
+        return not_allowed(st, msg, g, now);
+    }
     let Summed {
         mut bound,
         problems,
@@ -238,6 +242,34 @@ pub(super) fn binding_status(
         c.set_condition(SYNCED, S::False, "SetupIncomplete", &msg, g, now);
     }
     permission_denied(c, &denied, conn.refused, g, now);
+    st.observed_generation = g;
+    st
+}
+
+/// A Binding its Connection does not serve: nothing is bound, and every condition says why (the
+/// message names the Connection's field to set: docs/schema.md "Namespaced Bindings").
+fn not_allowed(mut st: BindingStatus, msg: &str, g: Option<i64>, now: Timestamp) -> BindingStatus {
+    let mut bound = Vec::new();
+    keep_resync_entries(&st.bound_apis, &mut bound);
+    st.bound_apis = bound;
+    let c = &mut st.conditions;
+    c.set_condition(READY, S::False, NAMESPACE_NOT_ALLOWED, msg, g, now);
+    c.set_condition(
+        SYNCED,
+        S::False,
+        "SetupIncomplete",
+        "setup incomplete; see Ready",
+        g,
+        now,
+    );
+    c.set_condition(
+        PERMISSION_DENIED,
+        S::True,
+        NAMESPACE_NOT_ALLOWED,
+        msg,
+        g,
+        now,
+    );
     st.observed_generation = g;
     st
 }

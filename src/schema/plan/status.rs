@@ -59,6 +59,7 @@ pub fn plan_status(
         let states: Vec<(String, ApiState)> = b
             .apis
             .iter()
+            .filter(|_| b.admission.admitted())
             .map(|api| {
                 (
                     api.clone(),

@@ -557,3 +557,46 @@ fn auto_bind_needs_two_empty_discoveries_to_delete() {
         None
     );
 }
+
+#[test]
+fn a_binding_its_connection_does_not_serve_installs_nothing_and_says_why() {
+    use crate::bindings::admission::Admission;
+    let mut refused = binding(Some("team-b"), "w", "c", &["a.x.io"]);
+    refused.admission = Admission::NotAllowed("namespace team-b does not match".into());
+    // What it had bound while admitted goes; the counts resync owns stay for resync.
+    refused.status.bound_apis = vec![BoundApi {
+        name: "a.x.io".into(),
+        schema_hash: Some("h1".into()),
+        in_sync: Some(3),
+        ..Default::default()
+    }];
+    let mut case = Case {
+        bindings: vec![refused],
+        ..Default::default()
+    };
+    assert_eq!(case.actions(), Vec::<String>::new(), "no CRD for it");
+    // Another, admitted Binding of the same API still gets its CRD.
+    case.bindings
+        .push(binding(Some("team-a"), "w", "c", &["a.x.io"]));
+    assert_eq!(case.actions(), ["create a.x.io"]);
+    case.bindings.pop();
+    let plan = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    let st = &plan.bindings[0].1;
+    assert_eq!(reason(&st.conditions, READY), "False/NamespaceNotAllowed");
+    assert_eq!(reason(&st.conditions, SYNCED), "False/SetupIncomplete");
+    assert_eq!(
+        reason(&st.conditions, PERMISSION_DENIED),
+        "True/NamespaceNotAllowed"
+    );
+    let ready = st.conditions.iter().find(|c| c.type_ == READY).unwrap();
+    assert_eq!(ready.message, "namespace team-b does not match");
+    assert_eq!(st.bound_apis.len(), 1);
+    assert_eq!(st.bound_apis[0].schema_hash, None);
+    assert_eq!(st.bound_apis[0].in_sync, Some(3));
+    // The Connection is not made unready by a Binding it refuses.
+    assert_eq!(reason(&plan.connection.conditions, READY), "True/Ready");
+    // A second run changes nothing.
+    case.bindings[0].status = st.clone();
+    let again = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
+    assert!(again.bindings.is_empty(), "{:?}", again.bindings);
+}
