@@ -66,12 +66,16 @@ pub async fn discover(
     }
 }
 
+/// Provider CRDs per LIST page: a CRD decodes to some 50 times its JSON size (docs/performance.md
+/// "Memory"), so a page is held decoded a few MiB of JSON at a time, not 500 CRDs' worth.
+const CRD_PAGE: u32 = 50;
+
 /// Provider CRDs labelled `core.kbind.io/exported=true` (exact value) with a served version.
 async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
     let api: Api<CustomResourceDefinition> = Api::all(provider.clone());
     let mut lp = ListParams::default()
         .labels(&format!("{}=true", keys::EXPORTED))
-        .limit(500);
+        .limit(CRD_PAGE);
     let mut d = Discovered {
         source: SchemaSource::Crd,
         ..Default::default()
@@ -80,12 +84,14 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
     loop {
         // Endless continue tokens must not hold the pass (docs/hostile-inputs.md).
         if pages == crate::pass::list::MAX_PAGES {
-            let e = crate::pass::list::too_many_pages();
+            let e = crate::pass::list::too_many_pages_of(lp.limit.unwrap_or(CRD_PAGE));
             return Err(error("listing exported provider CRDs", &e));
         }
         pages += 1;
         let page = match api.list(&lp).await {
             Ok(p) => p,
+            // A page past the body cap: the same page in halves (src/pass/list.rs).
+            Err(e) if crate::pass::list::smaller(&mut lp, &e) => continue,
             // One CRD the client cannot decode (a schema nested past the JSON reader's
             // recursion limit) must not hide every other export: read them one by one.
             Err(kube::Error::SerdeError(_)) => {

@@ -17,11 +17,33 @@ pub fn too_many_pages() -> kube::Error {
     too_many_pages_of(PAGE)
 }
 
-fn too_many_pages_of(page: u32) -> kube::Error {
+pub fn too_many_pages_of(page: u32) -> kube::Error {
     kube::Error::Service(
         format!("the server returned more than {MAX_PAGES} pages of {page}; listing stopped")
             .into(),
     )
+}
+
+/// A page past the body cap (`retry::MAX_RESPONSE_BYTES`) is asked for again at half the size,
+/// down to one object: the cap bounds memory, and a collection of large objects still lists in
+/// smaller pages (the next pages keep the smaller size). Whether `e` was such a page and `lp`
+/// now asks for less.
+pub fn smaller(lp: &mut ListParams, e: &kube::Error) -> bool {
+    let size = lp.limit.unwrap_or(PAGE);
+    if size <= 1
+        || !matches!(
+            super::retry::Refused::of(e),
+            Some(super::retry::Refused::TooLarge(_))
+        )
+    {
+        return false;
+    }
+    tracing::debug!(
+        size,
+        "page past the body cap; asking for half as many objects"
+    );
+    lp.limit = Some(size / 2);
+    true
 }
 
 /// Every object matching `lp`, fetched in pages.
@@ -57,7 +79,10 @@ where
     let mut lp = lp.clone().limit(PAGE);
     let mut out = Vec::new();
     for _ in 0..MAX_PAGES {
-        let page = api.list_metadata(&lp).await?;
+        let page = match api.list_metadata(&lp).await {
+            Err(e) if smaller(&mut lp, &e) => continue,
+            r => r?,
+        };
         out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
@@ -83,7 +108,10 @@ where
     let mut lp = lp.clone().limit(size);
     let mut out = Vec::new();
     for _ in 0..MAX_PAGES {
-        let page = api.list(&lp).await?;
+        let page = match api.list(&lp).await {
+            Err(e) if smaller(&mut lp, &e) => continue,
+            r => r?,
+        };
         out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
@@ -152,5 +180,90 @@ mod tests {
             drop(api);
             assert_eq!(server.await.unwrap(), vec![Some(want); 2]);
         }
+    }
+
+    /// A client whose bodies are capped at `max_body`, as a pass's are (src/pass/retry.rs).
+    fn capped(
+        max_body: usize,
+    ) -> (
+        kube::Client,
+        tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    ) {
+        use tower::Layer;
+        let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let layer = crate::pass::retry::RetryLayer(crate::pass::retry::Policy {
+            max_body,
+            ..Default::default()
+        });
+        (kube::Client::new(layer.layer(mock), "default"), handle)
+    }
+
+    fn limit_of(req: &Request<Body>) -> usize {
+        req.uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("limit="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A page past the body cap is asked for again at half the size (the cap bounds memory;
+    /// large objects list in smaller pages), and the next page keeps the smaller size.
+    #[tokio::test]
+    async fn a_page_past_the_cap_is_asked_for_in_halves() {
+        let (client, mut handle) = capped(4096);
+        let server = tokio::spawn(async move {
+            let mut limits = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                let limit = limit_of(&req);
+                limits.push(limit);
+                // Each object is ~40 bytes: more than ~100 of them pass the 4 KiB cap.
+                let n = limit.min(3);
+                let pad = "x".repeat(if limit > 100 { 8192 } else { 0 });
+                let next = if limits.len() < 5 { "more" } else { "" };
+                let items: Vec<_> = (0..n)
+                    .map(|i| serde_json::json!({"metadata": {"name": format!("c{i}")}, "data": {"p": pad}}))
+                    .collect();
+                let page = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {"continue": next}, "items": items});
+                send.send_response(Response::new(Body::from(page.to_string().into_bytes())));
+            }
+            limits
+        });
+        let api: Api<ConfigMap> = Api::all(client);
+        let got = all(&api, &ListParams::default()).await.unwrap();
+        assert_eq!(got.len(), 6, "two pages of three");
+        drop(api);
+        assert_eq!(server.await.unwrap(), vec![500, 250, 125, 62, 62]);
+    }
+
+    /// A page with more items than asked is refused before it is decoded, and not asked again.
+    #[tokio::test]
+    async fn a_page_with_more_items_than_asked_is_refused() {
+        let (client, mut handle) = capped(1 << 20);
+        let server = tokio::spawn(async move {
+            let mut served = 0;
+            while let Some((req, send)) = handle.next_request().await {
+                served += 1;
+                let items = vec![serde_json::json!({}); limit_of(&req) + 1];
+                let page = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {}, "items": items});
+                send.send_response(Response::new(Body::from(page.to_string().into_bytes())));
+            }
+            served
+        });
+        let api: Api<ConfigMap> = Api::all(client);
+        let err = all(&api, &ListParams::default().limit(20))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            crate::pass::retry::Refused::of(&err),
+            Some(&crate::pass::retry::Refused::TooManyItems(20)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("more than 20 items"), "{err}");
+        drop(api);
+        assert_eq!(server.await.unwrap(), 1);
     }
 }

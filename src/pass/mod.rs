@@ -16,6 +16,7 @@ pub mod finalizer;
 pub mod lease;
 pub mod list;
 pub mod metrics;
+mod page_items;
 pub mod progress;
 pub mod retry;
 pub mod runner;

@@ -31,10 +31,49 @@ use kube::client::Body;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::backoff::{self, Backoff, parse_retry_after};
+use super::page_items;
 
-/// The most a response body may hold (LIST pages are 500 objects; a CRD list or an OpenAPI
-/// document of a large provider is tens of MiB).
-pub const MAX_RESPONSE_BYTES: usize = 128 << 20;
+/// The most a response body may hold. A body is decoded whole, to several times its size (a
+/// CRD to some 50 times: docs/performance.md "Memory"), and a pass runs in 256 MiB; a LIST page
+/// past it is asked for again in halves (src/pass/list.rs), so only a single object or an
+/// OpenAPI document this large fails.
+pub const MAX_RESPONSE_BYTES: usize = 32 << 20;
+
+/// A response refused before it is decoded. Not transient: the same request would bring the
+/// same answer, so it is never resent as is (a LIST asks again for smaller pages:
+/// src/pass/list.rs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("response body larger than {0} bytes; refused")]
+    TooLarge(usize),
+    #[error(
+        "the server returned more than {0} items in a page that asked for at most {0}; refused"
+    )]
+    TooManyItems(usize),
+}
+
+impl Refused {
+    /// The refusal behind a client error, if that is what it is.
+    pub fn of(e: &kube::Error) -> Option<&Refused> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            if let Some(r) = c.downcast_ref::<Refused>() {
+                return Some(r);
+            }
+            cause = c.source();
+        }
+        None
+    }
+}
+
+/// The `limit` a LIST request asked for.
+fn asked_limit(uri: &http::Uri) -> Option<usize> {
+    uri.query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("limit="))?
+        .parse()
+        .ok()
+}
 
 /// How long past the pass deadline a request may still run: long enough to record status and
 /// release the Lease, short enough that the CronJob's `activeDeadlineSeconds` never has to kill
@@ -188,6 +227,7 @@ where
         let policy = self.policy;
         Box::pin(async move {
             let method = req.method().clone();
+            let limit = asked_limit(req.uri()).filter(|_| method == Method::GET);
             let mut attempt = 0;
             let mut req = Some(req);
             loop {
@@ -222,19 +262,26 @@ where
                     },
                     None => attempt_fut.await,
                 };
+                let result =
+                    result.map(|(st, ra, parts, body)| (st, ra, parts, body.map(|b| b.to_bytes())));
                 let (verdict, outcome) = match result {
+                    Ok((status, _, _, Ok(b)))
+                        if status.is_success()
+                            && limit.is_some_and(|n| page_items::more_than(&b, n)) =>
+                    {
+                        let n = limit.unwrap_or_default();
+                        (Verdict::Done, Err(Refused::TooManyItems(n).into()))
+                    }
                     Ok((status, retry_after, parts, Ok(b))) => (
                         policy.verdict(&method, Some(status), retry_after.as_deref(), attempt),
-                        Ok(Response::from_parts(parts, Body::from(b.to_bytes()))),
+                        Ok(Response::from_parts(parts, Body::from(b))),
                     ),
                     Ok((_, _, _, Err(e))) => {
                         if e.is::<http_body_util::LengthLimitError>() {
-                            // Not transient: the same request would bring the same body.
-                            let msg = format!(
-                                "response body larger than {} bytes; refused",
-                                policy.max_body
-                            );
-                            (Verdict::Done, Err(msg.into()))
+                            (
+                                Verdict::Done,
+                                Err(Refused::TooLarge(policy.max_body).into()),
+                            )
                         } else {
                             (policy.verdict(&method, None, None, attempt), Err(e))
                         }
