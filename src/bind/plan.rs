@@ -262,7 +262,10 @@ pub fn decide(want: &Desired, have: Option<&Value>, force: bool) -> Result<Actio
             &want.body["spec"]["kubeconfigSecretRef"],
             &have["spec"]["kubeconfigSecretRef"],
         );
-        let same = |f: &str| w[f] == h[f] || (f == "key" && h[f].is_null() && w[f] == "kubeconfig");
+        let same = |f: &str| {
+            w[f] == h[f]
+                || (f == "key" && h[f].is_null() && w[f] == crate::api::keys::KUBECONFIG_KEY)
+        };
         let differs = !(same("namespace") && same("name") && same("key"));
         if !h.is_null() && differs {
             return Err(BindError::SecretRefImmutable {

@@ -135,10 +135,17 @@ impl Run<'_> {
             tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
         }
         for c in &mut consumer {
+            // Unknown this run (the namespaces could not be listed): our own copy keeps the
+            // namespace it recorded, as an apply without it would drop the marker.
             c.namespace_uid = c
                 .namespace
                 .as_ref()
-                .and_then(|ns| self.namespace_uids.get(ns).cloned());
+                .and_then(|ns| self.namespace_uids.get(ns).cloned())
+                .or_else(|| {
+                    let p = provider_by_key.get(&obj_key(c.namespace.as_deref(), &c.name))?;
+                    (p.object_marker.as_deref() == Some(c.uid.as_str()))
+                        .then(|| p.namespace_marker.clone())?
+                });
         }
         let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
         consumer.sort_by_cached_key(|c| obj_key(c.namespace.as_deref(), &c.name));

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Secret;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PartialObjectMeta};
+use kube::discovery::ApiGroup;
 use kube::{Api, Client, Resource};
 
 use super::memo::Providers;
@@ -228,13 +229,34 @@ pub(super) async fn holding<'c>(
     client: &Client,
     crds: impl IntoIterator<Item = &'c str>,
 ) -> std::collections::BTreeMap<String, Holding> {
+    // Withdrawn CRDs usually share a group: its discovery is read once per run.
+    let mut groups: std::collections::BTreeMap<String, Result<Option<ApiGroup>, String>> =
+        Default::default();
     let mut out = std::collections::BTreeMap::new();
     for crd in crds {
-        let verdict = match has_objects(client, crd).await {
-            Ok(Some(false)) => continue,
-            Ok(Some(true)) => Holding::Objects,
-            Ok(None) => Holding::Unreadable("not served".into()),
-            Err(e) => Holding::Unreadable(short_reason(&e)),
+        // A CRD's name is `<plural>.<group>`; discovery (open to every identity) gives the
+        // versions served, so the pass needs no read of the CRD itself.
+        let Some((plural, group)) = crd.split_once('.') else {
+            out.insert(crd.to_string(), Holding::Unreadable("not served".into()));
+            continue;
+        };
+        if !groups.contains_key(group) {
+            let found = match kube::discovery::group(client, group).await {
+                Ok(g) => Ok(Some(g)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => Err(short_reason(&e)),
+            };
+            groups.insert(group.to_string(), found);
+        }
+        let verdict = match groups.get(group) {
+            Some(Ok(Some(g))) => match has_objects(client, g, plural).await {
+                Ok(Some(false)) => continue,
+                Ok(Some(true)) => Holding::Objects,
+                Ok(None) => Holding::Unreadable("not served".into()),
+                Err(e) => Holding::Unreadable(short_reason(&e)),
+            },
+            Some(Err(why)) => Holding::Unreadable(why.clone()),
+            _ => Holding::Unreadable("not served".into()),
         };
         if let Holding::Unreadable(why) = &verdict {
             tracing::warn!(%crd, reason = %why, "objects of a withdrawn export not listed; the CRD is kept");
@@ -256,19 +278,13 @@ fn short_reason(e: &kube::Error) -> String {
     }
 }
 
-/// Whether consumer CRD `crd` holds an object; `None` when discovery shows no version of it
-/// (not established, or being deleted).
-async fn has_objects(client: &Client, crd: &str) -> Result<Option<bool>, kube::Error> {
-    // A CRD's name is `<plural>.<group>`; discovery (open to every identity) gives the versions
-    // served, so the pass needs no read of the CRD itself.
-    let Some((plural, group)) = crd.split_once('.') else {
-        return Ok(None);
-    };
-    let found = match kube::discovery::group(client, group).await {
-        Ok(g) => g,
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-        Err(e) => return Err(e),
-    };
+/// Whether the resource `plural` of discovered group `found` holds an object; `None` when
+/// discovery shows no version of it (not established, or being deleted).
+async fn has_objects(
+    client: &Client,
+    found: &ApiGroup,
+    plural: &str,
+) -> Result<Option<bool>, kube::Error> {
     // Every served version, not only the group's preferred one: another CRD of the group may
     // set the preferred version.
     let versions: Vec<String> = found.versions().map(String::from).collect();
