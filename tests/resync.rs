@@ -1709,25 +1709,19 @@ async fn a_connection_serves_only_the_namespaces_it_admits() {
     use k8s_openapi::api::core::v1::Namespace;
     use kbind::api::core::{Binding, Connection};
     let fx = Fx::new("tenants").await;
-    let api = fx
-        .provider_crd("gadgets", "Namespaced", Some("true"), None)
-        .await;
-    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
-        .await;
-    let conn = fx
-        .connection("p", "provider", json!({"source": "CRD"}), false)
-        .await;
+    let (api, conn) = fx.exported("gadgets", "Namespaced").await;
     // The fixture's own namespace is admitted: its Binding installs the CRD.
     fx.binding("own", &conn, &[&api]).await;
     let tenant = support::namespace(&fx.consumer, "tenant").await;
     let bindings = Api::<Binding>::namespaced(fx.consumer.clone(), &tenant);
-    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
-        "metadata": {"name": "theirs", "namespace": tenant, "labels": {"kbind-test": fx.label}},
-        "spec": {"connectionRef": {"name": conn}, "apis": [{"name": api}], "conflictPolicy": "Adopt"}});
-    bindings
-        .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
-        .await
-        .unwrap();
+    fx.binding_in(
+        &tenant,
+        "theirs",
+        &conn,
+        &[&api],
+        json!({"conflictPolicy": "Adopt"}),
+    )
+    .await;
     fx.run(&[]);
     support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
     let ar = ApiResource::from_gvk_with_plural(
@@ -1930,13 +1924,8 @@ async fn a_connection_serves_only_the_namespaces_it_admits() {
 
     // A Binding the Connection does not serve never holds it: deleted with only such a
     // Binding left (and the fixture's own one going), the Connection goes.
-    let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
-        "metadata": {"name": "holdout", "namespace": tenant, "labels": {"kbind-test": fx.label}},
-        "spec": {"connectionRef": {"name": conn}, "apis": [{"name": api}]}});
-    bindings
-        .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
-        .await
-        .unwrap();
+    fx.binding_in(&tenant, "holdout", &conn, &[&api], json!({}))
+        .await;
     Api::<Binding>::namespaced(fx.consumer.clone(), &fx.ns)
         .delete("own", &DeleteParams::default())
         .await

@@ -137,9 +137,25 @@ impl Fx {
     }
 
     pub async fn binding(&self, name: &str, connection: &str, apis: &[&str]) -> String {
-        let b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding", "metadata": {"name": name, "namespace": self.ns, "labels": {"kbind-test": self.label}},
+        self.binding_in(&self.ns, name, connection, apis, json!({}))
+            .await
+    }
+
+    /// A Binding `name` in namespace `ns` (labelled for this fixture's runs), `spec` merged in.
+    pub async fn binding_in(
+        &self,
+        ns: &str,
+        name: &str,
+        connection: &str,
+        apis: &[&str],
+        spec: Value,
+    ) -> String {
+        let mut b = json!({"apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "labels": {"kbind-test": self.label}},
             "spec": {"connectionRef": {"name": connection}, "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>()}});
-        Api::<Binding>::namespaced(self.consumer.clone(), &self.ns)
+        if let (Some(to), Some(from)) = (b["spec"].as_object_mut(), spec.as_object()) {
+            to.extend(from.clone());
+        }
+        Api::<Binding>::namespaced(self.consumer.clone(), ns)
             .create(&PostParams::default(), &serde_json::from_value(b).unwrap())
             .await
             .unwrap();
@@ -235,16 +251,23 @@ impl Fx {
 }
 
 impl Fx {
-    /// A provider API `<plural>.<group>` exported, pulled and bound: the provider Secret, a
-    /// Connection `p` (CRD source), a ClusterBinding `cb`, one `kbind schema` run, and the
-    /// consumer CRD Established. Returns (api, connection, binding).
-    pub async fn bound_api(&self, plural: &str, scope: &str) -> (String, String, String) {
+    /// A provider API `<plural>.<group>` exported, the provider Secret and a Connection `p` to it
+    /// (CRD source), nothing bound yet. Returns (api, connection).
+    pub async fn exported(&self, plural: &str, scope: &str) -> (String, String) {
         let api = self.provider_crd(plural, scope, Some("true"), None).await;
         self.secret("provider", "kubeconfig", &self.provider_kubeconfig())
             .await;
         let conn = self
             .connection("p", "provider", json!({"source": "CRD"}), false)
             .await;
+        (api, conn)
+    }
+
+    /// A provider API `<plural>.<group>` exported, pulled and bound: the provider Secret, a
+    /// Connection `p` (CRD source), a ClusterBinding `cb`, one `kbind schema` run, and the
+    /// consumer CRD Established. Returns (api, connection, binding).
+    pub async fn bound_api(&self, plural: &str, scope: &str) -> (String, String, String) {
+        let (api, conn) = self.exported(plural, scope).await;
         let cb = self.cluster_binding("cb", &conn, &[&api]).await;
         self.run(&[]);
         support::wait_established(&Api::all(self.consumer.clone()), &api).await;

@@ -371,26 +371,13 @@ fn a_recreated_namespace_re_adopts_nothing() {
     );
     assert_eq!(a, vec![]);
     // Our live copy without the marker gets it once; with it, nothing.
+    let plan = |p: &ProviderObj| {
+        plan_object(&c, Some(p), LOCAL, &live(), ConflictPolicy::Fail, i64::MIN).0
+    };
     let mut ours = provider(Some(LOCAL), Some("u1"));
-    let (a, _) = plan_object(
-        &c,
-        Some(&ours),
-        LOCAL,
-        &live(),
-        ConflictPolicy::Fail,
-        i64::MIN,
-    );
-    assert_eq!(a, vec![Action::UpdateSpec]);
+    assert_eq!(plan(&ours), vec![Action::UpdateSpec]);
     ours.namespace_marker = Some("ns-now".into());
-    let (a, _) = plan_object(
-        &c,
-        Some(&ours),
-        LOCAL,
-        &live(),
-        ConflictPolicy::Fail,
-        i64::MIN,
-    );
-    assert_eq!(a, vec![]);
+    assert_eq!(plan(&ours), vec![]);
     // Orphans: never restored into another namespace; marked once; Delete still deletes.
     let before = from(Some("ns-before"));
     let here = Some("ns-now");
