@@ -47,7 +47,8 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
     let export = format!("{}-e", fx.label);
     ix.export(&export, &[&api], json!([])).await;
     let grant = format!("{}-g", fx.label);
-    ix.grant(&grant, &export, "10m").await;
+    // The consumer's objects live in fx.ns; names and namespaces are kept on the provider.
+    ix.grant_in(&grant, &export, "10m", &[&fx.ns]).await;
 
     // 2. The issuer issues; the provider admin hands the kubeconfig over out of band.
     ix.run(&[]);
@@ -67,15 +68,24 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
     let handed = String::from_utf8(out.stdout).unwrap();
     let file = support::temp_file("flow-kubeconfig", &handed);
 
-    // The issued identity reaches its Export and nothing else.
+    // The issued identity reaches its Export in its Grant's namespace and nothing else.
     let issued = client_of(&handed).await;
+    assert_eq!(
+        status_code(
+            api_of(&issued, &fx.group, "widgets", Some(&fx.ns))
+                .list(&Default::default())
+                .await
+        ),
+        200
+    );
     assert_eq!(
         status_code(
             api_of(&issued, &fx.group, "widgets", None)
                 .list(&Default::default())
                 .await
         ),
-        200
+        403,
+        "no cluster-wide read: other consumers' objects"
     );
     assert_eq!(
         status_code(

@@ -49,11 +49,22 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
 
     let s = ix.run(&[]);
     assert_eq!(s["outcome"], "completed", "{s}");
-    // Per Grant: SA, ClusterRole, Role, two bindings, policy and its binding, the Secret.
-    assert_eq!(s["data_writes"], 16, "{s}");
+    // Per Grant: SA, ClusterRole, Role, two bindings, policy and its binding, the Secret; its
+    // namespace, and a Role and RoleBinding there.
+    assert_eq!(s["data_writes"], 22, "{s}");
     let p = ix.fx.provider.clone();
     for g in [&a, &b] {
         let n = format!("kbind-grant-{g}");
+        // The Grant's own provider namespace (spec.namespaces), with its Role there.
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(p.clone())
+            .get(g)
+            .await
+            .unwrap();
+        Api::<Role>::namespaced(p.clone(), g).get(&n).await.unwrap();
+        Api::<RoleBinding>::namespaced(p.clone(), g)
+            .get(&n)
+            .await
+            .unwrap();
         Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
             .get(&n)
             .await
@@ -107,22 +118,41 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     let kc_a = ix.kubeconfig(&a).await;
     let ca = client_of(&kc_a).await;
     let cb = client_of(&ix.kubeconfig(&b).await).await;
-    let ns = support::namespace(&p, "objs").await;
-    // Read the Export's objects: yes. Another exported API: 403. Its own Secret only.
+    // Read the Export's objects in its own namespace: yes. In B's namespace, or cluster-wide:
+    // 403 (read isolation). Another exported API: 403. Its own Secret only.
     until_code("list widgets", 200, || async {
         status_code(
-            api_of(&ca, &group, "widgets", None)
+            api_of(&ca, &group, "widgets", Some(&a))
                 .list(&Default::default())
                 .await,
         )
     })
     .await;
-    assert_eq!(
-        status_code(
-            api_of(&ca, &group, "gizmos", None)
-                .list(&Default::default())
-                .await
+    for (what, api) in [
+        (
+            "in another Grant's namespace",
+            api_of(&ca, &group, "widgets", Some(&b)),
         ),
+        ("cluster-wide", api_of(&ca, &group, "widgets", None)),
+        (
+            "another exported API",
+            api_of(&ca, &group, "gizmos", Some(&a)),
+        ),
+    ] {
+        assert_eq!(
+            status_code(api.list(&Default::default()).await),
+            403,
+            "{what}"
+        );
+    }
+    // Its own namespace may be read (resync checks it exists), none other, none created.
+    let nss = Api::<k8s_openapi::api::core::v1::Namespace>::all(ca.clone());
+    assert_eq!(status_code(nss.get(&a).await), 200);
+    assert_eq!(status_code(nss.get(&b).await), 403);
+    let fresh: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": format!("{a}-more")}})).unwrap();
+    assert_eq!(
+        status_code(nss.create(&PostParams::default(), &fresh).await),
         403
     );
     let secrets = Api::<Secret>::namespaced(ca.clone(), &ix.ns);
@@ -136,7 +166,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     );
     assert_eq!(status_code(secrets.list(&Default::default()).await), 403);
     // Not pinned yet: every object write is refused.
-    let wa = api_of(&ca, &group, "widgets", Some(&ns));
+    let wa = api_of(&ca, &group, "widgets", Some(&a));
     until_code("write before the pin", 403, || async {
         status_code(
             wa.create(
@@ -221,7 +251,19 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         ),
         403
     );
-    let wb = api_of(&cb, &group, "widgets", Some(&ns));
+    // B in A's namespace: no RBAC. B in its own namespace, in A's name: the policy refuses.
+    assert_eq!(
+        status_code(
+            api_of(&cb, &group, "widgets", Some(&b))
+                .create(
+                    &PostParams::default(),
+                    &widget(&group, "forged", Some("uid-a"))
+                )
+                .await
+        ),
+        403
+    );
+    let wb = api_of(&cb, &group, "widgets", Some(&a));
     let mut steal = widget(&group, "mine", Some("uid-b"));
     steal.metadata.resource_version = None;
     assert_eq!(
@@ -263,7 +305,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     let ca2 = client_of(&kc_a2).await;
     assert_eq!(
         status_code(
-            api_of(&ca2, &group, "widgets", None)
+            api_of(&ca2, &group, "widgets", Some(&a))
                 .list(&Default::default())
                 .await
         ),
@@ -271,7 +313,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     );
     assert_eq!(
         status_code(
-            api_of(&ca, &group, "widgets", None)
+            api_of(&ca, &group, "widgets", Some(&a))
                 .list(&Default::default())
                 .await
         ),
@@ -329,6 +371,24 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             .unwrap()
             .is_none()
     );
+    for ns in [&ix.ns, &a] {
+        assert!(
+            Api::<Role>::namespaced(p.clone(), ns)
+                .get_opt(&n)
+                .await
+                .unwrap()
+                .is_none(),
+            "{ns}"
+        );
+    }
+    // The Grant's namespace and what is in it stay: provider data.
+    assert!(
+        api_of(&p, &group, "widgets", Some(&a))
+            .get_opt("mine")
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert!(
         Api::<ClusterRole>::all(p.clone())
             .get_opt(&n)
@@ -360,7 +420,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     for c in [&ca, &ca2] {
         until_code("revoked token", 401, || async {
             status_code(
-                api_of(c, &group, "widgets", None)
+                api_of(c, &group, "widgets", Some(&a))
                     .list(&Default::default())
                     .await,
             )
@@ -370,7 +430,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     // B is untouched.
     assert_eq!(
         status_code(
-            api_of(&cb, &group, "widgets", None)
+            api_of(&cb, &group, "widgets", Some(&b))
                 .list(&Default::default())
                 .await
         ),
@@ -486,7 +546,7 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
     let c = client_of(&ix.kubeconfig(&g1).await).await;
     until_code("list widgets", 200, || async {
         status_code(
-            api_of(&c, &group, "widgets", None)
+            api_of(&c, &group, "widgets", Some(&g1))
                 .list(&Default::default())
                 .await,
         )
@@ -564,7 +624,8 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
     let export = format!("{}-w", fx.label);
     ix.export(&export, &[&widgets], json!([])).await;
     let g = format!("{}-g", fx.label);
-    ix.grant(&g, &export, "1h").await;
+    // Names and namespaces are kept: the consumer's namespace is the provider namespace.
+    ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
     ix.run(&[]);
 
     let kc = ix.kubeconfig(&g).await;
@@ -661,8 +722,8 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
         assert!(!out.status.success(), "crash point {n} was not reached");
     };
     let mut tally = support::Tally::new("issue", "cold");
-    // 7 objects and the Secret.
-    for n in support::crash_points("issue-cold", 8) {
+    // 7 objects, the Grant's namespace with its Role and RoleBinding, and the Secret.
+    for n in support::crash_points("issue-cold", 11) {
         let g = format!("{}-c{n}", ix.fx.label);
         ix.grant(&g, &export, "1h").await;
         crashed(n);
@@ -672,7 +733,7 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
         let st = ix.get_grant(&g).await;
         let want = ("True".to_string(), "Issued".to_string());
         let got = ready(&st);
-        let all: std::collections::BTreeSet<String> = (0..8).map(|i| i.to_string()).collect();
+        let all: std::collections::BTreeSet<String> = (0..11).map(|i| i.to_string()).collect();
         let mut have = std::collections::BTreeSet::new();
         let p = ix.fx.provider.clone();
         let name = format!("kbind-grant-{g}");
@@ -713,6 +774,21 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
                 .unwrap()
                 .is_some(),
             Api::<Secret>::namespaced(p.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(p.clone())
+                .get_opt(&g)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<Role>::namespaced(p.clone(), &g)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some(),
+            Api::<RoleBinding>::namespaced(p.clone(), &g)
                 .get_opt(&name)
                 .await
                 .unwrap()
@@ -758,7 +834,7 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
             .unwrap()
             .is_none()
     );
-    for n in support::crash_points("issue-cold", 8) {
+    for n in support::crash_points("issue-cold", 11) {
         let g = format!("{}-c{n}", ix.fx.label);
         let _ = Api::<Grant>::all(ix.fx.provider.clone())
             .delete(&g, &Default::default())
@@ -807,9 +883,10 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ix.grant(&grant, &export, "1h").await;
     ix.run(&[]);
     assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
-    let roles = Api::<ClusterRole>::all(ix.fx.provider.clone());
+    // Namespaced APIs are granted in the Grant's namespace (its Role there).
+    let roles = Api::<Role>::namespaced(ix.fx.provider.clone(), &grant);
     let role = format!("kbind-grant-{grant}");
-    let reaches_gadgets = |r: ClusterRole| {
+    let reaches_gadgets = |r: Role| {
         r.rules.unwrap_or_default().iter().any(|rule| {
             rule.resources
                 .as_ref()
@@ -859,4 +936,223 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ix.run(&[]);
     ix.remove_grantable(&grantable).await;
     identity.remove().await;
+}
+
+/// Read isolation (docs/issue.md "Read isolation"): each Grant holds its own provider
+/// namespaces; a later Grant naming a taken one, and a Grant with namespaced APIs and no
+/// namespaces, get nothing and say why. The consumer's resync, whose identity may not list
+/// cluster-wide, reads per namespace: its object in a namespace its Grant does not hold counts
+/// as denied with an Event on the binding, not as an error, and every later run writes 0. A
+/// namespace dropped from a Grant loses its RBAC; the namespace and its objects stay.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
+    let ix = Ix::new("isolate").await;
+    let fx = &ix.fx;
+    let p = fx.provider.clone();
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    // The consumer's second namespace, which another consumer's Grant holds on the provider.
+    let other = support::namespace(&fx.consumer, "other").await;
+    let (g, h, taken, bare) = (
+        format!("{}-g", fx.label),
+        format!("{}-h", fx.label),
+        format!("{}-t", fx.label),
+        format!("{}-r", fx.label),
+    );
+    let dropped = format!("{other}-b");
+    ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
+    ix.grant_in(&h, &export, "1h", &[&other, &dropped]).await;
+    // Created later: the creation timestamp has a one-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    ix.grant_in(&taken, &export, "1h", &[&fx.ns]).await;
+    ix.grant_in(&bare, &export, "1h", &[]).await;
+    for round in 1..=2 {
+        let s = ix.run(&[]);
+        if round == 2 {
+            assert_eq!(s["data_writes"], 0, "round 2: {s}");
+        }
+        assert_eq!(
+            ready(&ix.get_grant(&g).await),
+            ("True".into(), "Issued".into())
+        );
+        assert_eq!(ready(&ix.get_grant(&h).await).0, "True");
+        let t = ix.get_grant(&taken).await;
+        assert_eq!(ready(&t).1, "NamespaceTaken", "round {round}");
+        let msg = t
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+            .message
+            .clone();
+        assert!(
+            msg.contains(&format!("namespace {} belongs to Grant {g}", fx.ns)),
+            "{msg}"
+        );
+        let r = ix.get_grant(&bare).await;
+        assert_eq!(ready(&r).1, "NamespacesRequired", "round {round}");
+        for nothing in [&taken, &bare] {
+            assert!(
+                Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
+                    .get_opt(&format!("kbind-grant-{nothing}"))
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "{nothing} is issued nothing"
+            );
+        }
+        let shared = ix.get_grant(&g).await.status.unwrap().conditions;
+        let shared = shared.iter().find(|c| c.type_ == "SharedReads").unwrap();
+        assert_eq!(
+            (shared.status.as_str(), shared.reason.as_str()),
+            ("False", "Isolated")
+        );
+    }
+
+    // The consumer of G, by hand as in the heartbeat test, with a ClusterBinding: it covers
+    // the consumer's objects in every namespace.
+    let kc = ix.kubeconfig(&g).await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": g}},
+        "stringData": {"kubeconfig": kc}}))
+    .unwrap();
+    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+        .patch(
+            "issued",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+    let conn = fx
+        .connection("p", "issued", json!({"source": "CRD"}), false)
+        .await;
+    let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
+    fx.run(&[]);
+    support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
+    for (ns, name) in [(fx.ns.as_str(), "mine"), (other.as_str(), "elsewhere")] {
+        api_of(&fx.consumer, &fx.group, "widgets", Some(ns))
+            .create(&PostParams::default(), &widget(&fx.group, name, None))
+            .await
+            .unwrap();
+    }
+    fx.pass("resync", &[]);
+    ix.run(&[]);
+    let mine = api_of(&p, &fx.group, "widgets", Some(&fx.ns));
+    let mut synced = false;
+    for _ in 0..20 {
+        fx.pass("resync", &[]);
+        if mine.get_opt("mine").await.unwrap().is_some() {
+            synced = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        synced,
+        "the object in the Grant's namespace reaches the provider"
+    );
+    for round in 1..=2 {
+        let s = fx.pass("resync", &[]);
+        assert_eq!(s["outcome"], "completed", "round {round}: {s}");
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        assert_eq!(s["counts"]["denied"], 1, "round {round}: {s}");
+        assert!(
+            s["counts"]["errors"].as_i64().unwrap_or(0) == 0,
+            "not an error: {s}"
+        );
+        assert!(
+            api_of(&p, &fx.group, "widgets", Some(&other))
+                .get_opt("elsewhere")
+                .await
+                .unwrap_or(None)
+                .is_none(),
+            "round {round}: nothing written where the Grant does not reach"
+        );
+    }
+    let uid = Api::<kbind::api::core::ClusterBinding>::all(fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(fx.consumer.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let note = events
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("ProviderNamespaceDenied")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+        })
+        .and_then(|e| e.note.clone())
+        .expect("an Event on the ClusterBinding names the namespace");
+    assert!(note.contains(&format!("namespace {other}")), "{note}");
+
+    // H drops a namespace: its Role and RoleBinding there go (two deletes), the namespace stays;
+    // the next run writes 0.
+    ix.grant_in(&h, &export, "1h", &[&other]).await;
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 2, "{s}");
+    let hn = format!("kbind-grant-{h}");
+    assert!(
+        Api::<Role>::namespaced(p.clone(), &dropped)
+            .get_opt(&hn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<RoleBinding>::namespaced(p.clone(), &dropped)
+            .get_opt(&hn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Role>::namespaced(p.clone(), &other)
+            .get_opt(&hn)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(p.clone())
+            .get_opt(&dropped)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(ix.run(&[])["data_writes"], 0);
+
+    // G deleted: the namespace it held is free, and the Grant that waited for it is issued.
+    Api::<Grant>::all(p.clone())
+        .delete(&g, &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+    ix.run(&[]);
+    assert_eq!(
+        ready(&ix.get_grant(&taken).await),
+        ("True".into(), "Issued".into())
+    );
+    for gr in [&h, &taken, &bare] {
+        let _ = Api::<Grant>::all(p.clone())
+            .delete(gr, &Default::default())
+            .await;
+    }
+    ix.run(&[]);
 }

@@ -678,7 +678,7 @@ async fn a_grants_revoke_finalizer_is_released_with_the_commands_that_revoke_by_
             .iter()
             .all(|o| o["unrevoked"]["revokeByHand"]
                 .as_array()
-                .is_some_and(|c| c.len() == 4)),
+                .is_some_and(|c| c.len() == 5)),
         "{k}"
     );
     wait_gone("the deleted Grant", || {

@@ -48,12 +48,35 @@ pub struct ExportSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[schemars(length(min = 1, max = 100))]
     pub apis: Vec<ExportApi>,
-    /// Extra RBAC rules (cluster-wide) the consumer identity gets, e.g. reading a ConfigMap the
-    /// provider's controller writes. The issuer can only grant what it holds itself: a rule it
-    /// does not hold makes the Grant `Ready=False PermissionsNotGrantable`.
+    /// Extra RBAC rules the consumer identity gets, e.g. reading a ConfigMap the provider's
+    /// controller writes. Resource rules hold in the Grant's namespaces only (a Role in each);
+    /// `nonResourceURLs` rules are cluster-wide. The issuer can only grant what it holds itself:
+    /// a rule it does not hold makes the Grant `Ready=False PermissionsNotGrantable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub permissions: Vec<PolicyRule>,
+    /// Who may hold this Export's cluster-scoped APIs. RBAC cannot split a cluster-scoped
+    /// resource between consumers, so by default (`Exclusive`) only the oldest Grant reaching
+    /// one gets it; `Shared` lets every Grant of this Export hold it, and each such Grant's
+    /// `SharedReads` condition says its objects are readable by the others.
+    #[serde(default, skip_serializing_if = "ClusterScopedAccess::is_exclusive")]
+    pub cluster_scoped_access: ClusterScopedAccess,
+}
+
+/// Whether an Export's cluster-scoped APIs may be granted to more than one Grant.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum ClusterScopedAccess {
+    #[default]
+    Exclusive,
+    Shared,
+}
+
+impl ClusterScopedAccess {
+    pub fn is_exclusive(&self) -> bool {
+        *self == ClusterScopedAccess::Exclusive
+    }
 }
 
 /// Observed state of an Export, written by `kbind issue`.

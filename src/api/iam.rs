@@ -70,6 +70,20 @@ pub struct GrantSpec {
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('10m') && duration(self) <= duration('168h')").message("tokenTTL must be a duration such as 24h or 90m, between 10m and 168h (7 days)"))]
     #[schemars(length(max = 64))]
     pub token_ttl: String,
+    /// The provider namespaces this consumer may sync into (exact names; names and namespaces
+    /// are kept, so they are the consumer's own namespace names). The issuer creates them and
+    /// grants the exported namespaced APIs there only, with no cluster-wide read: one consumer
+    /// cannot read another's objects. A namespace belongs to one Grant (the oldest naming it);
+    /// required when an Export has namespaced APIs (docs/issue.md "Read isolation").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 100),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        )
+    )]
+    pub namespaces: Vec<String>,
 }
 
 /// Reference to the Secret holding the issued kubeconfig.
@@ -106,7 +120,8 @@ pub struct GrantStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready` (reasons `Issued`; `ExportNotFound`, `CollectionNotFound`, `APINotExported`,
-    /// `PermissionsNotGrantable`, `IssueFailed`) and `ConsumerPinned`.
+    /// `NamespacesRequired`, `NamespaceTaken`, `NamespaceReserved`, `ClusterScopedAPITaken`,
+    /// `PermissionsNotGrantable`, `IssueFailed`), `ConsumerPinned` and `SharedReads`.
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

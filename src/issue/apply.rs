@@ -2,7 +2,7 @@
 //! token when one is due, and revocation (docs/issue.md).
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -15,7 +15,7 @@ use crate::pass::writes::Writes;
 use crate::scrub::scrub;
 
 use super::plan::{Blocked, Config, GrantPlan, ISSUE_FAILED, PERMISSIONS_NOT_GRANTABLE, Token};
-use super::render::{self, Kind, object_name};
+use super::render::{self, Kind, Slot, object_name};
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version) = match kind.api_version().split_once('/') {
@@ -25,9 +25,9 @@ fn resource(kind: Kind) -> ApiResource {
     let plural = match kind {
         Kind::ServiceAccount => "serviceaccounts",
         Kind::ClusterRole => "clusterroles",
-        Kind::Role => "roles",
+        Kind::Role | Kind::TenantRole => "roles",
         Kind::ClusterRoleBinding => "clusterrolebindings",
-        Kind::RoleBinding => "rolebindings",
+        Kind::RoleBinding | Kind::TenantRoleBinding => "rolebindings",
         Kind::Policy => "validatingadmissionpolicies",
         Kind::PolicyBinding => "validatingadmissionpolicybindings",
     };
@@ -97,6 +97,10 @@ pub async fn issue(
         ..Default::default()
     };
     for d in &plan.writes {
+        let in_ns = d.namespace.as_deref().unwrap_or(ns);
+        if d.kind == Kind::TenantRole && plan.create_namespaces.iter().any(|n| n == in_ns) {
+            create_namespace(client, grant, in_ns, writes).await?;
+        }
         if !writes.will(
             "apply",
             target(d.kind.as_str(), d.namespace.as_deref(), &d.name),
@@ -104,7 +108,7 @@ pub async fn issue(
         ) {
             continue;
         }
-        let written = api(client, d.kind, ns)
+        let written = api(client, d.kind, in_ns)
             .patch(&d.name, &pp, &Patch::Apply(&d.body))
             .await
             .map_err(|e| blocked(d.kind.as_str(), d.kind.is_rbac(), &d.name, &e))?;
@@ -113,6 +117,7 @@ pub async fn issue(
             out.sa_uid = written.metadata.uid;
         }
     }
+    prune(client, grant, &plan.stale, writes).await?;
     let Token::Issue { why } = &plan.token else {
         return Ok(out);
     };
@@ -165,35 +170,105 @@ pub async fn issue(
     Ok(out)
 }
 
-/// Delete what is issued for `grant`: the kinds in `kinds` (revocation order) and the Secret
-/// when `secret`. Returns the first failure; what was deleted stays deleted.
+/// Create one of the Grant's namespaces (labelled with it, for people reading the cluster).
+/// Already there (a concurrent create): fine.
+async fn create_namespace(
+    client: &Client,
+    grant: &str,
+    ns: &str,
+    writes: &mut Writes,
+) -> Result<(), Blocked> {
+    if !writes.will(
+        "create",
+        target("Namespace", None, ns),
+        format!("for Grant {grant}"),
+    ) {
+        return Ok(());
+    }
+    let body: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": ns, "labels": {
+            crate::api::iam::GRANT_KEY: grant,
+            "app.kubernetes.io/managed-by": "kbind",
+        }},
+    }))
+    .map_err(|e| Blocked {
+        reason: ISSUE_FAILED,
+        message: format!("building Namespace {ns}: {e}"),
+    })?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &body)
+        .await
+    {
+        Ok(_) => {
+            writes.data_done();
+            Ok(())
+        }
+        Err(e) if e.is_conflict() => Ok(()),
+        Err(e) => Err(blocked("Namespace", false, ns, &e)),
+    }
+}
+
+/// Delete the per-namespace RBAC of namespaces the Grant no longer names.
+async fn prune(
+    client: &Client,
+    grant: &str,
+    stale: &[Slot],
+    writes: &mut Writes,
+) -> Result<(), Blocked> {
+    let name = object_name(grant);
+    for (kind, ns) in stale {
+        if !writes.will(
+            "delete",
+            target(kind.as_str(), Some(ns), &name),
+            format!("Grant {grant} no longer names namespace {ns}"),
+        ) {
+            continue;
+        }
+        match api(client, *kind, ns)
+            .delete(&name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => writes.data_done(),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(blocked(kind.as_str(), false, &name, &e)),
+        }
+    }
+    Ok(())
+}
+
+/// Delete what is issued for `grant`: the objects in `slots` (revocation order) and the
+/// Secret when `secret`. Returns the first failure; what was deleted stays deleted.
 pub async fn revoke(
     client: &Client,
     grant: &str,
     ns: &str,
-    kinds: &[Kind],
+    slots: &[Slot],
     secret: bool,
     writes: &mut Writes,
 ) -> Result<(), String> {
     let name = object_name(grant);
     let dp = DeleteParams::background();
-    let mut steps: Vec<(String, Option<Kind>)> = kinds
+    let mut steps: Vec<(String, Option<Slot>)> = slots
         .iter()
-        .map(|k| (k.as_str().to_string(), Some(*k)))
+        .map(|s| (s.0.as_str().to_string(), Some(s.clone())))
         .collect();
     if secret {
         // Right after the ServiceAccount: the identity is gone, then its kubeconfig.
-        let at = usize::from(kinds.first() == Some(&Kind::ServiceAccount));
+        let at = usize::from(slots.first().map(|s| s.0) == Some(Kind::ServiceAccount));
         steps.insert(at, ("Secret".into(), None));
     }
-    for (kind, k) in steps {
-        let namespaced = k.is_none_or(Kind::namespaced);
-        let t = target(&kind, namespaced.then_some(ns), &name);
+    for (kind, slot) in steps {
+        let in_ns = match &slot {
+            Some((k, n)) if k.per_tenant_namespace() => n.as_str(),
+            _ => ns,
+        };
+        let namespaced = slot.as_ref().is_none_or(|s| s.0.namespaced());
+        let t = target(&kind, namespaced.then_some(in_ns), &name);
         if !writes.will("delete", t, format!("revoke Grant {grant}")) {
             continue;
         }
-        let r: Result<(), kube::Error> = match k {
-            Some(k) => api(client, k, ns).delete(&name, &dp).await.map(|_| ()),
+        let r: Result<(), kube::Error> = match slot {
+            Some((k, _)) => api(client, k, in_ns).delete(&name, &dp).await.map(|_| ()),
             None => Api::<Secret>::namespaced(client.clone(), ns)
                 .delete(&name, &dp)
                 .await

@@ -158,6 +158,12 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             Some((uid, g.name_any()))
         })
         .collect();
+    let provider = plan::Provider {
+        catalog: &obs.catalog,
+        tenancy: &obs.tenancy,
+        namespaces: &obs.namespaces,
+        cfg: &cfg,
+    };
     let live: BTreeSet<String> = obs.grants.iter().map(ResourceExt::name_any).collect();
     let mut stopped: Option<Exhausted> = None;
 
@@ -232,10 +238,9 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             &name,
             &g.spec,
             recorded.as_deref(),
-            &obs.catalog,
             issued,
             &others,
-            &cfg,
+            &provider,
         ) {
             Err(b) => {
                 summary.count("blocked", 1);
@@ -244,6 +249,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             Ok(p) => {
                 outcome.apis = Some(p.resolved.apis.iter().map(|a| a.name.clone()).collect());
                 outcome.pin = Some(p.pin.clone());
+                outcome.shared = Some(p.shared.clone());
                 if let Pin::Pinned { uid, new: true } = &p.pin {
                     pinned.insert(uid.clone(), name.clone());
                 }

@@ -1,13 +1,13 @@
 //! What `kbind issue` reads each run: Grants, the catalog, exported CRDs, and everything issued
 //! (found by the label `iam.kbind.io/grant`), in a fixed number of paginated LISTs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
@@ -26,7 +26,12 @@ use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
 /// Everything one run works from.
 pub struct Observed {
+    /// The Grants this run works on (`--selector`'s, or all).
     pub grants: Vec<Grant>,
+    /// Who holds each namespace and cluster-scoped API, from every Grant (selected or not).
+    pub tenancy: super::plan::Tenancy,
+    /// The provider's namespaces.
+    pub namespaces: BTreeSet<String>,
     pub exports: Vec<Export>,
     pub catalog: Catalog,
     /// What is issued, by Grant name (including Grants that no longer exist).
@@ -72,14 +77,26 @@ fn spec_hash(meta: &ObjectMeta) -> String {
         .unwrap_or_default()
 }
 
-fn note<K: Resource>(issued: &mut BTreeMap<String, Issued>, kind: Kind, items: Vec<(String, K)>) {
+/// Record each object of `kind` (or, outside the grants namespace `ns`, of `tenant`: the
+/// per-namespace kind) under its Grant.
+fn note<K: Resource>(
+    issued: &mut BTreeMap<String, Issued>,
+    (kind, tenant): (Kind, Kind),
+    ns: &str,
+    items: Vec<(String, K)>,
+) {
     for (g, o) in items {
         // Only the object of the expected name counts (anything else labelled is not ours).
         if o.meta().name.as_deref() != Some(&super::render::object_name(&g)) {
             continue;
         }
+        let slot = match o.meta().namespace.as_deref() {
+            Some(n) if n != ns && tenant.per_tenant_namespace() => (tenant, n.to_string()),
+            Some(n) if n != ns => continue,
+            _ => (kind, String::new()),
+        };
         let entry = issued.entry(g).or_default();
-        entry.hashes.insert(kind, spec_hash(o.meta()));
+        entry.hashes.insert(slot, spec_hash(o.meta()));
         if kind == Kind::ServiceAccount {
             entry.sa_uid = o.meta().uid.clone();
         }
@@ -143,6 +160,7 @@ pub async fn observe(
             name: format!("{}.{}", c.spec.names.plural, c.spec.group),
             group: c.spec.group,
             plural: c.spec.names.plural,
+            namespaced: c.spec.scope != "Cluster",
         },
     )
     .await
@@ -158,12 +176,39 @@ pub async fn observe(
             .collect(),
         exported: exported.into_iter().map(|a| (a.name.clone(), a)).collect(),
     };
+    // Ownership is decided over every Grant: a selected run must not hand out what an
+    // unselected, older Grant holds.
+    let everyone = match selector {
+        Some(_) => list::all(&Api::<Grant>::all(client.clone()), &lp)
+            .await
+            .map_err(listed("Grants", None))?,
+        None => grants.clone(),
+    };
+    let views: Vec<super::plan::GrantView<'_>> = everyone
+        .iter()
+        .filter_map(|g| {
+            Some(super::plan::GrantView {
+                name: g.metadata.name.as_deref()?,
+                created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                spec: &g.spec,
+            })
+        })
+        .collect();
+    let tenancy = super::plan::tenancy(&views, &catalog);
+    let namespaces = list::metadata(&Api::<Namespace>::all(client.clone()), &lp)
+        .await
+        .map_err(listed("Namespaces", None))?
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
 
     let mut issued: BTreeMap<String, Issued> = BTreeMap::new();
     let c = client;
+    let one = |k: Kind| (k, k);
     note(
         &mut issued,
-        Kind::ServiceAccount,
+        one(Kind::ServiceAccount),
+        ns,
         labelled(
             Api::<ServiceAccount>::namespaced(c.clone(), ns),
             "ServiceAccounts",
@@ -171,29 +216,30 @@ pub async fn observe(
         )
         .await?,
     );
+    // Roles and RoleBindings in every namespace: the grants namespace's and each Grant's
+    // per-namespace ones.
     note(
         &mut issued,
-        Kind::Role,
-        labelled(Api::<Role>::namespaced(c.clone(), ns), "Roles", Some(ns)).await?,
+        (Kind::Role, Kind::TenantRole),
+        ns,
+        labelled(Api::<Role>::all(c.clone()), "Roles", None).await?,
     );
     note(
         &mut issued,
-        Kind::RoleBinding,
-        labelled(
-            Api::<RoleBinding>::namespaced(c.clone(), ns),
-            "RoleBindings",
-            Some(ns),
-        )
-        .await?,
+        (Kind::RoleBinding, Kind::TenantRoleBinding),
+        ns,
+        labelled(Api::<RoleBinding>::all(c.clone()), "RoleBindings", None).await?,
     );
     note(
         &mut issued,
-        Kind::ClusterRole,
+        one(Kind::ClusterRole),
+        ns,
         labelled(Api::<ClusterRole>::all(c.clone()), "ClusterRoles", None).await?,
     );
     note(
         &mut issued,
-        Kind::ClusterRoleBinding,
+        one(Kind::ClusterRoleBinding),
+        ns,
         labelled(
             Api::<ClusterRoleBinding>::all(c.clone()),
             "ClusterRoleBindings",
@@ -203,7 +249,8 @@ pub async fn observe(
     );
     note(
         &mut issued,
-        Kind::Policy,
+        one(Kind::Policy),
+        ns,
         labelled(
             Api::<ValidatingAdmissionPolicy>::all(c.clone()),
             "ValidatingAdmissionPolicies",
@@ -213,7 +260,8 @@ pub async fn observe(
     );
     note(
         &mut issued,
-        Kind::PolicyBinding,
+        one(Kind::PolicyBinding),
+        ns,
         labelled(
             Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
             "ValidatingAdmissionPolicyBindings",
@@ -241,6 +289,8 @@ pub async fn observe(
     }
     Ok(Observed {
         grants,
+        tenancy,
+        namespaces,
         exports,
         catalog,
         issued,

@@ -1,16 +1,16 @@
 //! The pure part of `kbind issue`: from a Grant, the catalog, and what is issued for it now, to
 //! the writes it needs (docs/issue.md). No I/O; table tests below.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::catalog::{CollectionSpec, ExportSpec};
+use crate::api::catalog::{ClusterScopedAccess, CollectionSpec, ExportSpec};
 use crate::api::iam::GrantSpec;
 use crate::api::keys::HEARTBEAT_LEASE_PREFIX;
 
-use super::render::{self, Desired, Kind, Resolved, ResolvedApi};
+use super::render::{self, Desired, Kind, Resolved, ResolvedApi, Slot};
 
 /// Ready=False reasons of a Grant.
 pub const EXPORT_NOT_FOUND: &str = "ExportNotFound";
@@ -18,6 +18,10 @@ pub const COLLECTION_NOT_FOUND: &str = "CollectionNotFound";
 pub const API_NOT_EXPORTED: &str = "APINotExported";
 pub const INVALID_TOKEN_TTL: &str = "InvalidTokenTTL";
 pub const PERMISSIONS_NOT_GRANTABLE: &str = "PermissionsNotGrantable";
+pub const NAMESPACES_REQUIRED: &str = "NamespacesRequired";
+pub const NAMESPACE_TAKEN: &str = "NamespaceTaken";
+pub const NAMESPACE_RESERVED: &str = "NamespaceReserved";
+pub const CLUSTER_SCOPED_API_TAKEN: &str = "ClusterScopedAPITaken";
 pub const ISSUE_FAILED: &str = "IssueFailed";
 pub const ISSUED: &str = "Issued";
 
@@ -94,6 +98,9 @@ pub fn resolve(spec: &GrantSpec, catalog: &Catalog) -> Result<Resolved, Blocked>
     }
     resolved.apis.sort();
     resolved.apis.dedup();
+    resolved.namespaces = spec.namespaces.clone();
+    resolved.namespaces.sort();
+    resolved.namespaces.dedup();
     resolved.exports = names;
     resolved.exports.sort();
     resolved.exports.dedup();
@@ -127,7 +134,7 @@ pub struct SecretObs {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Issued {
     /// Present objects and the hash annotation each carries (empty when it has none).
-    pub hashes: BTreeMap<Kind, String>,
+    pub hashes: BTreeMap<Slot, String>,
     pub sa_uid: Option<String>,
     pub secret: Option<SecretObs>,
     /// Heartbeat Leases labelled with this Grant: (creation time, name).
@@ -178,8 +185,143 @@ pub struct GrantPlan {
     pub ttl: Duration,
     /// Objects whose content differs from what is issued (or missing), in write order.
     pub writes: Vec<Desired>,
+    /// Of `spec.namespaces`, those that do not exist yet: created before their Role.
+    pub create_namespaces: Vec<String>,
+    /// Per-namespace RBAC of namespaces the Grant no longer names: deleted after the writes
+    /// (the namespaces and what is in them stay: provider data).
+    pub stale: Vec<Slot>,
+    /// Cluster-scoped APIs this Grant holds together with other Grants (their reads are shared).
+    pub shared: Vec<String>,
     pub token: Token,
     pub pin: Pin,
+}
+
+/// Who holds what across every Grant: each provider namespace belongs to the oldest Grant
+/// naming it; each cluster-scoped exported API to the oldest Grant reaching it, plus, when
+/// every Export listing it says `clusterScopedAccess: Shared`, every later one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tenancy {
+    pub namespace_owner: BTreeMap<String, String>,
+    /// Cluster-scoped API name to the Grants holding it, oldest first.
+    pub cluster_grantees: BTreeMap<String, Vec<String>>,
+}
+
+/// One Grant as [`tenancy`] reads it.
+pub struct GrantView<'a> {
+    pub name: &'a str,
+    pub created: Option<Timestamp>,
+    pub spec: &'a GrantSpec,
+}
+
+/// Whether a cluster-scoped API may be held by more than one Grant: every Export listing it
+/// opts in (one Export saying `Exclusive` keeps it exclusive).
+fn shareable(api: &str, catalog: &Catalog) -> bool {
+    let mut listing = catalog
+        .exports
+        .values()
+        .filter(|e| e.apis.iter().any(|a| a.name == api))
+        .peekable();
+    listing.peek().is_some()
+        && listing.all(|e| e.cluster_scoped_access == ClusterScopedAccess::Shared)
+}
+
+/// Who holds each namespace and cluster-scoped API, oldest Grant first (creation time, then
+/// name). Deleting Grants still hold theirs until they are gone.
+pub fn tenancy(grants: &[GrantView<'_>], catalog: &Catalog) -> Tenancy {
+    let mut order: Vec<&GrantView<'_>> = grants.iter().collect();
+    order.sort_by_key(|g| (g.created, g.name));
+    let mut t = Tenancy::default();
+    for g in order {
+        for ns in &g.spec.namespaces {
+            t.namespace_owner
+                .entry(ns.clone())
+                .or_insert_with(|| g.name.to_string());
+        }
+        let Ok(r) = resolve(g.spec, catalog) else {
+            continue;
+        };
+        for a in r.apis.iter().filter(|a| !a.namespaced) {
+            let holders = t.cluster_grantees.entry(a.name.clone()).or_default();
+            if holders.is_empty() || shareable(&a.name, catalog) {
+                holders.push(g.name.to_string());
+            }
+        }
+    }
+    t
+}
+
+/// A namespace no Grant may name: the grants namespace (every consumer's kubeconfig Secret)
+/// and the cluster's own (`kube-*`).
+fn reserved(ns: &str, cfg: &Config) -> bool {
+    ns == cfg.namespace || ns.starts_with("kube-")
+}
+
+/// Where the Grant stands against every other: its namespaces and cluster-scoped APIs its
+/// own, or shared by consent. `Ok`: the cluster-scoped APIs it shares.
+pub fn isolation(
+    grant: &str,
+    r: &Resolved,
+    tenancy: &Tenancy,
+    cfg: &Config,
+) -> Result<Vec<String>, Blocked> {
+    let namespaced: Vec<&str> = r
+        .apis
+        .iter()
+        .filter(|a| a.namespaced)
+        .map(|a| a.name.as_str())
+        .collect();
+    if r.namespaces.is_empty() && !namespaced.is_empty() {
+        return Err(Blocked {
+            reason: NAMESPACES_REQUIRED,
+            message: format!(
+                "{} namespaced: set spec.namespaces to the provider namespaces this consumer may sync into (its own namespace names); without them nothing is issued for it, as a cluster-wide grant would let it read every other consumer's objects",
+                namespaced.join(", ")
+            ),
+        });
+    }
+    if let Some(ns) = r.namespaces.iter().find(|ns| reserved(ns, cfg)) {
+        return Err(Blocked {
+            reason: NAMESPACE_RESERVED,
+            message: format!(
+                "namespace {ns} cannot be granted (the grants namespace and kube-* are reserved): name another in spec.namespaces"
+            ),
+        });
+    }
+    for ns in &r.namespaces {
+        match tenancy.namespace_owner.get(ns) {
+            Some(owner) if owner != grant => {
+                return Err(Blocked {
+                    reason: NAMESPACE_TAKEN,
+                    message: format!(
+                        "namespace {ns} belongs to Grant {owner} (the oldest Grant naming it): a namespace is one consumer's; name another in spec.namespaces"
+                    ),
+                });
+            }
+            _ => {}
+        }
+    }
+    let mut shared = Vec::new();
+    for a in r.apis.iter().filter(|a| !a.namespaced) {
+        let holders = tenancy
+            .cluster_grantees
+            .get(&a.name)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if !holders.iter().any(|h| h == grant) {
+            return Err(Blocked {
+                reason: CLUSTER_SCOPED_API_TAKEN,
+                message: format!(
+                    "{} is cluster-scoped and Grant {} holds it: RBAC cannot keep one consumer's cluster-scoped objects from another, so it is granted to one Grant unless every Export listing it sets spec.clusterScopedAccess: Shared",
+                    a.name,
+                    holders.first().map_or("another", String::as_str)
+                ),
+            });
+        }
+        if holders.len() > 1 {
+            shared.push(a.name.clone());
+        }
+    }
+    Ok(shared)
 }
 
 /// A cluster UID as the heartbeat Lease name carries it: a label value with no character that
@@ -265,47 +407,73 @@ pub fn token(issued: &Issued, grant: &str, ttl: Duration, cfg: &Config) -> Token
     Token::Keep { expires_at }
 }
 
+/// What every Grant's plan reads besides its own objects.
+pub struct Provider<'a> {
+    pub catalog: &'a Catalog,
+    pub tenancy: &'a Tenancy,
+    /// The provider's namespaces now.
+    pub namespaces: &'a BTreeSet<String>,
+    pub cfg: &'a Config,
+}
+
 /// Plan one live Grant. `Err`: it issues nothing this run (what is issued stays; its token is
 /// not renewed).
 pub fn plan_grant(
     grant: &str,
     spec: &GrantSpec,
     recorded_pin: Option<&str>,
-    catalog: &Catalog,
     issued: &Issued,
     pinned_by_others: &BTreeMap<String, String>,
-    cfg: &Config,
+    p: &Provider<'_>,
 ) -> Result<GrantPlan, Blocked> {
-    let resolved = resolve(spec, catalog)?;
+    let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
+    let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
     let pin = pin(recorded_pin, &issued.leases, pinned_by_others);
-    let writes = render::objects(&resolved, &cfg.namespace, grant, pin.uid())
+    let desired = render::objects(&resolved, &p.cfg.namespace, grant, pin.uid());
+    let wanted: BTreeSet<Slot> = desired.iter().map(Desired::slot).collect();
+    let writes = desired
         .into_iter()
-        .filter(|d| issued.hashes.get(&d.kind) != Some(&d.hash))
+        .filter(|d| issued.hashes.get(&d.slot()) != Some(&d.hash))
         .collect();
-    let token = token(issued, grant, ttl, cfg);
+    // Bindings before Roles: the identity loses the namespace before the rules go.
+    let mut stale: Vec<Slot> = issued
+        .hashes
+        .keys()
+        .filter(|s| s.0.per_tenant_namespace() && !wanted.contains(*s))
+        .cloned()
+        .collect();
+    stale.sort_by_key(|(k, ns)| (*k != Kind::TenantRoleBinding, ns.clone()));
+    let create_namespaces = resolved
+        .namespaces
+        .iter()
+        .filter(|ns| !p.namespaces.contains(*ns))
+        .cloned()
+        .collect();
+    let token = token(issued, grant, ttl, p.cfg);
     Ok(GrantPlan {
         resolved,
         ttl,
         writes,
+        create_namespaces,
+        stale,
+        shared,
         token,
         pin,
     })
 }
 
-/// What revoking a Grant deletes: every issued kind present, ServiceAccount first (its tokens
-/// stop working at once), the policy last (the identity is confined until it is gone).
-pub fn revoke(issued: &Issued) -> Vec<Kind> {
-    let mut kinds: Vec<Kind> = Kind::ALL
-        .into_iter()
-        .filter(|k| issued.hashes.contains_key(k))
-        .collect();
-    kinds.sort_by_key(|k| match k {
+/// What revoking a Grant deletes: every issued object present, ServiceAccount first (its
+/// tokens stop working at once), the policy last (the identity is confined until it is gone).
+/// The Grant's namespaces and what is in them stay: provider data.
+pub fn revoke(issued: &Issued) -> Vec<Slot> {
+    let mut slots: Vec<Slot> = issued.hashes.keys().cloned().collect();
+    slots.sort_by_key(|(k, _)| match k {
         Kind::ServiceAccount => 0,
         Kind::Policy | Kind::PolicyBinding => 2,
         _ => 1,
     });
-    kinds
+    slots
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use super::render::object_name;
 
 pub const READY: &str = "Ready";
 pub const CONSUMER_PINNED: &str = "ConsumerPinned";
+pub const SHARED_READS: &str = "SharedReads";
 
 /// What one run came to for a Grant.
 #[derive(Clone, Debug, Default)]
@@ -23,6 +24,8 @@ pub struct GrantOutcome {
     /// Expiry of the token in the Secret now (issued this run, or kept).
     pub expires_at: Option<Timestamp>,
     pub apis: Option<Vec<String>>,
+    /// Cluster-scoped APIs held together with other Grants (known when planned).
+    pub shared: Option<Vec<String>>,
 }
 
 /// The Grant's new status from the old one; `None` when nothing changed.
@@ -79,6 +82,27 @@ pub fn grant_status(
         changed |=
             st.conditions
                 .set_condition(CONSUMER_PINNED, status, reason, &message, generation, now);
+    }
+    if let Some(shared) = &o.shared {
+        let (status, reason, message) = if shared.is_empty() {
+            (
+                ConditionStatus::False,
+                "Isolated",
+                "no other Grant holds this Grant's namespaces or cluster-scoped APIs".to_string(),
+            )
+        } else {
+            (
+                ConditionStatus::True,
+                "ClusterScopedAPIsShared",
+                format!(
+                    "other Grants hold these cluster-scoped APIs too (their Exports set clusterScopedAccess: Shared), so they can read this consumer's objects of them: {}",
+                    shared.join(", ")
+                ),
+            )
+        };
+        changed |=
+            st.conditions
+                .set_condition(SHARED_READS, status, reason, &message, generation, now);
     }
     (changed || st != old).then_some(st)
 }

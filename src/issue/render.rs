@@ -28,15 +28,21 @@ pub struct ResolvedApi {
     pub name: String,
     pub group: String,
     pub plural: String,
+    /// The CRD's scope: namespaced APIs are granted per namespace (Roles), cluster-scoped ones
+    /// in the ClusterRole.
+    pub namespaced: bool,
 }
 
-/// What a Grant resolves to: its APIs (sorted, deduplicated) and extra rules.
+/// What a Grant resolves to: its APIs (sorted, deduplicated), extra rules, and the provider
+/// namespaces it is granted (sorted, deduplicated).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resolved {
     /// The Exports the Grant names (its own, or every Export of its Collection), sorted.
     pub exports: Vec<String>,
     pub apis: Vec<ResolvedApi>,
     pub permissions: Vec<PolicyRule>,
+    /// `spec.namespaces`: where the namespaced APIs (and resource permissions) are granted.
+    pub namespaces: Vec<String>,
 }
 
 /// The name of every object issued for `grant` (a Grant's name is a DNS label, so this is too
@@ -51,7 +57,9 @@ pub fn username(namespace: &str, grant: &str) -> String {
 }
 
 /// The kinds issued per Grant. Written in the order of [`objects`] (the policy first, so the
-/// identity is never unconfined), revoked in the order of `plan::revoke`.
+/// identity is never unconfined), revoked in the order of `plan::revoke`. `Role` and
+/// `RoleBinding` live in the grants namespace; `TenantRole` and `TenantRoleBinding` (the same
+/// API kinds) in each of the Grant's `spec.namespaces`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     ServiceAccount,
@@ -61,26 +69,22 @@ pub enum Kind {
     RoleBinding,
     Policy,
     PolicyBinding,
+    TenantRole,
+    TenantRoleBinding,
 }
 
-impl Kind {
-    pub const ALL: [Kind; 7] = [
-        Kind::ServiceAccount,
-        Kind::ClusterRole,
-        Kind::Role,
-        Kind::ClusterRoleBinding,
-        Kind::RoleBinding,
-        Kind::Policy,
-        Kind::PolicyBinding,
-    ];
+/// Where one issued object sits: its kind and, for the per-namespace kinds, the namespace
+/// (empty for every other kind: there is one of each per Grant).
+pub type Slot = (Kind, String);
 
+impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::ServiceAccount => "ServiceAccount",
             Kind::ClusterRole => "ClusterRole",
-            Kind::Role => "Role",
+            Kind::Role | Kind::TenantRole => "Role",
             Kind::ClusterRoleBinding => "ClusterRoleBinding",
-            Kind::RoleBinding => "RoleBinding",
+            Kind::RoleBinding | Kind::TenantRoleBinding => "RoleBinding",
             Kind::Policy => "ValidatingAdmissionPolicy",
             Kind::PolicyBinding => "ValidatingAdmissionPolicyBinding",
         }
@@ -89,22 +93,42 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::ServiceAccount => "v1",
-            Kind::ClusterRole | Kind::Role | Kind::ClusterRoleBinding | Kind::RoleBinding => {
-                "rbac.authorization.k8s.io/v1"
-            }
+            Kind::ClusterRole
+            | Kind::Role
+            | Kind::ClusterRoleBinding
+            | Kind::RoleBinding
+            | Kind::TenantRole
+            | Kind::TenantRoleBinding => "rbac.authorization.k8s.io/v1",
             Kind::Policy | Kind::PolicyBinding => "admissionregistration.k8s.io/v1",
         }
     }
 
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::ServiceAccount | Kind::Role | Kind::RoleBinding)
+        matches!(
+            self,
+            Kind::ServiceAccount
+                | Kind::Role
+                | Kind::RoleBinding
+                | Kind::TenantRole
+                | Kind::TenantRoleBinding
+        )
+    }
+
+    /// One per namespace of the Grant's `spec.namespaces`.
+    pub fn per_tenant_namespace(self) -> bool {
+        matches!(self, Kind::TenantRole | Kind::TenantRoleBinding)
     }
 
     /// RBAC objects: a 403 writing them means the issuer does not hold what they grant.
     pub fn is_rbac(self) -> bool {
         matches!(
             self,
-            Kind::ClusterRole | Kind::Role | Kind::ClusterRoleBinding | Kind::RoleBinding
+            Kind::ClusterRole
+                | Kind::Role
+                | Kind::ClusterRoleBinding
+                | Kind::RoleBinding
+                | Kind::TenantRole
+                | Kind::TenantRoleBinding
         )
     }
 }
@@ -118,6 +142,16 @@ pub struct Desired {
     pub hash: String,
     /// The whole object, hash annotation included, ready for server-side apply.
     pub body: Value,
+}
+
+impl Desired {
+    pub fn slot(&self) -> Slot {
+        let ns = match (self.kind.per_tenant_namespace(), &self.namespace) {
+            (true, Some(ns)) => ns.clone(),
+            _ => String::new(),
+        };
+        (self.kind, ns)
+    }
 }
 
 /// Hash of a JSON value (serde_json writes maps in key order: stable).
@@ -152,7 +186,14 @@ fn desired(kind: Kind, grant: &str, namespace: &str, mut content: Value) -> Desi
     }
 }
 
-/// The cluster-wide rules of the issued identity, exactly (docs/issue.md lists them).
+/// Whether an extra rule is about objects (held per namespace) rather than non-resource URLs.
+fn is_resource_rule(p: &PolicyRule) -> bool {
+    p.non_resource_urls.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// The cluster-wide rules of the issued identity, exactly (docs/issue.md lists them): no read
+/// of a namespaced exported API, so no consumer lists another's objects (docs/issue.md "Read
+/// isolation").
 pub fn cluster_rules(r: &Resolved) -> Vec<Value> {
     let crds: Vec<&str> = r.apis.iter().map(|a| a.name.as_str()).collect();
     let mut rules = vec![
@@ -160,7 +201,7 @@ pub fn cluster_rules(r: &Resolved) -> Vec<Value> {
         json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list"]}),
         json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": crds, "verbs": ["get"]}),
     ];
-    for a in &r.apis {
+    for a in r.apis.iter().filter(|a| !a.namespaced) {
         rules.push(json!({
             "apiGroups": [a.group],
             "resources": [a.plural, format!("{}/status", a.plural)],
@@ -171,13 +212,35 @@ pub fn cluster_rules(r: &Resolved) -> Vec<Value> {
     if !r.exports.is_empty() {
         rules.push(json!({"apiGroups": [crate::api::catalog::GROUP], "resources": ["exports"], "resourceNames": r.exports, "verbs": ["get"]}));
     }
-    // resync creates a provider namespace an object needs; the identity read.
-    rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]}));
+    // The identity read. No namespace creation: the issuer creates the Grant's namespaces.
     rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}));
     // On a provider serving kcp's LogicalCluster API, the identity is that object's UID
     // (docs/schema.md): without this, kbind bind and kbind schema stop at the identity read.
     rules.push(json!({"apiGroups": ["core.kcp.io"], "resources": ["logicalclusters"], "resourceNames": ["cluster"], "verbs": ["get"]}));
-    for p in &r.permissions {
+    for p in r.permissions.iter().filter(|p| !is_resource_rule(p)) {
+        rules.push(serde_json::to_value(p).unwrap_or(Value::Null));
+    }
+    rules.retain(|v| !v.is_null());
+    rules
+}
+
+/// The rules in one of the Grant's namespaces: the namespaced exported APIs, reading that
+/// namespace itself (resync checks it exists), and the Export's resource rules.
+pub fn tenant_rules(r: &Resolved, namespace: &str) -> Vec<Value> {
+    let mut rules: Vec<Value> = r
+        .apis
+        .iter()
+        .filter(|a| a.namespaced)
+        .map(|a| {
+            json!({
+                "apiGroups": [a.group],
+                "resources": [a.plural, format!("{}/status", a.plural)],
+                "verbs": OBJECT_VERBS,
+            })
+        })
+        .collect();
+    rules.push(json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [namespace], "verbs": ["get"]}));
+    for p in r.permissions.iter().filter(|p| is_resource_rule(p)) {
         rules.push(serde_json::to_value(p).unwrap_or(Value::Null));
     }
     rules.retain(|v| !v.is_null());
@@ -201,8 +264,7 @@ fn lit(s: &str) -> String {
 }
 
 /// The per-Grant ValidatingAdmissionPolicy (docs/issue.md "Confinement"): requests of the
-/// Grant's ServiceAccount on the Export's objects (and status), on namespaces (create) and on
-/// Leases must keep to its own consumer cluster and Grant. `pinned` is the consumer-cluster
+/// Grant's ServiceAccount on the Export's objects (and status) and on Leases must keep to its own consumer cluster and Grant. `pinned` is the consumer-cluster
 /// value once known; until then every object write is refused.
 pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>) -> Value {
     let mut rules: Vec<Value> = r
@@ -217,7 +279,6 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
             })
         })
         .collect();
-    rules.push(json!({"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["CREATE"]}));
     rules.push(json!({"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE", "DELETE"]}));
     let label = |obj: &str, key: &str| {
         format!(
@@ -268,7 +329,7 @@ pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>)
     let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]);
     let role_ref =
         |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
-    vec![
+    let mut out = vec![
         desired(
             Kind::Policy,
             grant,
@@ -306,7 +367,22 @@ pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>)
             namespace,
             json!({"roleRef": role_ref("Role"), "subjects": subject}),
         ),
-    ]
+    ];
+    for tenant in &r.namespaces {
+        out.push(desired(
+            Kind::TenantRole,
+            grant,
+            tenant,
+            json!({"rules": tenant_rules(r, tenant)}),
+        ));
+        out.push(desired(
+            Kind::TenantRoleBinding,
+            grant,
+            tenant,
+            json!({"roleRef": role_ref("Role"), "subjects": subject}),
+        ));
+    }
+    out
 }
 
 /// Base64, as Kubernetes serializes bytes.

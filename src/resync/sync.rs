@@ -13,14 +13,44 @@ use super::{BindingRef, BoundApi, Provider, Run, apply, covering};
 use crate::api::BindingKey;
 use crate::api::core::{BindingStatus, ConflictPolicy, OrphanPolicy};
 use crate::api::keys;
-use crate::pass::PassContext;
 use crate::pass::budget::Exhausted;
 use crate::pass::concurrency::InFlight;
 use crate::pass::list;
 use crate::pass::writes::Writes;
+use crate::pass::{PassContext, StatusCode};
 
 /// One object's result: its counts slot, standing, write outcome and writes.
 type ObjectDone = ((BindingKey, String), Standing, apply::Outcome, Writes);
+
+/// The `ProviderNamespaceDenied` Event on a binding with objects in a namespace the provider
+/// does not let this consumer read.
+async fn namespace_denied(s: &ApiSync<'_>, b: &BindingRef, ns: &str) {
+    let (kind, namespace) = match &b.key.namespace {
+        Some(n) => ("Binding", Some(n.clone())),
+        None => ("ClusterBinding", None),
+    };
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("core.kbind.io/v1alpha1".into()),
+        kind: Some(kind.into()),
+        namespace,
+        name: Some(b.key.name.clone()),
+        uid: Some(b.uid.clone()),
+        ..Default::default()
+    };
+    let note = format!(
+        "the provider does not let this consumer read {} in namespace {ns} (403): its objects there are not synced and count as denied; the provider's Grant names the namespaces this consumer may use (spec.namespaces)",
+        s.api.name
+    );
+    s.ctx
+        .recorder
+        .publish(
+            &reference,
+            crate::pass::events::EventType::Warning,
+            "ProviderNamespaceDenied",
+            &note,
+        )
+        .await;
+}
 
 /// One bound API being synced through its Connection's provider.
 pub(super) struct ApiSync<'a> {
@@ -98,13 +128,17 @@ impl Run<'_> {
             keys::CONSUMER_CLUSTER,
             s.provider.local_uid
         ));
-        let mut provider_by_key: BTreeMap<String, ProviderObj> = match list::map_all(
-            &provider_api,
-            &marker,
-            |o| provider_obj(&o),
-        )
-        .await
-        {
+        let listed = match list::map_all(&provider_api, &marker, |o| provider_obj(&o)).await {
+            // An identity confined to its Grant's namespaces (docs/issue.md "Read isolation")
+            // may not list cluster-wide: read each namespace this consumer has objects in.
+            Err(e) if e.is_forbidden() && api.namespaced => {
+                let (objs, denied) = self.observe_per_namespace(s, &consumer, &marker).await;
+                consumer.retain(|c| c.namespace.as_ref().is_none_or(|ns| !denied.contains(ns)));
+                Ok(objs)
+            }
+            r => r,
+        };
+        let mut provider_by_key: BTreeMap<String, ProviderObj> = match listed {
             Ok(objs) => objs
                 .into_iter()
                 .map(|p| (obj_key(p.namespace.as_deref(), &p.name), p))
@@ -154,6 +188,56 @@ impl Run<'_> {
             provider_by_key,
             live_uids,
         })
+    }
+
+    /// The provider side read namespace by namespace, for the namespaces of the consumer objects
+    /// this Connection covers. A namespace the provider refuses (not one of the Grant's) is not
+    /// an error of the pass: its objects count as denied, and each binding with objects there
+    /// gets a Warning Event naming it. Such objects are then left out of this run's sync.
+    async fn observe_per_namespace(
+        &mut self,
+        s: &ApiSync<'_>,
+        consumer: &[ConsumerObj],
+        marker: &ListParams,
+    ) -> (Vec<ProviderObj>, BTreeSet<String>) {
+        let api = s.api;
+        let mut by_ns: BTreeMap<&str, Vec<&BindingRef>> = BTreeMap::new();
+        for c in consumer {
+            let Some(ns) = c.namespace.as_deref() else {
+                continue;
+            };
+            if let Some(b) = covering(&self.bindings, &api.name, &api.connection, Some(ns)) {
+                by_ns.entry(ns).or_default().push(b);
+            }
+        }
+        let (mut out, mut denied) = (Vec::new(), BTreeSet::new());
+        for (ns, covered) in by_ns {
+            let in_ns: Api<DynamicObject> =
+                Api::namespaced_with(s.provider.client.clone(), ns, &api.resource);
+            match list::map_all(&in_ns, marker, |o| provider_obj(&o)).await {
+                Ok(objs) => out.extend(objs),
+                Err(e) => {
+                    let forbidden = e.is_forbidden();
+                    tracing::warn!(api = %api.name, namespace = %ns, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects in a namespace failed");
+                    if !forbidden {
+                        self.summary.count("errors", 1);
+                    }
+                    let mut told = BTreeSet::new();
+                    for b in covered {
+                        self.counts
+                            .entry((b.key.clone(), api.name.clone()))
+                            .or_default()
+                            .denied += 1;
+                        self.unread.insert(b.key.clone());
+                        if forbidden && told.insert(b.key.clone()) {
+                            namespace_denied(s, b, ns).await;
+                        }
+                    }
+                    denied.insert(ns.to_string());
+                }
+            }
+        }
+        (out, denied)
     }
 
     /// Plan and apply each consumer object of the API, counting how each stands. Up to

@@ -157,13 +157,19 @@ pub struct Unrevoked {
 
 /// The kubectl commands that do what `kbind issue` does when a Grant goes (docs/issue.md): the
 /// ServiceAccount first (its tokens stop working at once) and its kubeconfig Secret, then the
-/// RBAC, the ValidatingAdmissionPolicy and its binding last (the identity stays confined until
+/// RBAC (in the grants namespace, in the Grant's namespaces, cluster-wide), the
+/// ValidatingAdmissionPolicy and its binding last (the identity stays confined until
 /// it is gone).
 pub fn revoke_commands(namespace: &str, grant: &str) -> Vec<String> {
     let name = keys::grant_object_name(grant);
     vec![
         format!("kubectl delete serviceaccount,secret -n {namespace} {name} --ignore-not-found"),
         format!("kubectl delete rolebinding,role -n {namespace} {name} --ignore-not-found"),
+        // And in each of the Grant's namespaces (docs/issue.md "Read isolation").
+        format!(
+            "kubectl delete rolebinding,role -A -l {}={grant} --ignore-not-found",
+            keys::IAM_GRANT
+        ),
         format!("kubectl delete clusterrolebinding,clusterrole {name} --ignore-not-found"),
         format!(
             "kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy {name} --ignore-not-found"

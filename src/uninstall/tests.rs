@@ -84,6 +84,7 @@ fn a_grant_is_released_by_the_issuers_manager_and_says_how_to_revoke_by_hand() {
         [
             "kubectl delete serviceaccount,secret -n ns kbind-grant-g --ignore-not-found",
             "kubectl delete rolebinding,role -n ns kbind-grant-g --ignore-not-found",
+            "kubectl delete rolebinding,role -A -l iam.kbind.io/grant=g --ignore-not-found",
             "kubectl delete clusterrolebinding,clusterrole kbind-grant-g --ignore-not-found",
             "kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy kbind-grant-g --ignore-not-found",
         ]

@@ -124,10 +124,16 @@ impl Ix {
             .await;
     }
 
+    /// A Grant whose provider namespace is its own name (unique per test).
     pub async fn grant(&self, name: &str, export: &str, ttl: &str) {
+        self.grant_in(name, export, ttl, &[name]).await;
+    }
+
+    /// A Grant of `export` into the provider namespaces `namespaces` (`spec.namespaces`).
+    pub async fn grant_in(&self, name: &str, export: &str, ttl: &str, namespaces: &[&str]) {
         let g = json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
             "metadata": {"name": name, "labels": {"kbind-test": self.fx.label}},
-            "spec": {"export": export, "consumer": "team", "tokenTTL": ttl}});
+            "spec": {"export": export, "consumer": "team", "tokenTTL": ttl, "namespaces": namespaces}});
         apply(&self.fx.provider, "iam.kbind.io", "Grant", "grants", &g).await;
     }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::catalog::{ExportApi, ExportRef};
+use crate::issue::render::Desired;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
 fn t(s: i64) -> Timestamp {
@@ -12,7 +13,33 @@ fn api(name: &str) -> ResolvedApi {
         name: name.into(),
         group: group.into(),
         plural: plural.into(),
+        namespaced: !plural.starts_with("cluster"),
     }
+}
+
+/// Plan `s` as the only Grant, on a provider with no namespaces yet.
+fn plan_alone(
+    s: &GrantSpec,
+    pin: Option<&str>,
+    cat: &Catalog,
+    issued: &Issued,
+    c: &Config,
+) -> Result<GrantPlan, Blocked> {
+    let tenancy = tenancy(
+        &[GrantView {
+            name: "g",
+            created: None,
+            spec: s,
+        }],
+        cat,
+    );
+    let p = Provider {
+        catalog: cat,
+        tenancy: &tenancy,
+        namespaces: &BTreeSet::new(),
+        cfg: c,
+    };
+    plan_grant("g", s, pin, issued, &BTreeMap::new(), &p)
 }
 
 fn catalog() -> Catalog {
@@ -29,6 +56,7 @@ fn catalog() -> Catalog {
             })
             .collect(),
         permissions,
+        cluster_scoped_access: ClusterScopedAccess::Exclusive,
     };
     let cm = PolicyRule {
         api_groups: Some(vec![String::new()]),
@@ -69,6 +97,7 @@ fn spec(export: Option<&str>, collection: Option<&str>) -> GrantSpec {
         collection: collection.map(Into::into),
         consumer: "team-a".into(),
         token_ttl: "24h".into(),
+        namespaces: vec!["team-a".into()],
     }
 }
 
@@ -260,44 +289,48 @@ fn an_unchanged_grant_plans_no_write() {
     let cat = catalog();
     let s = spec(Some("widgets"), None);
     let mut issued = issued_with_secret(&c, "tok", 1_000_000 + 86400);
-    let first = plan_grant(
-        "g",
-        &s,
-        Some("uid-1"),
-        &cat,
-        &Issued::default(),
-        &BTreeMap::new(),
-        &c,
-    )
-    .unwrap();
-    assert_eq!(first.writes.len(), Kind::ALL.len());
+    let first = plan_alone(&s, Some("uid-1"), &cat, &Issued::default(), &c).unwrap();
+    // Seven per Grant, two per namespace.
+    assert_eq!(first.writes.len(), 9);
+    assert_eq!(first.create_namespaces, vec!["team-a".to_string()]);
     assert!(matches!(first.token, Token::Issue { .. }));
     for d in &first.writes {
-        issued.hashes.insert(d.kind, d.hash.clone());
+        issued.hashes.insert(d.slot(), d.hash.clone());
     }
-    let again = plan_grant("g", &s, Some("uid-1"), &cat, &issued, &BTreeMap::new(), &c).unwrap();
+    let again = plan_alone(&s, Some("uid-1"), &cat, &issued, &c).unwrap();
     assert!(again.writes.is_empty(), "{:?}", again.writes);
+    assert!(again.stale.is_empty());
     assert!(matches!(again.token, Token::Keep { .. }));
     // Pinning changes the policy only.
-    let unpinned = plan_grant("g", &s, None, &cat, &issued, &BTreeMap::new(), &c).unwrap();
+    let unpinned = plan_alone(&s, None, &cat, &issued, &c).unwrap();
     let kinds: Vec<Kind> = unpinned.writes.iter().map(|d| d.kind).collect();
     assert_eq!(kinds, vec![Kind::Policy]);
-    // Another Export: the ClusterRole and the policy change.
-    let moved = plan_grant(
-        "g",
-        &spec(Some("both"), None),
-        Some("uid-1"),
-        &cat,
-        &issued,
-        &BTreeMap::new(),
-        &c,
-    )
-    .unwrap();
+    // Another Export: the policy and the namespace's Role change (both APIs are namespaced).
+    let moved = plan_alone(&spec(Some("both"), None), Some("uid-1"), &cat, &issued, &c).unwrap();
     let kinds: Vec<Kind> = moved.writes.iter().map(|d| d.kind).collect();
     assert_eq!(
         kinds,
-        vec![Kind::Policy, Kind::ClusterRole],
+        vec![Kind::Policy, Kind::ClusterRole, Kind::TenantRole],
         "the policy first: a failed policy write stops before RBAC reaches further"
+    );
+    // Another namespace: its RBAC is written, the old namespace's is deleted (binding first).
+    let mut elsewhere = s.clone();
+    elsewhere.namespaces = vec!["team-b".into()];
+    let moved = plan_alone(&elsewhere, Some("uid-1"), &cat, &issued, &c).unwrap();
+    let slots: Vec<Slot> = moved.writes.iter().map(Desired::slot).collect();
+    assert_eq!(
+        slots,
+        vec![
+            (Kind::TenantRole, "team-b".to_string()),
+            (Kind::TenantRoleBinding, "team-b".to_string())
+        ]
+    );
+    assert_eq!(
+        moved.stale,
+        vec![
+            (Kind::TenantRoleBinding, "team-a".to_string()),
+            (Kind::TenantRole, "team-a".to_string())
+        ]
     );
 }
 
@@ -311,11 +344,21 @@ fn issued_rules_are_exactly_the_contract() {
         vec![
             r#"{"apiGroups":["apiextensions.k8s.io"],"resources":["customresourcedefinitions"],"verbs":["list"]}"#,
             r#"{"apiGroups":["apiextensions.k8s.io"],"resourceNames":["widgets.example.org"],"resources":["customresourcedefinitions"],"verbs":["get"]}"#,
-            r#"{"apiGroups":["example.org"],"resources":["widgets","widgets/status"],"verbs":["get","list","watch","create","update","patch","delete"]}"#,
             r#"{"apiGroups":["catalog.kbind.io"],"resourceNames":["widgets"],"resources":["exports"],"verbs":["get"]}"#,
-            r#"{"apiGroups":[""],"resources":["namespaces"],"verbs":["create"]}"#,
             r#"{"apiGroups":[""],"resourceNames":["kube-system"],"resources":["namespaces"],"verbs":["get"]}"#,
             r#"{"apiGroups":["core.kcp.io"],"resourceNames":["cluster"],"resources":["logicalclusters"],"verbs":["get"]}"#,
+        ],
+        "no cluster-wide read of a namespaced API, no namespace creation"
+    );
+    let tenant: Vec<String> = render::tenant_rules(&r, "team-a")
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_eq!(
+        tenant,
+        vec![
+            r#"{"apiGroups":["example.org"],"resources":["widgets","widgets/status"],"verbs":["get","list","watch","create","update","patch","delete"]}"#,
+            r#"{"apiGroups":[""],"resourceNames":["team-a"],"resources":["namespaces"],"verbs":["get"]}"#,
             r#"{"apiGroups":[""],"resources":["configmaps"],"verbs":["get"]}"#,
         ]
     );
@@ -396,10 +439,16 @@ async fn the_issued_kubeconfig_names_its_grant_secret() {
 #[test]
 fn revoke_deletes_the_identity_first_and_the_policy_last() {
     let mut issued = Issued::default();
-    for k in Kind::ALL {
-        issued.hashes.insert(k, String::new());
+    for d in render::objects(
+        &resolve(&spec(Some("widgets"), None), &catalog()).unwrap(),
+        "kbind-grants",
+        "g",
+        None,
+    ) {
+        issued.hashes.insert(d.slot(), String::new());
     }
-    let order = revoke(&issued);
+    let order: Vec<Kind> = revoke(&issued).into_iter().map(|s| s.0).collect();
+    assert_eq!(order.len(), 9);
     assert_eq!(order.first(), Some(&Kind::ServiceAccount));
     assert_eq!(
         &order[order.len() - 2..],
@@ -445,5 +494,178 @@ fn the_issued_kubeconfig_passes_connection_validation() {
             &policy
         )
         .is_err()
+    );
+}
+
+/// A catalog with two cluster-scoped APIs: `clusterthings` (Export `things`, exclusive) and
+/// `clusterpools` (Export `pools`, shared by consent).
+fn catalog_with_cluster_apis() -> Catalog {
+    let mut c = catalog();
+    for (export, api_name, access) in [
+        (
+            "things",
+            "clusterthings.example.org",
+            ClusterScopedAccess::Exclusive,
+        ),
+        (
+            "pools",
+            "clusterpools.example.org",
+            ClusterScopedAccess::Shared,
+        ),
+    ] {
+        c.exported.insert(api_name.into(), api(api_name));
+        c.exports.insert(
+            export.into(),
+            ExportSpec {
+                description: String::new(),
+                apis: vec![ExportApi {
+                    name: api_name.into(),
+                }],
+                permissions: vec![],
+                cluster_scoped_access: access,
+            },
+        );
+    }
+    c
+}
+
+/// Each provider namespace and each exclusive cluster-scoped API belongs to the oldest Grant
+/// naming it; a later one is told which Grant holds it; a shared API goes to every Grant and
+/// each says so. The reasons are exactly the documented ones.
+#[test]
+fn each_namespace_and_cluster_scoped_api_is_one_grants_unless_shared() {
+    let cat = catalog_with_cluster_apis();
+    let c = cfg(0);
+    let grant = |export: &str, namespaces: &[&str]| GrantSpec {
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        ..spec(Some(export), None)
+    };
+    // (name, created, spec): "a" is the oldest; "b" and "c" are created later.
+    let specs = [
+        ("a", 10, grant("widgets", &["team-a"])),
+        ("b", 20, grant("widgets", &["team-a", "team-b"])),
+        ("c", 5, grant("things", &[])),
+        ("d", 30, grant("things", &[])),
+        ("e", 40, grant("pools", &[])),
+        ("f", 50, grant("pools", &[])),
+        ("g", 60, grant("widgets", &[])),
+        ("h", 70, grant("widgets", &["kbind-grants"])),
+        ("i", 80, grant("widgets", &["kube-system"])),
+    ];
+    let views: Vec<GrantView<'_>> = specs
+        .iter()
+        .map(|(n, t0, s)| GrantView {
+            name: n,
+            created: Some(t(*t0)),
+            spec: s,
+        })
+        .collect();
+    let ten = tenancy(&views, &cat);
+    assert_eq!(
+        ten.namespace_owner.get("team-a").map(String::as_str),
+        Some("a")
+    );
+    assert_eq!(
+        ten.namespace_owner.get("team-b").map(String::as_str),
+        Some("b")
+    );
+    let got = |name: &str| {
+        let (_, _, s) = specs.iter().find(|(n, _, _)| *n == name).unwrap();
+        let r = resolve(s, &cat).unwrap();
+        isolation(name, &r, &ten, &c)
+    };
+    assert_eq!(got("a"), Ok(vec![]));
+    let b = got("b").unwrap_err();
+    assert_eq!(b.reason, NAMESPACE_TAKEN);
+    assert!(
+        b.message.contains("namespace team-a belongs to Grant a"),
+        "{b:?}"
+    );
+    assert_eq!(
+        got("c"),
+        Ok(vec![]),
+        "the oldest Grant of an exclusive API holds it"
+    );
+    let d = got("d").unwrap_err();
+    assert_eq!(d.reason, CLUSTER_SCOPED_API_TAKEN);
+    assert!(
+        d.message
+            .contains("clusterthings.example.org is cluster-scoped and Grant c holds it"),
+        "{d:?}"
+    );
+    assert!(d.message.contains("clusterScopedAccess: Shared"), "{d:?}");
+    assert_eq!(got("e"), Ok(vec!["clusterpools.example.org".to_string()]));
+    assert_eq!(got("f"), Ok(vec!["clusterpools.example.org".to_string()]));
+    let g = got("g").unwrap_err();
+    assert_eq!(g.reason, NAMESPACES_REQUIRED);
+    assert!(
+        g.message
+            .contains("widgets.example.org namespaced: set spec.namespaces"),
+        "{g:?}"
+    );
+    for n in ["h", "i"] {
+        let e = got(n).unwrap_err();
+        assert_eq!(e.reason, NAMESPACE_RESERVED, "{n}");
+    }
+    // One Export saying Exclusive keeps an API exclusive, whatever another says.
+    let mut both = cat.clone();
+    both.exports
+        .get_mut("things")
+        .unwrap()
+        .cluster_scoped_access = ClusterScopedAccess::Shared;
+    both.exports.insert(
+        "strict".into(),
+        ExportSpec {
+            description: String::new(),
+            apis: vec![ExportApi {
+                name: "clusterthings.example.org".into(),
+            }],
+            permissions: vec![],
+            cluster_scoped_access: ClusterScopedAccess::Exclusive,
+        },
+    );
+    let ten = tenancy(&views, &both);
+    assert_eq!(
+        ten.cluster_grantees.get("clusterthings.example.org"),
+        Some(&vec!["c".to_string()])
+    );
+}
+
+/// A cluster-scoped API is granted in the ClusterRole; a namespaced one only in the Grant's
+/// namespaces; `nonResourceURLs` rules stay cluster-wide, resource rules go per namespace.
+#[test]
+fn namespaced_apis_are_granted_per_namespace_and_cluster_scoped_ones_cluster_wide() {
+    let mut cat = catalog_with_cluster_apis();
+    let url = PolicyRule {
+        non_resource_urls: Some(vec!["/healthz".into()]),
+        verbs: vec!["get".into()],
+        ..Default::default()
+    };
+    cat.exports.get_mut("things").unwrap().permissions = vec![url];
+    let s = GrantSpec {
+        collection: None,
+        export: Some("things".into()),
+        ..spec(None, None)
+    };
+    let r = resolve(&s, &cat).unwrap();
+    let cluster = render::cluster_rules(&r);
+    assert!(
+        cluster.iter().any(|v| v["resources"][0] == "clusterthings"),
+        "{cluster:?}"
+    );
+    assert!(
+        cluster
+            .iter()
+            .any(|v| v["nonResourceURLs"][0] == "/healthz"),
+        "{cluster:?}"
+    );
+    let tenant = render::tenant_rules(&r, "team-a");
+    assert!(
+        !tenant.iter().any(|v| v["resources"][0] == "clusterthings"),
+        "{tenant:?}"
+    );
+    assert!(
+        !tenant.iter().any(|v| v.get("nonResourceURLs").is_some()),
+        "{tenant:?}"
     );
 }
