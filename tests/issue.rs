@@ -1102,6 +1102,23 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         .expect("an Event on the ClusterBinding names the namespace");
     assert!(note.contains(&format!("namespace {other}")), "{note}");
 
+    // Unbound: the copy in the Grant's namespace is found per namespace too, marked and kept.
+    Api::<kbind::api::core::ClusterBinding>::all(fx.consumer.clone())
+        .delete(&cb, &Default::default())
+        .await
+        .unwrap();
+    let s = fx.pass("resync", &[]);
+    let copy = mine.get("mine").await.unwrap();
+    assert_eq!(
+        copy.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("core.kbind.io/orphaned")
+            .map(String::as_str),
+        Some("Unbound"),
+        "{s}"
+    );
+
     // H drops a namespace: its Role and RoleBinding there go (two deletes), the namespace stays;
     // the next run writes 0.
     ix.grant_in(&h, &export, "1h", &[&other]).await;

@@ -88,7 +88,7 @@ async fn release_one(
     let mut kept = 0;
     for api in &unbound {
         match provider {
-            Some(p) => match mark_unbound(ctx, p, api, writes).await {
+            Some(p) => match mark_unbound(ctx, client, p, api, writes).await {
                 Ok((n, complete)) => {
                     kept += n;
                     done &= complete;
@@ -144,11 +144,41 @@ async fn copies_kept(ctx: &PassContext, b: &BindingRef, unbound: &[&BoundApi], k
         .await;
 }
 
+/// An identity confined to its Grant's namespaces (docs/issue.md "Read isolation"): the copies
+/// in each namespace the consumer's objects of the API are in (they are still there: the
+/// consumer CRD goes after this release). A namespace the provider refuses holds none of ours.
+async fn copies_per_namespace(
+    client: &Client,
+    provider: &Provider,
+    api: &BoundApi,
+    ours: &ListParams,
+) -> Result<Vec<kube::core::PartialObjectMeta<DynamicObject>>, kube::Error> {
+    let consumer: Api<DynamicObject> = Api::all_with(client.clone(), &api.resource);
+    let namespaces: std::collections::BTreeSet<String> =
+        list::metadata(&consumer, &ListParams::default())
+            .await?
+            .into_iter()
+            .filter_map(|m| m.metadata.namespace)
+            .collect();
+    let mut copies = Vec::new();
+    for ns in namespaces {
+        let in_ns: Api<DynamicObject> =
+            Api::namespaced_with(provider.client.clone(), &ns, &api.resource);
+        match list::metadata(&in_ns, ours).await {
+            Ok(c) => copies.extend(c),
+            Err(e) if e.is_forbidden() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(copies)
+}
+
 /// Annotate every copy of ours of an unbound API `core.kbind.io/orphaned: Unbound` (those not
 /// already marked). Returns how many copies there are and whether all were handled within the
 /// budget.
 async fn mark_unbound(
     ctx: &PassContext,
+    client: &Client,
     provider: &Provider,
     api: &BoundApi,
     writes: &mut Writes,
@@ -159,7 +189,12 @@ async fn mark_unbound(
         keys::CONSUMER_CLUSTER,
         provider.local_uid
     ));
-    let copies = list::metadata(&prov, &ours).await?;
+    let copies = match list::metadata(&prov, &ours).await {
+        Err(e) if e.is_forbidden() && api.namespaced => {
+            copies_per_namespace(client, provider, api, &ours).await?
+        }
+        r => r?,
+    };
     let total = copies.len() as i64;
     for m in copies {
         let marked = m
