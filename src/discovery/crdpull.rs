@@ -3,21 +3,53 @@
 //! `None`: kbind installs no webhooks, so provider-side conversion is not reproduced.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, CustomResourceDefinitionSpec,
 };
 use kube::api::ObjectMeta;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::api::core::ExportedApi;
 use crate::api::keys;
 
+/// A consumer CRD held as its JSON text. Decoded, a CRD takes some 50 times its JSON size
+/// (every schema node is a struct of some 40 optional fields): a Connection's exports are held
+/// as text and turned into a request body one at a time, when written (docs/performance.md
+/// "Memory against hostile answers").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrdJson(Arc<str>);
+
+impl CrdJson {
+    pub fn of(crd: &CustomResourceDefinition) -> Self {
+        Self(serde_json::to_string(crd).unwrap_or_default().into())
+    }
+
+    /// Its length in bytes: what holding it costs.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn decode(&self) -> Result<CustomResourceDefinition, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+
+    fn value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+}
+
 /// An exported API and the consumer CRD kbind would install for it (without markers).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Export {
     pub api: ExportedApi,
-    pub crd: CustomResourceDefinition,
+    pub crd: CrdJson,
     /// The provider converts between versions with a webhook that the consumer copy drops.
     pub webhook_conversion: bool,
 }
@@ -76,7 +108,7 @@ pub fn export_of(crd: CustomResourceDefinition, webhook_conversion: bool) -> Exp
     };
     Export {
         api,
-        crd,
+        crd: CrdJson::of(&crd),
         webhook_conversion,
     }
 }
@@ -88,21 +120,42 @@ pub fn schema_hash(spec: &CustomResourceDefinitionSpec) -> String {
     hex::encode(&Sha256::digest(&json)[..8])
 }
 
+/// A consumer CRD to write: the export's CRD and kbind's markers, made into a request body only
+/// when written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerCrd {
+    pub name: String,
+    pub crd: CrdJson,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl ConsumerCrd {
+    /// The request body: the CRD with exactly these labels and annotations.
+    pub fn body(&self) -> Result<Value, serde_json::Error> {
+        let mut v = self.crd.value()?;
+        v["metadata"]["labels"] = serde_json::to_value(&self.labels)?;
+        v["metadata"]["annotations"] = serde_json::to_value(&self.annotations)?;
+        v["apiVersion"] = Value::from("apiextensions.k8s.io/v1");
+        v["kind"] = Value::from("CustomResourceDefinition");
+        Ok(v)
+    }
+}
+
 /// The consumer CRD to write: the export's CRD with kbind's markers for `connection`.
-pub fn with_markers(export: &Export, connection: &str) -> CustomResourceDefinition {
-    let mut crd = export.crd.clone();
-    crd.metadata.labels = Some(BTreeMap::from([(
-        keys::MANAGED.to_string(),
-        "true".to_string(),
-    )]));
-    crd.metadata.annotations = Some(BTreeMap::from([
-        (keys::CONNECTION.to_string(), connection.to_string()),
-        (
-            keys::SCHEMA_HASH.to_string(),
-            export.api.schema_hash.clone(),
-        ),
-    ]));
-    crd
+pub fn with_markers(export: &Export, connection: &str) -> ConsumerCrd {
+    ConsumerCrd {
+        name: export.api.name.clone(),
+        crd: export.crd.clone(),
+        labels: BTreeMap::from([(keys::MANAGED.to_string(), "true".to_string())]),
+        annotations: BTreeMap::from([
+            (keys::CONNECTION.to_string(), connection.to_string()),
+            (
+                keys::SCHEMA_HASH.to_string(),
+                export.api.schema_hash.clone(),
+            ),
+        ]),
+    }
 }
 
 #[cfg(test)]
@@ -179,8 +232,9 @@ mod tests {
                 "{versions:?}"
             );
             if let Some(e) = got {
-                assert_eq!(e.crd.spec.versions.len(), 1);
-                assert!(e.crd.spec.versions[0].served && e.crd.spec.versions[0].storage);
+                let crd = e.crd.decode().unwrap();
+                assert_eq!(crd.spec.versions.len(), 1);
+                assert!(crd.spec.versions[0].served && crd.spec.versions[0].storage);
             }
         }
     }
@@ -189,11 +243,12 @@ mod tests {
     fn webhook_conversion_is_dropped_and_flagged() {
         let e = from_provider_crd(&provider(vec![version("v1", true, true)], true)).unwrap();
         assert!(e.webhook_conversion);
-        let conv = e.crd.spec.conversion.unwrap();
+        let crd = e.crd.decode().unwrap();
+        let conv = crd.spec.conversion.unwrap();
         assert_eq!(conv.strategy, "None");
         assert!(conv.webhook.is_none());
         assert!(
-            e.crd.metadata.uid.is_none(),
+            crd.metadata.uid.is_none(),
             "provider identity fields are not copied"
         );
     }
@@ -216,11 +271,16 @@ mod tests {
                 .api
                 .schema_hash
         );
-        let m = with_markers(&a, "conn");
-        assert_eq!(m.metadata.labels.unwrap()[keys::MANAGED], "true");
+        let m = with_markers(&a, "conn").body().unwrap();
+        assert_eq!(m["metadata"]["labels"][keys::MANAGED], "true");
         assert_eq!(
-            m.metadata.annotations.unwrap()[keys::SCHEMA_HASH],
-            a.api.schema_hash
+            m["metadata"]["annotations"][keys::SCHEMA_HASH],
+            a.api.schema_hash.as_str()
         );
+        assert_eq!(m["metadata"]["name"], "widgets.example.org");
+        assert_eq!(m["kind"], "CustomResourceDefinition");
+        // The body decodes as the CRD it stands for.
+        let crd: CustomResourceDefinition = serde_json::from_value(m).unwrap();
+        assert_eq!(crd.spec.versions.len(), 1);
     }
 }

@@ -8,10 +8,10 @@
 
 pub mod crdpull;
 pub mod openapi;
+mod raw;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
@@ -66,13 +66,18 @@ pub async fn discover(
     }
 }
 
-/// Provider CRDs per LIST page: a CRD decodes to some 50 times its JSON size (docs/performance.md
-/// "Memory"), so a page is held decoded a few MiB of JSON at a time, not 500 CRDs' worth.
+/// Provider CRDs per LIST page. A page is held as JSON text, each CRD decoded on its own.
 const CRD_PAGE: u32 = 50;
+
+/// Most JSON text of consumer CRDs one Connection's exports may hold (48 MiB), and most
+/// exports: a provider exporting more is refused with a message saying so, before it can push
+/// the pass past its memory limit (docs/hostile-inputs.md).
+pub const MAX_EXPORT_BYTES: usize = 48 << 20;
+pub const MAX_EXPORTS: usize = 2000;
 
 /// Provider CRDs labelled `core.kbind.io/exported=true` (exact value) with a served version.
 async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
-    let api: Api<CustomResourceDefinition> = Api::all(provider.clone());
+    let api: Api<raw::RawCrd> = Api::all(provider.clone());
     let mut lp = ListParams::default()
         .labels(&format!("{}=true", keys::EXPORTED))
         .limit(CRD_PAGE);
@@ -100,13 +105,17 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
             }
             Err(e) => return Err(error("listing exported provider CRDs", &e)),
         };
-        for crd in &page.items {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            match from_provider_crd(crd) {
-                Some(e) => d.exports.push(e),
-                None => d.skipped.push((name, "no served version".into())),
+        for item in &page.items {
+            let name = item.metadata.name.clone().unwrap_or_default();
+            match item.decode() {
+                Ok(crd) => match from_provider_crd(&crd) {
+                    Some(e) => d.exports.push(e),
+                    None => d.skipped.push((name, "no served version".into())),
+                },
+                Err(e) => d.skipped.push((name, unreadable(&e))),
             }
         }
+        check_size(&d)?;
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => break,
@@ -116,30 +125,60 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
     Ok(d)
 }
 
+/// Why a provider CRD cannot be exported: its definition does not decode.
+fn unreadable(e: &serde_json::Error) -> String {
+    format!("its definition cannot be read ({e}); is its schema nested too deeply?")
+}
+
+/// Refuse a provider whose exports exceed [`MAX_EXPORT_BYTES`] or [`MAX_EXPORTS`].
+fn check_size(d: &Discovered) -> Result<(), DiscoveryError> {
+    within(d, MAX_EXPORT_BYTES, MAX_EXPORTS)
+}
+
+fn within(d: &Discovered, max_bytes: usize, max_exports: usize) -> Result<(), DiscoveryError> {
+    let bytes: usize = d.exports.iter().map(|e| e.crd.len()).sum();
+    if bytes > max_bytes || d.exports.len() > max_exports {
+        return Err(DiscoveryError {
+            forbidden: false,
+            message: format!(
+                "the provider exports more than kbind holds for one Connection ({} CRDs, {} KiB of schema; at most {max_exports} and {} KiB): export fewer CRDs (label core.kbind.io/exported)",
+                d.exports.len(),
+                bytes >> 10,
+                max_bytes >> 10
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The rest of a CRD list (from `lp`'s page on) read by name: a CRD that cannot be decoded is
 /// skipped with the reason, so its binding says `ExportUnusable` and the others are unaffected.
 async fn one_by_one(
-    api: &Api<CustomResourceDefinition>,
+    raw: &Api<raw::RawCrd>,
     lp: &ListParams,
     d: &mut Discovered,
 ) -> Result<(), DiscoveryError> {
-    let names = crate::pass::list::metadata(api, lp)
+    let names = crate::pass::list::metadata(raw, lp)
         .await
         .map_err(|e| error("listing exported provider CRDs", &e))?;
     for meta in &names {
         let name = meta.metadata.name.clone().unwrap_or_default();
-        match api.get_opt(&name).await {
-            Ok(Some(crd)) => match from_provider_crd(&crd) {
+        match raw
+            .get_opt(&name)
+            .await
+            .map(|o| o.map(|item| item.decode()))
+        {
+            Ok(Some(Ok(crd))) => match from_provider_crd(&crd) {
                 Some(e) => d.exports.push(e),
                 None => d.skipped.push((name, "no served version".into())),
             },
+            Ok(Some(Err(e))) | Err(kube::Error::SerdeError(e)) => {
+                d.skipped.push((name, unreadable(&e)))
+            }
             Ok(None) => {} // deleted since the list
-            Err(kube::Error::SerdeError(e)) => d.skipped.push((
-                name,
-                format!("its definition cannot be read ({e}); is its schema nested too deeply?"),
-            )),
             Err(e) => return Err(error(&format!("reading provider CRD {name}"), &e)),
         }
+        check_size(d)?;
     }
     Ok(())
 }
@@ -200,7 +239,10 @@ async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError>
     };
     for ((group, plural), vs) in versions {
         match synthesize(&vs, &docs) {
-            Ok(crd) => d.exports.push(export_of(crd, false)),
+            Ok(crd) => {
+                d.exports.push(export_of(crd, false));
+                check_size(&d)?;
+            }
             Err(e) => d
                 .skipped
                 .push((format!("{plural}.{group}"), scrub(&e.to_string()))),
@@ -239,4 +281,28 @@ async fn openapi_docs(
         }
     }
     Ok(docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past either cap the provider is refused with a message naming both figures; at the cap
+    /// it is not.
+    #[test]
+    fn a_provider_exporting_more_than_a_connection_holds_is_refused() {
+        let crd = k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition::default();
+        let one = crdpull::export_of(crd, false);
+        let size = one.crd.len();
+        let d = |n: usize| Discovered {
+            exports: vec![one.clone(); n],
+            ..Default::default()
+        };
+        assert!(within(&d(4), 4 * size, 4).is_ok());
+        let e = within(&d(5), 4 * size, 10).unwrap_err();
+        assert!(!e.forbidden);
+        assert!(e.message.contains("(5 CRDs,"), "{}", e.message);
+        assert!(e.message.contains("export fewer CRDs"), "{}", e.message);
+        assert!(within(&d(5), 100 * size, 4).is_err());
+    }
 }

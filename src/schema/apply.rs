@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -347,7 +347,11 @@ pub(super) async fn apply_crds(
     writes: &mut Writes,
     concurrency: NonZeroUsize,
 ) -> Vec<CrdOutcome> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // Dynamic: bodies and answers stay JSON values, never decoded CRDs (some 50 times larger).
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<CustomResourceDefinition>(&()),
+    );
     let mut out: Vec<Option<CrdOutcome>> = vec![None; actions.len()];
     let concurrency = if writes.dry_run() {
         NonZeroUsize::MIN
@@ -393,18 +397,28 @@ pub(super) async fn apply_crds(
 
 /// One consumer CRD write.
 async fn apply_crd(
-    api: &Api<CustomResourceDefinition>,
+    api: &Api<DynamicObject>,
     manager: &str,
     a: &CrdAction,
     writes: &mut Writes,
 ) -> CrdOutcome {
+    let body = match a {
+        CrdAction::Create(c) | CrdAction::Update(c) => match c.body() {
+            Ok(b) => b,
+            Err(e) => return CrdOutcome::Failed(format!("the export's CRD cannot be read: {e}")),
+        },
+        CrdAction::Stamp { .. } => Value::Null,
+    };
     let r = match a {
-        CrdAction::Create(crd) => api.create(&PostParams::default(), crd).await.map(|_| ()),
-        CrdAction::Update(crd) => api
+        CrdAction::Create(_) => match serde_json::from_value::<DynamicObject>(body) {
+            Ok(o) => api.create(&PostParams::default(), &o).await.map(|_| ()),
+            Err(e) => return CrdOutcome::Failed(format!("the export's CRD cannot be read: {e}")),
+        },
+        CrdAction::Update(_) => api
             .patch(
                 &a.name(),
                 &PatchParams::apply(manager).force(),
-                &Patch::Apply(crd.as_ref()),
+                &Patch::Apply(&body),
             )
             .await
             .map(|_| ()),

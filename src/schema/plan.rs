@@ -4,9 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-
-use super::crdpull::with_markers;
+use super::crdpull::{ConsumerCrd, with_markers};
 use crate::api::BindingKey;
 use crate::api::conditions::{ConditionStatus as S, Conditions};
 use crate::api::core::condition::*;
@@ -85,8 +83,8 @@ pub enum Holding {
 /// One consumer CRD write.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CrdAction {
-    Create(Box<CustomResourceDefinition>),
-    Update(Box<CustomResourceDefinition>),
+    Create(Box<ConsumerCrd>),
+    Update(Box<ConsumerCrd>),
     /// Add kbind's markers to an existing, externally supplied CRD (None + CRD source only).
     Stamp {
         name: String,
@@ -97,7 +95,7 @@ pub enum CrdAction {
 impl CrdAction {
     pub fn name(&self) -> String {
         match self {
-            Self::Create(c) | Self::Update(c) => c.metadata.name.clone().unwrap_or_default(),
+            Self::Create(c) | Self::Update(c) => c.name.clone(),
             Self::Stamp { name, .. } => name.clone(),
         }
     }
@@ -206,16 +204,10 @@ pub fn plan_crds(o: &Observed) -> Vec<CrdAction> {
 }
 
 /// The consumer CRD for export `e` with kbind's markers, and the creation record when `created`.
-fn consumer_crd(
-    e: &super::crdpull::Export,
-    o: &Observed,
-    created: bool,
-) -> CustomResourceDefinition {
+fn consumer_crd(e: &super::crdpull::Export, o: &Observed, created: bool) -> ConsumerCrd {
     let mut crd = with_markers(e, o.name);
     if created {
-        crd.metadata
-            .annotations
-            .get_or_insert_with(Default::default)
+        crd.annotations
             .insert(crate::api::keys::CREATED.to_string(), "true".to_string());
     }
     crd
@@ -248,12 +240,9 @@ pub fn crds_after(
             continue;
         }
         let hash = match a {
-            CrdAction::Create(c) | CrdAction::Update(c) => c
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|m| m.get(crate::api::keys::SCHEMA_HASH))
-                .cloned(),
+            CrdAction::Create(c) | CrdAction::Update(c) => {
+                c.annotations.get(crate::api::keys::SCHEMA_HASH).cloned()
+            }
             CrdAction::Stamp { .. } => None,
         };
         crds.insert(

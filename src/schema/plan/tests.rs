@@ -13,14 +13,16 @@ fn export(name: &str, scope: &str, hash: &str) -> Export {
             version: "v1".into(),
             schema_hash: hash.into(),
         },
-        crd: CustomResourceDefinition {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
+        crd: crate::discovery::crdpull::CrdJson::of(
+            &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                spec: CustomResourceDefinitionSpec::default(),
+                status: None,
             },
-            spec: CustomResourceDefinitionSpec::default(),
-            status: None,
-        },
+        ),
         webhook_conversion: false,
     }
 }
@@ -326,12 +328,9 @@ fn install_table() {
 #[test]
 fn the_creation_record_is_written_only_at_creation() {
     let created = |a: &CrdAction| match a {
-        CrdAction::Create(c) | CrdAction::Update(c) => c
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|m| m.get(crate::api::keys::CREATED))
-            .cloned(),
+        CrdAction::Create(c) | CrdAction::Update(c) => {
+            c.annotations.get(crate::api::keys::CREATED).cloned()
+        }
         CrdAction::Stamp { .. } => None,
     };
     let bound = vec![binding(None, "cb", "c", &["a.x.io"])];
