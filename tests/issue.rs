@@ -20,10 +20,13 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::issue_fx::{Ix, api_of, client_of, ready, status_code, token_of, until_code, widget};
 
-/// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`.
+/// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`: named after the
+/// Grant, the consumer cluster in a label.
 fn heartbeat(uid: &str, grant: &str) -> Lease {
-    serde_json::from_value(json!({"metadata": {"name": format!("consumer-{uid}"), "labels": {"iam.kbind.io/grant": grant}},
-        "spec": {"holderIdentity": format!("kbind-resync/{uid}")}})).unwrap()
+    serde_json::from_value(json!({"metadata": {"name": format!("kbind-grant-{grant}"),
+        "labels": {"iam.kbind.io/grant": grant, "core.kbind.io/consumer-cluster": uid}},
+        "spec": {"holderIdentity": format!("kbind-resync/{uid}")}}))
+    .unwrap()
 }
 
 #[tokio::test]
@@ -186,7 +189,16 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             la.create(&PostParams::default(), &heartbeat("uid-x", &b))
                 .await
         ),
-        403
+        403,
+        "another Grant's heartbeat"
+    );
+    // Its own Grant's label under another name (the squat of #28 item 6): refused.
+    let mut squat = heartbeat("uid-b", &a);
+    squat.metadata.name = Some("consumer-uid-b".into());
+    assert_eq!(
+        status_code(la.create(&PostParams::default(), &squat).await),
+        403,
+        "a heartbeat not named after its Grant"
     );
     la.create(&PostParams::default(), &heartbeat("uid-a", &a))
         .await
@@ -196,11 +208,12 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         .unwrap();
     // B may not take over A's heartbeat.
     let mut stolen = heartbeat("uid-a", &b);
+    stolen.metadata.name = Some(format!("kbind-grant-{a}"));
     stolen.metadata.resource_version = None;
     assert_eq!(
         status_code(
             lb.patch(
-                "consumer-uid-a",
+                &format!("kbind-grant-{a}"),
                 &PatchParams::apply("x").force(),
                 &Patch::Apply(&stolen)
             )
@@ -671,11 +684,14 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
             .is_none(),
         "{s}"
     );
+    // Named after the Grant (its identity may write no other), the cluster in a label.
     let lease = Api::<Lease>::namespaced(fx.provider.clone(), &ix.ns)
-        .get(&format!("consumer-{local}"))
+        .get(&format!("kbind-grant-{g}"))
         .await
         .unwrap();
-    assert_eq!(lease.metadata.labels.unwrap()["iam.kbind.io/grant"], g);
+    let labels = lease.metadata.labels.unwrap();
+    assert_eq!(labels["iam.kbind.io/grant"], g);
+    assert_eq!(labels["core.kbind.io/consumer-cluster"], local);
 
     ix.run(&[]);
     let st = ix.get_grant(&g).await.status.unwrap();
@@ -1170,6 +1186,110 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         let _ = Api::<Grant>::all(p.clone())
             .delete(gr, &Default::default())
             .await;
+    }
+    ix.run(&[]);
+}
+
+/// A heartbeat naming a consumer cluster whose objects already exist on the provider (left by
+/// a deleted Grant, or written under another credential) pins nothing until a person approves
+/// that UID on the Grant; run after run it says so and writes nothing (#28 item 6).
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
+    let ix = Ix::new("approve").await;
+    let p = ix.fx.provider.clone();
+    let group = ix.fx.group.clone();
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", ix.fx.label);
+    ix.export(&export, &[&widgets], json!([])).await;
+    // Grant h holds namespace `left`, where objects of consumer cluster uid-old are.
+    let left = support::namespace(&p, "left").await;
+    let h = format!("{}-h", ix.fx.label);
+    ix.grant_in(&h, &export, "1h", &[&left]).await;
+    api_of(&p, &group, "widgets", Some(&left))
+        .create(
+            &PostParams::default(),
+            &widget(&group, "old", Some("uid-old")),
+        )
+        .await
+        .unwrap();
+    let g = format!("{}-g", ix.fx.label);
+    ix.grant(&g, &export, "1h").await;
+    ix.run(&[]);
+    let cg = client_of(&ix.kubeconfig(&g).await).await;
+    Api::<Lease>::namespaced(cg, &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-old", &g))
+        .await
+        .unwrap();
+    let pinned = |st: &Grant| {
+        let c = st
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ConsumerPinned")
+            .unwrap()
+            .clone();
+        (c.status, c.reason, c.message)
+    };
+    for round in 1..=2 {
+        let s = ix.run(&[]);
+        let st = ix.get_grant(&g).await;
+        let (status, reason, message) = pinned(&st);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ApprovalRequired"),
+            "round {round}"
+        );
+        assert!(
+            message.contains(&format!("{widgets} {left}/old, of Grant {h}")),
+            "{message}"
+        );
+        assert!(
+            message.contains("iam.kbind.io/approve-consumer-cluster=uid-old"),
+            "{message}"
+        );
+        assert!(st.status.unwrap().consumer_cluster.is_none());
+        if round == 2 {
+            assert_eq!(s["data_writes"], 0, "{s}");
+            assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
+        }
+    }
+    // Approving another UID changes nothing; approving this one pins it.
+    for (uid, want) in [("uid-other", "ApprovalRequired"), ("uid-old", "Pinned")] {
+        Api::<Grant>::all(p.clone())
+            .patch(
+                &g,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"iam.kbind.io/approve-consumer-cluster": uid}}})),
+            )
+            .await
+            .unwrap();
+        ix.run(&[]);
+        let st = ix.get_grant(&g).await;
+        assert_eq!(pinned(&st).1, want, "{uid}");
+    }
+    assert_eq!(
+        ix.get_grant(&g)
+            .await
+            .status
+            .unwrap()
+            .consumer_cluster
+            .as_deref(),
+        Some("uid-old")
+    );
+    for gr in [&g, &h] {
+        Api::<Grant>::all(p.clone())
+            .delete(gr, &Default::default())
+            .await
+            .unwrap();
     }
     ix.run(&[]);
 }

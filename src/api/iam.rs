@@ -12,6 +12,9 @@ pub const REVOKE_FINALIZER: &str = "iam.kbind.io/revoke";
 /// Label on everything issued for a Grant, and on the consumer's heartbeat Lease: the Grant's
 /// name. Annotation of the same key on the issued Secret.
 pub const GRANT_KEY: &str = "iam.kbind.io/grant";
+/// Annotation on a Grant: a consumer cluster UID a person approves for its pin although
+/// provider objects already carry it (docs/issue.md "Confinement").
+pub const APPROVE_CONSUMER_CLUSTER: &str = "iam.kbind.io/approve-consumer-cluster";
 /// Annotation on the issued Secret: when its token expires (RFC 3339).
 pub const EXPIRES_AT: &str = "iam.kbind.io/expires-at";
 /// Annotation on the issued Secret: the ServiceAccount UID its token was issued for.

@@ -162,6 +162,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
         catalog: &obs.catalog,
         tenancy: &obs.tenancy,
         namespaces: &obs.namespaces,
+        in_use: &obs.in_use,
         cfg: &cfg,
     };
     let live: BTreeSet<String> = obs.grants.iter().map(ResourceExt::name_any).collect();
@@ -234,10 +235,17 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             .map(|(u, b)| (u.clone(), b.clone()))
             .collect();
         let mut outcome = GrantOutcome::default();
+        let approved = g
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::api::iam::APPROVE_CONSUMER_CLUSTER))
+            .map(String::as_str);
         match plan::plan_grant(
             &name,
             &g.spec,
             recorded.as_deref(),
+            approved,
             issued,
             &others,
             &provider,

@@ -21,7 +21,7 @@ use crate::api::keys::EXPORTED;
 use crate::pass::list;
 
 use super::IssueError;
-use super::plan::{Catalog, Issued, SecretObs};
+use super::plan::{Catalog, Heartbeat, Issued, SecretObs};
 use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
 /// Everything one run works from.
@@ -32,6 +32,8 @@ pub struct Observed {
     pub tenancy: super::plan::Tenancy,
     /// The provider's namespaces.
     pub namespaces: BTreeSet<String>,
+    /// Of the UIDs unpinned Grants' heartbeats name, those other Grants' objects carry.
+    pub in_use: InUse,
     pub exports: Vec<Export>,
     pub catalog: Catalog,
     /// What is issued, by Grant name (including Grants that no longer exist).
@@ -159,8 +161,15 @@ pub async fn observe(
         |c| ResolvedApi {
             name: format!("{}.{}", c.spec.names.plural, c.spec.group),
             group: c.spec.group,
-            plural: c.spec.names.plural,
             namespaced: c.spec.scope != "Cluster",
+            version: c
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.clone())
+                .unwrap_or_default(),
+            plural: c.spec.names.plural,
         },
     )
     .await
@@ -282,13 +291,23 @@ pub async fn observe(
     }
     for (g, l) in labelled(Api::<Lease>::namespaced(c.clone(), ns), "Leases", Some(ns)).await? {
         if let (Some(name), Some(created)) = (l.metadata.name, l.metadata.creation_timestamp) {
-            // Only attach Leases to Grants that exist or have something issued: a heartbeat
-            // alone does not make a Grant.
-            issued.entry(g).or_default().leases.push((created.0, name));
+            let cluster = l
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get(crate::api::keys::CONSUMER_CLUSTER))
+                .cloned();
+            issued.entry(g).or_default().leases.push(Heartbeat {
+                created: created.0,
+                name,
+                cluster,
+            });
         }
     }
+    let in_use = in_use(client, &grants, &issued, &catalog, &tenancy).await?;
     Ok(Observed {
         grants,
+        in_use,
         tenancy,
         namespaces,
         exports,
@@ -296,3 +315,76 @@ pub async fn observe(
         issued,
     })
 }
+
+/// Of the UIDs the heartbeats of unpinned Grants name, those already carried
+/// (`core.kbind.io/consumer-cluster`) by another Grant's provider objects: in a namespace a
+/// Grant of this run holds, or of a cluster-scoped API one holds. Each with its owner and one
+/// such object; a Grant pins such a UID only with a person's approval (docs/issue.md
+/// "Confinement"). Only while a Grant waits for its pin: per UID, one labelled metadata LIST per
+/// exported API.
+async fn in_use(
+    client: &Client,
+    grants: &[Grant],
+    issued: &BTreeMap<String, Issued>,
+    catalog: &Catalog,
+    tenancy: &super::plan::Tenancy,
+) -> Result<InUse, IssueError> {
+    let names: BTreeSet<&str> = grants
+        .iter()
+        .filter_map(|g| g.metadata.name.as_deref())
+        .collect();
+    let mut uids = BTreeSet::new();
+    for g in grants {
+        let (Some(name), None) = (
+            g.metadata.name.as_deref(),
+            g.status
+                .as_ref()
+                .and_then(|s| s.consumer_cluster.as_deref()),
+        ) else {
+            continue;
+        };
+        if let Some(i) = issued.get(name) {
+            uids.extend(super::plan::candidates(name, None, &i.leases));
+        }
+    }
+    let mut out = InUse::new();
+    for uid in uids {
+        for a in catalog.exported.values() {
+            let ar = kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk(&a.group, &a.version, ""),
+                &a.plural,
+            );
+            let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+            let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
+            let found = list::map_metadata(&api, &lp, |m| {
+                (m.metadata.namespace, m.metadata.name.unwrap_or_default())
+            })
+            .await
+            .map_err(listed(
+                &format!("{} labelled with a consumer cluster", a.name),
+                None,
+            ))?;
+            for (ns, name) in found {
+                let owner = match &ns {
+                    Some(ns) => tenancy.namespace_owner.get(ns),
+                    None => tenancy
+                        .cluster_grantees
+                        .get(&a.name)
+                        .and_then(|h| h.first()),
+                };
+                let Some(owner) = owner.filter(|o| names.contains(o.as_str())) else {
+                    continue;
+                };
+                let at = ns.map(|n| format!("{n}/")).unwrap_or_default();
+                let seen = out.entry(uid.clone()).or_default();
+                if !seen.iter().any(|(o, _)| o == owner) {
+                    seen.push((owner.clone(), format!("{} {at}{name}", a.name)));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Per UID, the Grants whose provider objects carry it, each with one such object.
+pub type InUse = BTreeMap<String, Vec<(String, String)>>;

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::catalog::{ClusterScopedAccess, CollectionSpec, ExportSpec};
 use crate::api::iam::GrantSpec;
-use crate::api::keys::HEARTBEAT_LEASE_PREFIX;
+use crate::api::keys::{self, HEARTBEAT_LEASE_PREFIX};
 
 use super::render::{self, Desired, Kind, Resolved, ResolvedApi, Slot};
 
@@ -137,8 +137,30 @@ pub struct Issued {
     pub hashes: BTreeMap<Slot, String>,
     pub sa_uid: Option<String>,
     pub secret: Option<SecretObs>,
-    /// Heartbeat Leases labelled with this Grant: (creation time, name).
-    pub leases: Vec<(Timestamp, String)>,
+    /// Heartbeat Leases labelled with this Grant.
+    pub leases: Vec<Heartbeat>,
+}
+
+/// A heartbeat Lease labelled with a Grant, as observed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Heartbeat {
+    pub created: Timestamp,
+    pub name: String,
+    /// Its `core.kbind.io/consumer-cluster` label.
+    pub cluster: Option<String>,
+}
+
+impl Heartbeat {
+    /// The consumer cluster it names: the Grant's own Lease (`kbind-grant-<grant>`) in its
+    /// label; a Lease written before 0.3 in its name (`consumer-<uid>`).
+    pub fn uid(&self, grant: &str) -> Option<&str> {
+        let uid = if self.name == render::object_name(grant) {
+            self.cluster.as_deref()?
+        } else {
+            self.name.strip_prefix(HEARTBEAT_LEASE_PREFIX)?
+        };
+        valid_uid(uid).then_some(uid)
+    }
 }
 
 /// Flags and clock.
@@ -167,6 +189,9 @@ pub enum Pin {
     Waiting,
     /// Its only candidates are pinned by other Grants.
     Taken { uid: String, by: String },
+    /// Another Grant's provider objects already carry this UID: pinned only once a person
+    /// approves it on the Grant (`iam.kbind.io/approve-consumer-cluster`).
+    NeedsApproval { uid: String, example: String },
 }
 
 impl Pin {
@@ -336,45 +361,78 @@ pub fn valid_uid(uid: &str) -> bool {
         && uid.as_bytes()[uid.len() - 1].is_ascii_alphanumeric()
 }
 
+/// What the pin of one Grant is decided from.
+pub struct PinInputs<'a> {
+    pub grant: &'a str,
+    /// `status.consumerCluster`.
+    pub recorded: Option<&'a str>,
+    pub leases: &'a [Heartbeat],
+    /// UIDs pinned by other Grants, to the Grant holding each.
+    pub others: &'a BTreeMap<String, String>,
+    /// Per UID, the Grants whose provider objects carry it, each with one such object
+    /// (`<api> <ns>/<name>`).
+    pub in_use: &'a BTreeMap<String, Vec<(String, String)>>,
+    /// The Grant's `iam.kbind.io/approve-consumer-cluster` annotation.
+    pub approved: Option<&'a str>,
+}
+
 /// The pin: kept once recorded; else the oldest heartbeat Lease of this Grant naming a UID no
-/// other Grant holds (trust on first use, docs/issue.md "Confinement").
-pub fn pin(
-    recorded: Option<&str>,
-    leases: &[(Timestamp, String)],
-    others: &BTreeMap<String, String>,
-) -> Pin {
-    if let Some(uid) = recorded.filter(|u| valid_uid(u)) {
+/// other Grant holds and no provider object carries unless a person approved it (trust on
+/// first use, docs/issue.md "Confinement").
+pub fn pin(i: &PinInputs<'_>) -> Pin {
+    if let Some(uid) = i.recorded.filter(|u| valid_uid(u)) {
         return Pin::Pinned {
             uid: uid.to_string(),
             new: false,
         };
     }
-    let mut leases = leases.to_vec();
+    let mut leases = i.leases.to_vec();
     leases.sort();
-    let mut taken = None;
-    for (_, name) in &leases {
-        let Some(uid) = name
-            .strip_prefix(HEARTBEAT_LEASE_PREFIX)
-            .filter(|u| valid_uid(u))
-        else {
+    let mut refused = None;
+    for h in &leases {
+        let Some(uid) = h.uid(i.grant) else {
             continue;
         };
-        match others.get(uid) {
-            Some(by) => {
-                taken.get_or_insert(Pin::Taken {
-                    uid: uid.to_string(),
-                    by: by.clone(),
-                });
-            }
-            None => {
-                return Pin::Pinned {
-                    uid: uid.to_string(),
-                    new: true,
-                };
-            }
+        if let Some(by) = i.others.get(uid) {
+            refused.get_or_insert(Pin::Taken {
+                uid: uid.to_string(),
+                by: by.clone(),
+            });
+            continue;
         }
+        let theirs = i
+            .in_use
+            .get(uid)
+            .and_then(|v| v.iter().find(|(owner, _)| owner != i.grant));
+        if let Some((owner, example)) = theirs.filter(|_| i.approved != Some(uid)) {
+            refused.get_or_insert(Pin::NeedsApproval {
+                uid: uid.to_string(),
+                example: format!("{example}, of Grant {owner}"),
+            });
+            continue;
+        }
+        return Pin::Pinned {
+            uid: uid.to_string(),
+            new: true,
+        };
     }
-    taken.unwrap_or(Pin::Waiting)
+    refused.unwrap_or(Pin::Waiting)
+}
+
+/// The UIDs an unpinned Grant's heartbeats name: what the issuer checks provider objects for.
+pub fn candidates(grant: &str, recorded: Option<&str>, leases: &[Heartbeat]) -> Vec<String> {
+    if recorded.is_some() {
+        return Vec::new();
+    }
+    leases
+        .iter()
+        .filter_map(|h| h.uid(grant).map(String::from))
+        .collect()
+}
+
+/// The label selector of provider objects carrying `uid`.
+pub fn labelled_with(uid: &str) -> String {
+    format!("{}={uid}", keys::CONSUMER_CLUSTER)
 }
 
 /// Whether the token in the Secret can stay, or a new one must be issued.
@@ -413,6 +471,8 @@ pub struct Provider<'a> {
     pub tenancy: &'a Tenancy,
     /// The provider's namespaces now.
     pub namespaces: &'a BTreeSet<String>,
+    /// Per UID, the Grants whose provider objects carry it (unpinned Grants' heartbeats only).
+    pub in_use: &'a BTreeMap<String, Vec<(String, String)>>,
     pub cfg: &'a Config,
 }
 
@@ -422,6 +482,7 @@ pub fn plan_grant(
     grant: &str,
     spec: &GrantSpec,
     recorded_pin: Option<&str>,
+    approved: Option<&str>,
     issued: &Issued,
     pinned_by_others: &BTreeMap<String, String>,
     p: &Provider<'_>,
@@ -429,7 +490,14 @@ pub fn plan_grant(
     let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
     let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
-    let pin = pin(recorded_pin, &issued.leases, pinned_by_others);
+    let pin = pin(&PinInputs {
+        grant,
+        recorded: recorded_pin,
+        leases: &issued.leases,
+        others: pinned_by_others,
+        in_use: p.in_use,
+        approved,
+    });
     let desired = render::objects(&resolved, &p.cfg.namespace, grant, pin.uid());
     let wanted: BTreeSet<Slot> = desired.iter().map(Desired::slot).collect();
     let writes = desired

@@ -31,6 +31,8 @@ pub struct ResolvedApi {
     /// The CRD's scope: namespaced APIs are granted per namespace (Roles), cluster-scoped ones
     /// in the ClusterRole.
     pub namespaced: bool,
+    /// Its storage version (how the issuer lists its objects).
+    pub version: String,
 }
 
 /// What a Grant resolves to: its APIs (sorted, deduplicated), extra rules, and the provider
@@ -250,9 +252,11 @@ pub fn tenant_rules(r: &Resolved, namespace: &str) -> Vec<Value> {
 /// The rules in the grants namespace: the heartbeat Lease, and its own kubeconfig Secret.
 pub fn namespace_rules(grant: &str) -> Vec<Value> {
     vec![
-        // Heartbeat Lease (server-side apply: get, patch, create; update for older clients).
-        // No list: Lease names carry other consumers' cluster UIDs.
-        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"]}),
+        // Its heartbeat Lease, named after the Grant (server-side apply: get, patch, create;
+        // update for older clients). No list: other Grants' Leases carry their cluster UIDs.
+        // `create` cannot be narrowed by name: the policy refuses any other name.
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [object_name(grant)], "verbs": ["get", "update", "patch"]}),
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}),
         // Rotation by pull: the consumer reads its own new kubeconfig with its current token.
         json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": [object_name(grant)], "verbs": ["get"]}),
     ]
@@ -303,8 +307,8 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
         ],
         "validations": [
             {
-                "expression": format!("!variables.isLease || ((object == null || variables.newGrant == {g}) && (oldObject == null || variables.oldGrant == {g}))", g = lit(grant)),
-                "message": format!("this identity may only write Leases labelled {GRANT_KEY}={grant}"),
+                "expression": format!("!variables.isLease || ((object == null || (variables.newGrant == {g} && object.metadata.name == {n})) && (oldObject == null || (variables.oldGrant == {g} && oldObject.metadata.name == {n})))", g = lit(grant), n = lit(&object_name(grant))),
+                "message": format!("this identity may only write its heartbeat Lease {}, labelled {GRANT_KEY}={grant}", object_name(grant)),
                 "reason": "Forbidden",
             },
             {

@@ -492,7 +492,12 @@ pub async fn heartbeat(
     grant: Option<&str>,
     writes: &mut Writes,
 ) -> Result<(), kube::Error> {
-    let name = format!("{}{local_uid}", keys::HEARTBEAT_LEASE_PREFIX);
+    // Issued for a Grant: the Lease is the Grant's own, named after it (its identity may write
+    // no other; docs/issue.md "Confinement"), the cluster in a label. Else named after it.
+    let name = match grant {
+        Some(g) => keys::grant_object_name(g),
+        None => format!("{}{local_uid}", keys::HEARTBEAT_LEASE_PREFIX),
+    };
     if !writes.will(
         "renew",
         format!("Lease {namespace}/{name} (provider)"),
@@ -505,7 +510,13 @@ pub async fn heartbeat(
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(namespace.into()),
-            labels: grant.map(|g| [(crate::api::iam::GRANT_KEY.to_string(), g.to_string())].into()),
+            labels: grant.map(|g| {
+                [
+                    (crate::api::iam::GRANT_KEY.to_string(), g.to_string()),
+                    (keys::CONSUMER_CLUSTER.to_string(), local_uid.to_string()),
+                ]
+                .into()
+            }),
             ..Default::default()
         },
         spec: Some(LeaseSpec {

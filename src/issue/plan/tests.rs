@@ -14,6 +14,7 @@ fn api(name: &str) -> ResolvedApi {
         group: group.into(),
         plural: plural.into(),
         namespaced: !plural.starts_with("cluster"),
+        version: "v1".into(),
     }
 }
 
@@ -37,9 +38,10 @@ fn plan_alone(
         catalog: cat,
         tenancy: &tenancy,
         namespaces: &BTreeSet::new(),
+        in_use: &BTreeMap::new(),
         cfg: c,
     };
-    plan_grant("g", s, pin, issued, &BTreeMap::new(), &p)
+    plan_grant("g", s, pin, None, issued, &BTreeMap::new(), &p)
 }
 
 fn catalog() -> Catalog {
@@ -230,26 +232,54 @@ fn token_is_reissued_only_when_needed() {
     ));
 }
 
+fn lease(at: i64, name: &str, cluster: Option<&str>) -> Heartbeat {
+    Heartbeat {
+        created: t(at),
+        name: name.into(),
+        cluster: cluster.map(Into::into),
+    }
+}
+
 #[test]
-fn the_pin_is_first_use_unique_and_never_moves() {
-    let none = BTreeMap::new();
+fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
+    let none: BTreeMap<String, String> = BTreeMap::new();
+    let free: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let pinned = |uid: &str| Pin::Pinned {
+        uid: uid.into(),
+        new: true,
+    };
     let leases = vec![
-        (t(20), "consumer-bbb".to_string()),
-        (t(10), "consumer-aaa".to_string()),
-        (t(5), "not-a-heartbeat".to_string()),
-        (t(1), "consumer-bad'uid".to_string()),
+        lease(20, "consumer-bbb", None),
+        lease(10, "consumer-aaa", None),
+        lease(5, "not-a-heartbeat", None),
+        lease(1, "consumer-bad'uid", None),
+        // Another Grant's name: never this Grant's heartbeat, whatever its label says.
+        lease(0, "kbind-grant-other", Some("zzz")),
     ];
+    let at = |recorded,
+              leases: &[Heartbeat],
+              others,
+              in_use: &BTreeMap<String, Vec<(String, String)>>,
+              approved| {
+        pin(&PinInputs {
+            grant: "g",
+            recorded,
+            leases,
+            others,
+            in_use,
+            approved,
+        })
+    };
     // The oldest valid heartbeat wins.
-    assert_eq!(
-        pin(None, &leases, &none),
-        Pin::Pinned {
-            uid: "aaa".into(),
-            new: true
-        }
-    );
+    assert_eq!(at(None, &leases, &none, &free, None), pinned("aaa"));
+    // The Grant's own Lease names its cluster in a label (a bad value is no candidate).
+    let own = vec![lease(30, "kbind-grant-g", Some("ccc"))];
+    assert_eq!(at(None, &own, &none, &free, None), pinned("ccc"));
+    let bad = vec![lease(30, "kbind-grant-g", Some("c'c"))];
+    assert_eq!(at(None, &bad, &none, &free, None), Pin::Waiting);
     // Recorded: kept whatever the Leases say.
     assert_eq!(
-        pin(Some("zzz"), &leases, &none),
+        at(Some("zzz"), &leases, &none, &free, None),
         Pin::Pinned {
             uid: "zzz".into(),
             new: false
@@ -257,26 +287,43 @@ fn the_pin_is_first_use_unique_and_never_moves() {
     );
     // A UID another Grant holds is skipped; when all are, say by whom.
     let others: BTreeMap<String, String> = [("aaa".to_string(), "other".to_string())].into();
-    assert_eq!(
-        pin(None, &leases, &others),
-        Pin::Pinned {
-            uid: "bbb".into(),
-            new: true
-        }
-    );
+    assert_eq!(at(None, &leases, &others, &free, None), pinned("bbb"));
     let both: BTreeMap<String, String> = [
         ("aaa".to_string(), "other".to_string()),
         ("bbb".to_string(), "third".to_string()),
     ]
     .into();
     assert_eq!(
-        pin(None, &leases, &both),
+        at(None, &leases, &both, &free, None),
         Pin::Taken {
             uid: "aaa".into(),
             by: "other".into()
         }
     );
-    assert_eq!(pin(None, &[], &none), Pin::Waiting);
+    // A UID provider objects already carry: only with a person's approval of that UID.
+    let in_use: BTreeMap<String, Vec<(String, String)>> = [(
+        "ccc".to_string(),
+        vec![("h".to_string(), "widgets.example.org a/w".to_string())],
+    )]
+    .into();
+    let needs = Pin::NeedsApproval {
+        uid: "ccc".into(),
+        example: "widgets.example.org a/w, of Grant h".into(),
+    };
+    assert_eq!(at(None, &own, &none, &in_use, None), needs);
+    assert_eq!(at(None, &own, &none, &in_use, Some("other-uid")), needs);
+    assert_eq!(at(None, &own, &none, &in_use, Some("ccc")), pinned("ccc"));
+    // Objects in this Grant's own namespaces are no reason.
+    let own_objects: BTreeMap<String, Vec<(String, String)>> = [(
+        "ccc".to_string(),
+        vec![("g".to_string(), "widgets.example.org g/w".to_string())],
+    )]
+    .into();
+    assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
+    let none_in_use = BTreeMap::new();
+    assert_eq!(at(None, &[], &none, &none_in_use, None), Pin::Waiting);
+    assert_eq!(candidates("g", None, &own), vec!["ccc".to_string()]);
+    assert!(candidates("g", Some("ccc"), &own).is_empty());
     for bad in ["", "a'b", "a\\b", "-a", &"x".repeat(64)] {
         assert!(!valid_uid(bad), "{bad}");
     }
@@ -362,15 +409,19 @@ fn issued_rules_are_exactly_the_contract() {
             r#"{"apiGroups":[""],"resources":["configmaps"],"verbs":["get"]}"#,
         ]
     );
-    let ns = render::namespace_rules("g");
-    assert_eq!(ns.len(), 2);
-    assert_eq!(ns[1]["resourceNames"][0], "kbind-grant-g");
-    assert!(
-        !ns[0]["verbs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v == "list")
+    // The grants namespace: its own heartbeat Lease by name (create cannot be narrowed by
+    // name: the policy does), its own Secret; no list of either.
+    let ns: Vec<String> = render::namespace_rules("g")
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_eq!(
+        ns,
+        vec![
+            r#"{"apiGroups":["coordination.k8s.io"],"resourceNames":["kbind-grant-g"],"resources":["leases"],"verbs":["get","update","patch"]}"#,
+            r#"{"apiGroups":["coordination.k8s.io"],"resources":["leases"],"verbs":["create"]}"#,
+            r#"{"apiGroups":[""],"resourceNames":["kbind-grant-g"],"resources":["secrets"],"verbs":["get"]}"#,
+        ]
     );
 }
 
