@@ -665,7 +665,8 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
         "grants",
         &json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
             "metadata": {"name": grant},
-            "spec": {"export": export, "consumer": "team", "tokenTTL": "1h"}}),
+            // The consumer's objects are in fx.ns: the Grant holds that namespace.
+            "spec": {"export": export, "consumer": "team", "tokenTTL": "1h", "namespaces": [fx.ns]}}),
     )
     .await;
     let admin_file = support::temp_file("kcp-admin", &kcp.kubeconfig_at(&prov));

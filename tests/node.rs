@@ -811,7 +811,7 @@ fn get_json(c: &Cluster, args: &[&str]) -> Value {
 
 /// The provider's side of steps 1-2 of docs/binding-flow.md: an exported CRD, the ClusterRole
 /// that lets the issuer grant it, an Export and a Grant.
-fn provider_offers(p: &Cluster, group: &str) {
+fn provider_offers(p: &Cluster, group: &str, team_ns: &str) {
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
          "metadata": {"name": format!("widgets.{group}"), "labels": {"core.kbind.io/exported": "true"}},
@@ -838,8 +838,10 @@ fn provider_offers(p: &Cluster, group: &str) {
         ],
         None,
     );
+    // The consumer's objects live in `team_ns`; names and namespaces are kept, so the Grant
+    // holds that provider namespace (docs/issue.md "Read isolation").
     let grant = json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant", "metadata": {"name": "acme"},
-        "spec": {"export": "widgets", "consumer": "acme-prod", "tokenTTL": "1h"}});
+        "spec": {"export": "widgets", "consumer": "acme-prod", "tokenTTL": "1h", "namespaces": [team_ns]}});
     p.kubectl(&["apply", "-f", "-"], Some(&grant.to_string()));
 }
 
@@ -1473,7 +1475,8 @@ async fn an_issued_kubeconfig_binds_and_syncs_through_pods_only() {
     let pdir = overlay(&node, p, &["provider"], &set, Vec::new());
     let pdir_arg = pdir.display().to_string();
     p.kubectl(&["apply", "--server-side", "-k", &pdir_arg], None);
-    provider_offers(p, &group);
+    let ns = support::unique("flow-team");
+    provider_offers(p, &group, &ns);
     let issued = run(p, "issue", "issue-1").await;
     assert!(issued["data_writes"].as_u64() > Some(0), "{issued}");
     let grant = get_json(p, &["grants.iam.kbind.io", "acme"]);
@@ -1534,7 +1537,6 @@ async fn an_issued_kubeconfig_binds_and_syncs_through_pods_only() {
         None,
     );
 
-    let ns = support::unique("flow-team");
     c.kubectl(&["create", "namespace", &ns], None);
     let widget = json!({"apiVersion": format!("{group}/v1"), "kind": "Widget",
         "metadata": {"name": "w1", "namespace": ns}, "spec": {"size": 3}});
