@@ -1171,6 +1171,48 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     );
     assert_eq!(ix.run(&[])["data_writes"], 0);
 
+    // H as a 0.2 issuer left it (cluster-wide widgets), then without namespaces: it is not
+    // Ready and only loses, in one run: the ClusterRole narrowed, its namespace's RBAC gone.
+    let roles = Api::<ClusterRole>::all(p.clone());
+    let mut old = roles.get(&hn).await.unwrap();
+    old.rules.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(
+            json!({"apiGroups": [fx.group], "resources": ["widgets"], "verbs": ["list"]}),
+        )
+        .unwrap(),
+    );
+    old.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("iam.kbind.io/spec-hash".into(), "0.2".into());
+    roles
+        .replace(&hn, &PostParams::default(), &old)
+        .await
+        .unwrap();
+    ix.grant_in(&h, &export, "1h", &[]).await;
+    let s = ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&h).await).1, "NamespacesRequired");
+    assert_eq!(
+        s["data_writes"], 3,
+        "the ClusterRole, the Role and its binding: {s}"
+    );
+    let narrowed = roles.get(&hn).await.unwrap().rules.unwrap_or_default();
+    assert!(
+        !narrowed.iter().any(|r| r
+            .resources
+            .as_ref()
+            .is_some_and(|x| x.iter().any(|x| x == "widgets"))),
+        "{narrowed:?}"
+    );
+    assert!(
+        Api::<Role>::namespaced(p.clone(), &other)
+            .get_opt(&hn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(ix.run(&[])["data_writes"], 0);
+
     // G deleted: the namespace it held is free, and the Grant that waited for it is issued.
     Api::<Grant>::all(p.clone())
         .delete(&g, &Default::default())

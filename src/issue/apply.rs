@@ -208,6 +208,36 @@ async fn create_namespace(
     }
 }
 
+/// Apply a blocked Grant's [`Reduction`](super::plan::Reduction): its ClusterRole narrowed,
+/// stale per-namespace RBAC deleted.
+pub async fn reduce(
+    client: &Client,
+    manager: &str,
+    grant: &str,
+    ns: &str,
+    r: &super::plan::Reduction,
+    writes: &mut Writes,
+) -> Result<(), Blocked> {
+    if let Some(d) = &r.cluster_role
+        && writes.will(
+            "apply",
+            target(d.kind.as_str(), None, &d.name),
+            format!("narrowed: Grant {grant} is not Ready"),
+        )
+    {
+        api(client, d.kind, ns)
+            .patch(
+                &d.name,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&d.body),
+            )
+            .await
+            .map_err(|e| blocked(d.kind.as_str(), d.kind.is_rbac(), &d.name, &e))?;
+        writes.data_done();
+    }
+    prune(client, grant, &r.stale, writes).await
+}
+
 /// Delete the per-namespace RBAC of namespaces the Grant no longer names.
 async fn prune(
     client: &Client,

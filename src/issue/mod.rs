@@ -252,6 +252,22 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
         ) {
             Err(b) => {
                 summary.count("blocked", 1);
+                let r = if plan::is_isolation(b.reason) {
+                    plan::reduce(&name, &g.spec, issued, &provider)
+                } else {
+                    plan::Reduction::default()
+                };
+                if r != plan::Reduction::default() {
+                    if let Err(why) = ctx.budget.take() {
+                        stopped = Some(why);
+                        break;
+                    }
+                    if let Err(e) =
+                        apply::reduce(&ctx.client, &manager, &name, &ns, &r, &mut writes).await
+                    {
+                        tracing::warn!(grant = %name, error = %e.message, "RBAC of a Grant that is not Ready not reduced; the next run tries again");
+                    }
+                }
                 outcome.blocked = Some(b);
             }
             Ok(p) => {

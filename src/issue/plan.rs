@@ -476,8 +476,63 @@ pub struct Provider<'a> {
     pub cfg: &'a Config,
 }
 
-/// Plan one live Grant. `Err`: it issues nothing this run (what is issued stays; its token is
-/// not renewed).
+/// What a Grant blocked by read isolation still loses: RBAC only ever shrinks while it waits.
+/// Its ClusterRole, when issued, is rewritten without what it may no longer hold (a namespaced
+/// API cluster-wide, as issued before 0.3; a cluster-scoped API another Grant holds), and the
+/// per-namespace RBAC of namespaces it no longer holds is deleted. Nothing is created.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reduction {
+    pub cluster_role: Option<Desired>,
+    pub stale: Vec<Slot>,
+}
+
+/// The reduction of a Grant `plan_grant` refused for read isolation (docs/issue.md "Read
+/// isolation"); empty when its Export does not resolve or nothing is to reduce.
+pub fn reduce(grant: &str, spec: &GrantSpec, issued: &Issued, p: &Provider<'_>) -> Reduction {
+    let Ok(mut r) = resolve(spec, p.catalog) else {
+        return Reduction::default();
+    };
+    r.apis.retain(|a| {
+        a.namespaced
+            || p.tenancy
+                .cluster_grantees
+                .get(&a.name)
+                .is_some_and(|h| h.iter().any(|g| g == grant))
+    });
+    r.namespaces.retain(|ns| {
+        p.tenancy.namespace_owner.get(ns).map(String::as_str) == Some(grant) && !reserved(ns, p.cfg)
+    });
+    let role = render::objects(&r, &p.cfg.namespace, grant, None)
+        .into_iter()
+        .find(|d| d.kind == Kind::ClusterRole);
+    let cluster_role = role.filter(|d| issued.hashes.get(&d.slot()).is_some_and(|h| *h != d.hash));
+    let mut stale: Vec<Slot> = issued
+        .hashes
+        .keys()
+        .filter(|(k, ns)| k.per_tenant_namespace() && !r.namespaces.contains(ns))
+        .cloned()
+        .collect();
+    stale.sort_by_key(|(k, ns)| (*k != Kind::TenantRoleBinding, ns.clone()));
+    Reduction {
+        cluster_role,
+        stale,
+    }
+}
+
+/// The Ready=False reasons of read isolation: a Grant refused for one of them still has its
+/// RBAC reduced ([`reduce`]).
+pub fn is_isolation(reason: &str) -> bool {
+    [
+        NAMESPACES_REQUIRED,
+        NAMESPACE_TAKEN,
+        NAMESPACE_RESERVED,
+        CLUSTER_SCOPED_API_TAKEN,
+    ]
+    .contains(&reason)
+}
+
+/// Plan one live Grant. `Err`: it issues nothing this run (what is issued stays, reduced by
+/// [`reduce`] when refused for read isolation; its token is not renewed).
 pub fn plan_grant(
     grant: &str,
     spec: &GrantSpec,

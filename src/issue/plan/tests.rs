@@ -720,3 +720,74 @@ fn namespaced_apis_are_granted_per_namespace_and_cluster_scoped_ones_cluster_wid
         "{tenant:?}"
     );
 }
+
+/// A Grant refused for read isolation only loses: its issued ClusterRole is narrowed (here,
+/// from the cluster-wide grant of a namespaced API that issuers before 0.3 wrote) and the RBAC
+/// of namespaces it no longer holds is deleted; nothing is created, and nothing is written
+/// when nothing is left to reduce.
+#[test]
+fn a_grant_refused_for_isolation_only_loses_rbac() {
+    let c = cfg(0);
+    let cat = catalog();
+    let mut held = spec(Some("widgets"), None);
+    held.namespaces = vec!["team-a".into()];
+    let first = plan_alone(&held, Some("uid"), &cat, &Issued::default(), &c).unwrap();
+    let mut issued = Issued::default();
+    for d in &first.writes {
+        issued.hashes.insert(d.slot(), d.hash.clone());
+    }
+    // As a 0.2 issuer left it: another ClusterRole.
+    issued
+        .hashes
+        .insert((Kind::ClusterRole, String::new()), "old".into());
+    let mut bare = held.clone();
+    bare.namespaces.clear();
+    let ten = tenancy(
+        &[GrantView {
+            name: "g",
+            created: None,
+            spec: &bare,
+        }],
+        &cat,
+    );
+    let none = BTreeMap::new();
+    let p = Provider {
+        catalog: &cat,
+        tenancy: &ten,
+        namespaces: &BTreeSet::new(),
+        in_use: &none,
+        cfg: &c,
+    };
+    assert_eq!(
+        plan_grant("g", &bare, Some("uid"), None, &issued, &BTreeMap::new(), &p)
+            .unwrap_err()
+            .reason,
+        NAMESPACES_REQUIRED
+    );
+    let r = reduce("g", &bare, &issued, &p);
+    let role = r.cluster_role.expect("the ClusterRole is narrowed");
+    let rules = role.body["rules"].as_array().unwrap();
+    assert!(
+        !rules.iter().any(|r| r["resources"][0] == "widgets"),
+        "no cluster-wide widgets: {rules:?}"
+    );
+    assert_eq!(
+        r.stale,
+        vec![
+            (Kind::TenantRoleBinding, "team-a".to_string()),
+            (Kind::TenantRole, "team-a".to_string())
+        ]
+    );
+    // Once reduced: nothing more.
+    issued.hashes.insert(role.slot(), role.hash.clone());
+    for s in &r.stale {
+        issued.hashes.remove(s);
+    }
+    assert_eq!(reduce("g", &bare, &issued, &p), Reduction::default());
+    // Never issued: nothing is created.
+    assert_eq!(
+        reduce("g", &bare, &Issued::default(), &p),
+        Reduction::default()
+    );
+    assert!(is_isolation(NAMESPACE_TAKEN) && !is_isolation(EXPORT_NOT_FOUND));
+}
