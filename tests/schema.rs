@@ -1604,3 +1604,39 @@ async fn a_status_write_refused_in_the_background_is_an_error_and_the_next_run_w
         "no condition changed"
     );
 }
+
+/// A provider kubeconfig naming its server by host (here `localhost`, which the test servers'
+/// certificates name): the host is resolved once, checked, and connected to at that address,
+/// with TLS verified against the host (#28 item 9). Discovery, the CRD install and sync work
+/// as with an address, over two runs.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_provider_named_by_host_is_reached_at_the_address_it_was_checked_at() {
+    let fx = Fx::new("byname").await;
+    let widgets = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let named = fx
+        .provider_kubeconfig()
+        .replace("https://127.0.0.1:", "https://localhost:");
+    assert!(named.contains("https://localhost:"), "{named}");
+    fx.secret("provider", "kubeconfig", &named).await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    fx.binding("b", &conn, &[&widgets]).await;
+    for round in 1..=2 {
+        fx.run(&[]);
+        let st = fx.conn(&conn).await.status.unwrap();
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "True", "round {round}: {:?}", st.conditions);
+        assert_eq!(
+            st.remote_cluster_uid.as_deref(),
+            Some(kube_system_uid(&fx.provider).await.as_str())
+        );
+    }
+    assert!(fx.consumer_crd(&widgets).await.is_some());
+}

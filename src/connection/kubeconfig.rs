@@ -176,6 +176,9 @@ pub struct ProviderKubeconfig {
     pub default_namespace: String,
     /// `namespace/name` of the Secret it came from, for error messages.
     secret: (String, String),
+    /// Where the server's host name resolved when it was checked: the client connects there,
+    /// not to a second lookup's answer (no DNS-rebinding window; docs/hostile-inputs.md).
+    pub pinned: Option<IpAddr>,
 }
 
 /// Largest kubeconfig accepted (a kubeconfig is a few KiB; a huge blob is a mistake or an attack).
@@ -236,6 +239,7 @@ pub fn kubeconfig_from_secret(
         fingerprint,
         default_namespace,
         secret: (ns, n),
+        pinned: None,
     })
 }
 
@@ -399,18 +403,21 @@ fn check_fields(kc: &Kubeconfig, allowed: &BTreeSet<KubeconfigField>) -> Result<
 pub use crate::upstream::address::is_forbidden as is_forbidden_address;
 
 /// Check where the server's host resolves before any request is made: a link-local or metadata
-/// address is refused. A name that does not resolve is left to the connection attempt, which
-/// reports it as usual.
-pub async fn check_server_address(pk: &ProviderKubeconfig) -> Result<(), CredentialError> {
+/// address is refused. `Ok(Some(ip))`: the host is a name, and `ip` (IPv4 first, as resolved
+/// otherwise) is where the client is to connect. A name that does not resolve is left to the
+/// connection attempt, which reports it as usual.
+pub async fn check_server_address(
+    pk: &ProviderKubeconfig,
+) -> Result<Option<IpAddr>, CredentialError> {
     let (cluster, _) = current(&pk.kubeconfig);
     let Some(uri) = cluster
         .and_then(|c| c.server.as_deref())
         .and_then(|s| s.parse::<http::Uri>().ok())
     else {
-        return Ok(());
+        return Ok(None);
     };
     let Some(host) = uri.host() else {
-        return Ok(());
+        return Ok(None);
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let port = uri
@@ -420,28 +427,81 @@ pub async fn check_server_address(pk: &ProviderKubeconfig) -> Result<(), Credent
         } else {
             443
         });
-    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
+    let (addrs, named): (Vec<IpAddr>, bool) = match host.parse::<IpAddr>() {
+        Ok(ip) => (vec![ip], false),
         Err(_) => match tokio::time::timeout(
             Duration::from_secs(5),
             tokio::net::lookup_host((host, port)),
         )
         .await
         {
-            Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
-            _ => return Ok(()),
+            Ok(Ok(found)) => (found.map(|a| a.ip()).collect(), true),
+            _ => return Ok(None),
         },
     };
-    match addrs.into_iter().find(|ip| is_forbidden_address(*ip)) {
-        Some(ip) => Err(CredentialError::FieldNotAllowed {
+    if let Some(ip) = addrs.iter().find(|ip| is_forbidden_address(**ip)) {
+        return Err(CredentialError::FieldNotAllowed {
             namespace: pk.secret.0.clone(),
             name: pk.secret.1.clone(),
             what: format!(
                 "cluster.server resolves to {ip}, a link-local or cloud metadata address; refused"
             ),
-        }),
-        None => Ok(()),
+        });
     }
+    let first = addrs
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(addrs.first())
+        .copied();
+    Ok(first.filter(|_| named))
+}
+
+/// Make `config` connect to `ip` instead of resolving its server's host again: the URL's host
+/// becomes the address, TLS still verifies (and SNI still names) the host, and requests still
+/// carry it as `Host`. Left alone behind a proxy (the proxy resolves) or for an address.
+pub fn pin_to(config: &mut Config, ip: IpAddr) {
+    let uri = config.cluster_url.clone();
+    let Some(host) = uri.host().map(str::to_string) else {
+        return;
+    };
+    if config.proxy_url.is_some()
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .is_ok()
+    {
+        return;
+    }
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    let addr = match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    };
+    let mut parts = uri.into_parts();
+    let Ok(authority) = addr.parse() else {
+        return;
+    };
+    parts.authority = Some(authority);
+    let Ok(pinned) = http::Uri::from_parts(parts) else {
+        return;
+    };
+    let host_header = match config.cluster_url.port_u16() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.clone(),
+    };
+    if let Ok(v) = http::HeaderValue::from_str(&host_header) {
+        config.headers.retain(|(k, _)| k != http::header::HOST);
+        config.headers.push((http::header::HOST, v));
+    }
+    config.tls_server_name.get_or_insert(host);
+    config.cluster_url = pinned;
 }
 
 /// The parser's message without any of the document in it: its first line (what went wrong),
@@ -552,10 +612,13 @@ pub async fn provider_client(
     counter: Arc<RequestCounter>,
     timeout: Duration,
 ) -> Result<Client, ClientError> {
-    let config =
+    let mut config =
         Config::from_custom_kubeconfig(pk.kubeconfig.clone(), &KubeConfigOptions::default())
             .await
             .map_err(ClientError::Config)?;
+    if let Some(ip) = pk.pinned {
+        pin_to(&mut config, ip);
+    }
     counted_client(with_timeouts(config, timeout), counter).map_err(ClientError::Client)
 }
 

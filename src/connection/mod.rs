@@ -70,8 +70,8 @@ pub async fn kubeconfig(
     r: &SecretKeyRef,
     policy: &CredentialPolicy,
 ) -> Result<ProviderKubeconfig, CredentialError> {
-    let pk = kubeconfig::kubeconfig_from_secret(secret, &r.namespace, &r.name, &r.key, policy)?;
-    kubeconfig::check_server_address(&pk).await?;
+    let mut pk = kubeconfig::kubeconfig_from_secret(secret, &r.namespace, &r.name, &r.key, policy)?;
+    pk.pinned = kubeconfig::check_server_address(&pk).await?;
     Ok(pk)
 }
 

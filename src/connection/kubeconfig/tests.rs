@@ -380,3 +380,72 @@ fn endpoint_changes_are_named() {
         assert_eq!(endpoint_change(&current, &kc(next)), Some(what));
     }
 }
+
+/// A server named by host is reached at the address it was checked at (no second lookup):
+/// the URL carries the address, TLS verifies and SNI names the host, requests carry it as
+/// Host. An address, or a proxy (which resolves for itself), is left alone.
+#[tokio::test]
+async fn a_named_server_is_reached_at_the_address_it_was_checked_at() {
+    let named = kubeconfig("", "    token: abc\n")
+        .replace("https://127.0.0.1:6443", "https://localhost:6443");
+    let pk = kubeconfig_from_secret(
+        Some(&secret("kubeconfig", &named)),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap();
+    let ip = check_server_address(&pk).await.unwrap();
+    assert!(ip.is_some_and(|ip| ip.is_loopback()), "{ip:?}");
+    let literal = kubeconfig_from_secret(
+        Some(&secret("kubeconfig", &kubeconfig("", "    token: abc\n"))),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap();
+    assert_eq!(check_server_address(&literal).await.unwrap(), None);
+
+    let at = |url: &str| {
+        let mut c = Config::new(url.parse().unwrap());
+        pin_to(&mut c, "192.0.2.7".parse().unwrap());
+        c
+    };
+    let c = at("https://provider.example:6443/prefix");
+    assert_eq!(c.cluster_url.to_string(), "https://192.0.2.7:6443/prefix");
+    assert_eq!(c.tls_server_name.as_deref(), Some("provider.example"));
+    assert_eq!(
+        c.headers,
+        vec![(
+            http::header::HOST,
+            http::HeaderValue::from_static("provider.example:6443")
+        )]
+    );
+    let c = at("https://provider.example");
+    assert_eq!(c.cluster_url.to_string(), "https://192.0.2.7:443/");
+    assert_eq!(c.headers[0].1, "provider.example");
+    let mut v6 = Config::new("https://provider.example:6443".parse().unwrap());
+    pin_to(&mut v6, "2001:db8::1".parse().unwrap());
+    assert_eq!(v6.cluster_url.to_string(), "https://[2001:db8::1]:6443/");
+    // A tls-server-name the kubeconfig set is kept.
+    let mut named_tls = Config::new("https://provider.example:6443".parse().unwrap());
+    named_tls.tls_server_name = Some("apiserver.internal".into());
+    pin_to(&mut named_tls, "192.0.2.7".parse().unwrap());
+    assert_eq!(
+        named_tls.tls_server_name.as_deref(),
+        Some("apiserver.internal")
+    );
+    for unchanged in ["https://10.0.0.1:6443/", "https://[2001:db8::2]:6443/"] {
+        assert_eq!(at(unchanged).cluster_url.to_string(), unchanged);
+        assert!(at(unchanged).tls_server_name.is_none());
+    }
+    let mut proxied = Config::new("https://provider.example:6443".parse().unwrap());
+    proxied.proxy_url = Some("http://proxy.example:3128".parse().unwrap());
+    pin_to(&mut proxied, "192.0.2.7".parse().unwrap());
+    assert_eq!(
+        proxied.cluster_url.to_string(),
+        "https://provider.example:6443/"
+    );
+}
