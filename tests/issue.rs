@@ -641,22 +641,7 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
     ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
     ix.run(&[]);
 
-    let kc = ix.kubeconfig(&g).await;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": g}},
-        "stringData": {"kubeconfig": kc}}))
-    .unwrap();
-    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
-        .patch(
-            "issued",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .unwrap();
-    let conn = fx
-        .connection("p", "issued", json!({"source": "CRD"}), false)
-        .await;
+    let conn = ix.issued_connection(&g).await;
     fx.binding("b", &conn, &[&widgets]).await;
     let s = fx.run(&[]);
     assert_eq!(s["outcome"], "completed", "{s}");
@@ -1036,22 +1021,7 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
 
     // The consumer of G, by hand as in the heartbeat test, with a ClusterBinding: it covers
     // the consumer's objects in every namespace.
-    let kc = ix.kubeconfig(&g).await;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": g}},
-        "stringData": {"kubeconfig": kc}}))
-    .unwrap();
-    Api::<Secret>::namespaced(fx.consumer.clone(), &fx.ns)
-        .patch(
-            "issued",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .unwrap();
-    let conn = fx
-        .connection("p", "issued", json!({"source": "CRD"}), false)
-        .await;
+    let conn = ix.issued_connection(&g).await;
     let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
     fx.run(&[]);
     support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
@@ -1102,19 +1072,8 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         .metadata
         .uid
         .unwrap();
-    let events =
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(fx.consumer.clone(), "default")
-            .list(&Default::default())
-            .await
-            .unwrap();
-    let note = events
-        .items
-        .iter()
-        .find(|e| {
-            e.reason.as_deref() == Some("ProviderNamespaceDenied")
-                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
-        })
-        .and_then(|e| e.note.clone())
+    let note = support::event_note(&fx.consumer, "default", "ProviderNamespaceDenied", &uid)
+        .await
         .expect("an Event on the ClusterBinding names the namespace");
     assert!(note.contains(&format!("namespace {other}")), "{note}");
 

@@ -621,19 +621,8 @@ async fn unbind_then_rebind_keeps_every_provider_copy() {
             "w{i}"
         );
     }
-    let events =
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), "default")
-            .list(&Default::default())
-            .await
-            .unwrap();
-    let note = events
-        .items
-        .iter()
-        .find(|e| {
-            e.reason.as_deref() == Some("ProviderCopiesKept")
-                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
-        })
-        .and_then(|e| e.note.clone())
+    let note = support::event_note(&s.fx.consumer, "default", "ProviderCopiesKept", &uid)
+        .await
         .expect("an Event on the ClusterBinding says the copies stay");
     assert!(note.contains("3 provider copies stay"), "{note}");
 

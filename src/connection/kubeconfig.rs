@@ -175,7 +175,7 @@ pub struct ProviderKubeconfig {
     /// The context's namespace (heartbeat location), `default` if none.
     pub default_namespace: String,
     /// `namespace/name` of the Secret it came from, for error messages.
-    secret: (String, String),
+    pub(super) secret: (String, String),
     /// Where the server's host name resolved when it was checked: the client connects there,
     /// not to a second lookup's answer (no DNS-rebinding window; docs/hostile-inputs.md).
     pub pinned: Option<IpAddr>,
@@ -333,7 +333,7 @@ pub fn endpoint_change(current: &Kubeconfig, next: &Kubeconfig) -> Option<&'stat
     }
 }
 
-fn current(
+pub(super) fn current(
     kc: &Kubeconfig,
 ) -> (
     Option<&kube::config::Cluster>,
@@ -396,112 +396,6 @@ fn check_fields(kc: &Kubeconfig, allowed: &BTreeSet<KubeconfigField>) -> Result<
         }
     }
     Ok(())
-}
-
-/// Link-local and cloud metadata addresses (docs/hostile-inputs.md): shared with every
-/// upstream client.
-pub use crate::upstream::address::is_forbidden as is_forbidden_address;
-
-/// Check where the server's host resolves before any request is made: a link-local or metadata
-/// address is refused. `Ok(Some(ip))`: the host is a name, and `ip` (IPv4 first, as resolved
-/// otherwise) is where the client is to connect. A name that does not resolve is left to the
-/// connection attempt, which reports it as usual.
-pub async fn check_server_address(
-    pk: &ProviderKubeconfig,
-) -> Result<Option<IpAddr>, CredentialError> {
-    let (cluster, _) = current(&pk.kubeconfig);
-    let Some(uri) = cluster
-        .and_then(|c| c.server.as_deref())
-        .and_then(|s| s.parse::<http::Uri>().ok())
-    else {
-        return Ok(None);
-    };
-    let Some(host) = uri.host() else {
-        return Ok(None);
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = uri
-        .port_u16()
-        .unwrap_or(if uri.scheme_str() == Some("http") {
-            80
-        } else {
-            443
-        });
-    let (addrs, named): (Vec<IpAddr>, bool) = match host.parse::<IpAddr>() {
-        Ok(ip) => (vec![ip], false),
-        Err(_) => match tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::net::lookup_host((host, port)),
-        )
-        .await
-        {
-            Ok(Ok(found)) => (found.map(|a| a.ip()).collect(), true),
-            _ => return Ok(None),
-        },
-    };
-    if let Some(ip) = addrs.iter().find(|ip| is_forbidden_address(**ip)) {
-        return Err(CredentialError::FieldNotAllowed {
-            namespace: pk.secret.0.clone(),
-            name: pk.secret.1.clone(),
-            what: format!(
-                "cluster.server resolves to {ip}, a link-local or cloud metadata address; refused"
-            ),
-        });
-    }
-    let first = addrs
-        .iter()
-        .find(|ip| ip.is_ipv4())
-        .or(addrs.first())
-        .copied();
-    Ok(first.filter(|_| named))
-}
-
-/// Make `config` connect to `ip` instead of resolving its server's host again: the URL's host
-/// becomes the address, TLS still verifies (and SNI still names) the host, and requests still
-/// carry it as `Host`. Left alone behind a proxy (the proxy resolves) or for an address.
-pub fn pin_to(config: &mut Config, ip: IpAddr) {
-    let uri = config.cluster_url.clone();
-    let Some(host) = uri.host().map(str::to_string) else {
-        return;
-    };
-    if config.proxy_url.is_some()
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .is_ok()
-    {
-        return;
-    }
-    let port = uri
-        .port_u16()
-        .unwrap_or(if uri.scheme_str() == Some("http") {
-            80
-        } else {
-            443
-        });
-    let addr = match ip {
-        IpAddr::V4(v4) => format!("{v4}:{port}"),
-        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
-    };
-    let mut parts = uri.into_parts();
-    let Ok(authority) = addr.parse() else {
-        return;
-    };
-    parts.authority = Some(authority);
-    let Ok(pinned) = http::Uri::from_parts(parts) else {
-        return;
-    };
-    let host_header = match config.cluster_url.port_u16() {
-        Some(p) => format!("{host}:{p}"),
-        None => host.clone(),
-    };
-    if let Ok(v) = http::HeaderValue::from_str(&host_header) {
-        config.headers.retain(|(k, _)| k != http::header::HOST);
-        config.headers.push((http::header::HOST, v));
-    }
-    config.tls_server_name.get_or_insert(host);
-    config.cluster_url = pinned;
 }
 
 /// The parser's message without any of the document in it: its first line (what went wrong),
@@ -621,6 +515,8 @@ pub async fn provider_client(
     }
     counted_client(with_timeouts(config, timeout), counter).map_err(ClientError::Client)
 }
+
+pub use super::address::{check_server_address, is_forbidden_address, pin_to};
 
 #[cfg(test)]
 mod tests;

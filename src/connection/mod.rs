@@ -7,6 +7,7 @@
 //! `kbind bind` annotated with its Grant's Secret is first brought in step with the provider's
 //! re-issued kubeconfig ([`refresh`], rotation by pull).
 
+mod address;
 pub mod identity;
 pub mod kubeconfig;
 pub mod refresh;

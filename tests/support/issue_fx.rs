@@ -137,6 +137,26 @@ impl Ix {
         apply(&self.fx.provider, "iam.kbind.io", "Grant", "grants", &g).await;
     }
 
+    /// The consumer side by hand, as `kbind bind` does it: `grant`'s issued kubeconfig as the
+    /// Connection Secret `issued` (annotated with the Grant), and a Connection of it; its name.
+    pub async fn issued_connection(&self, grant: &str) -> String {
+        let fx = &self.fx;
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "issued", "annotations": {"iam.kbind.io/grant": grant}},
+            "stringData": {"kubeconfig": self.kubeconfig(grant).await}}))
+        .unwrap();
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(fx.consumer.clone(), &fx.ns)
+            .patch(
+                "issued",
+                &kube::api::PatchParams::apply("test").force(),
+                &kube::api::Patch::Apply(&secret),
+            )
+            .await
+            .unwrap();
+        fx.connection("p", "issued", json!({"source": "CRD"}), false)
+            .await
+    }
+
     pub async fn get_grant(&self, name: &str) -> Grant {
         Api::<Grant>::all(self.fx.provider.clone())
             .get(name)

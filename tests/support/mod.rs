@@ -223,6 +223,21 @@ pub fn outcome(out: std::process::Output) -> (i32, serde_json::Value, String) {
     (out.status.code().unwrap_or(-1), summary, stderr)
 }
 
+/// The note of an Event with `reason` about the object of `uid` (events.k8s.io, in `ns`).
+pub async fn event_note(c: &Client, ns: &str, reason: &str, uid: &str) -> Option<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.clone(), ns)
+        .list(&Default::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)
+        })
+        .and_then(|e| e.note)
+}
+
 /// Poll `f` until it returns Some, for up to ~10 s.
 pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where

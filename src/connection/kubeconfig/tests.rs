@@ -106,6 +106,18 @@ fn table() {
 }
 
 /// The error for Secret ns/n whose key `kubeconfig` holds `value`.
+/// The kubeconfig `text` under key `kubeconfig`, validated with the default policy.
+fn checked(text: &str) -> ProviderKubeconfig {
+    kubeconfig_from_secret(
+        Some(&secret("kubeconfig", text)),
+        "ns",
+        "n",
+        "kubeconfig",
+        &CredentialPolicy::default(),
+    )
+    .unwrap()
+}
+
 fn refused(value: &str) -> CredentialError {
     let s = secret("kubeconfig", value);
     kubeconfig_from_secret(
@@ -244,36 +256,15 @@ fn widening_fields_are_refused_unless_re_allowed() {
 async fn a_metadata_server_is_refused_before_any_request() {
     let kc = kubeconfig("", "    token: abc\n")
         .replace("https://127.0.0.1:6443", "https://169.254.169.254");
-    let pk = kubeconfig_from_secret(
-        Some(&secret("kubeconfig", &kc)),
-        "ns",
-        "n",
-        "kubeconfig",
-        &CredentialPolicy::default(),
-    )
-    .unwrap();
+    let pk = checked(&kc);
     let e = check_server_address(&pk).await.unwrap_err();
     assert_eq!(e.reason(), "KubeconfigFieldNotAllowed");
     assert!(e.to_string().contains("169.254.169.254"), "{e}");
     let kc = kubeconfig("", "    token: abc\n")
         .replace("https://127.0.0.1:6443", "https://[fe80::1]:6443");
-    let pk = kubeconfig_from_secret(
-        Some(&secret("kubeconfig", &kc)),
-        "ns",
-        "n",
-        "kubeconfig",
-        &CredentialPolicy::default(),
-    )
-    .unwrap();
+    let pk = checked(&kc);
     assert!(check_server_address(&pk).await.is_err());
-    let ok = kubeconfig_from_secret(
-        Some(&secret("kubeconfig", &kubeconfig("", "    token: abc\n"))),
-        "ns",
-        "n",
-        "kubeconfig",
-        &CredentialPolicy::default(),
-    )
-    .unwrap();
+    let ok = checked(&kubeconfig("", "    token: abc\n"));
     assert!(check_server_address(&ok).await.is_ok());
 }
 
@@ -388,24 +379,10 @@ fn endpoint_changes_are_named() {
 async fn a_named_server_is_reached_at_the_address_it_was_checked_at() {
     let named = kubeconfig("", "    token: abc\n")
         .replace("https://127.0.0.1:6443", "https://localhost:6443");
-    let pk = kubeconfig_from_secret(
-        Some(&secret("kubeconfig", &named)),
-        "ns",
-        "n",
-        "kubeconfig",
-        &CredentialPolicy::default(),
-    )
-    .unwrap();
+    let pk = checked(&named);
     let ip = check_server_address(&pk).await.unwrap();
     assert!(ip.is_some_and(|ip| ip.is_loopback()), "{ip:?}");
-    let literal = kubeconfig_from_secret(
-        Some(&secret("kubeconfig", &kubeconfig("", "    token: abc\n"))),
-        "ns",
-        "n",
-        "kubeconfig",
-        &CredentialPolicy::default(),
-    )
-    .unwrap();
+    let literal = checked(&kubeconfig("", "    token: abc\n"));
     assert_eq!(check_server_address(&literal).await.unwrap(), None);
 
     let at = |url: &str| {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::catalog::{ExportApi, ExportRef};
+use crate::api::catalog::{ClusterScopedAccess, ExportApi, ExportRef};
 use crate::issue::render::Desired;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
