@@ -968,7 +968,9 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         format!("{}-r", fx.label),
     );
     let dropped = format!("{other}-b");
-    ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
+    // G also holds `extra` at first: taken back later, with a synced object in it.
+    let extra = support::namespace(&fx.consumer, "extra").await;
+    ix.grant_in(&g, &export, "1h", &[&fx.ns, &extra]).await;
     ix.grant_in(&h, &export, "1h", &[&other, &dropped]).await;
     // Created later: the creation timestamp has a one-second resolution.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -1025,7 +1027,11 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     let cb = fx.cluster_binding("cb", &conn, &[&widgets]).await;
     fx.run(&[]);
     support::wait_established(&Api::all(fx.consumer.clone()), &widgets).await;
-    for (ns, name) in [(fx.ns.as_str(), "mine"), (other.as_str(), "elsewhere")] {
+    for (ns, name) in [
+        (fx.ns.as_str(), "mine"),
+        (other.as_str(), "elsewhere"),
+        (extra.as_str(), "later"),
+    ] {
         api_of(&fx.consumer, &fx.group, "widgets", Some(ns))
             .create(&PostParams::default(), &widget(&fx.group, name, None))
             .await
@@ -1076,6 +1082,42 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         .await
         .expect("an Event on the ClusterBinding names the namespace");
     assert!(note.contains(&format!("namespace {other}")), "{note}");
+
+    // G's provider takes `extra` back; the consumer then deletes its object there. Its copy
+    // cannot be reached any more: the finalizer is released, the copy stays (the provider's).
+    let later = api_of(&p, &fx.group, "widgets", Some(&extra));
+    assert!(
+        later.get_opt("later").await.unwrap().is_some(),
+        "synced while held"
+    );
+    ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
+    assert_eq!(
+        ix.run(&[])["data_writes"],
+        2,
+        "G's Role and RoleBinding in extra"
+    );
+    let consumer_later = api_of(&fx.consumer, &fx.group, "widgets", Some(&extra));
+    consumer_later
+        .delete("later", &Default::default())
+        .await
+        .unwrap();
+    let mut released = false;
+    for _ in 0..10 {
+        fx.pass("resync", &[]);
+        if consumer_later.get_opt("later").await.unwrap().is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        released,
+        "a deleted object in a namespace taken back is released"
+    );
+    assert!(
+        later.get_opt("later").await.unwrap().is_some(),
+        "the copy stays"
+    );
 
     // Unbound: the copy in the Grant's namespace is found per namespace too, marked and kept.
     Api::<kbind::api::core::ClusterBinding>::all(fx.consumer.clone())

@@ -133,7 +133,11 @@ impl Run<'_> {
             // may not list cluster-wide: read each namespace this consumer has objects in.
             Err(e) if e.is_forbidden() && api.namespaced => {
                 let (objs, denied) = self.observe_per_namespace(s, &consumer, &marker).await;
-                consumer.retain(|c| c.namespace.as_ref().is_none_or(|ns| !denied.contains(ns)));
+                // A deleting object stays: with no copy it can see, its finalizer is released
+                // (the provider took the namespace back; the copy is the provider's).
+                consumer.retain(|c| {
+                    c.deleting || c.namespace.as_ref().is_none_or(|ns| !denied.contains(ns))
+                });
                 Ok(objs)
             }
             r => r,
