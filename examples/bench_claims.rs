@@ -64,19 +64,7 @@ async fn main() {
         .into_iter()
         .filter(|c| c.spec.group == "apis.kcp.io");
     let crds: Vec<_> = kbind::crds::kbind_crds().into_iter().chain(kcp).collect();
-    let crd_api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(hub.clone());
-    for crd in &crds {
-        crd_api
-            .patch(
-                crd.metadata.name.as_deref().unwrap_or_default(),
-                &PatchParams::apply("bench").force(),
-                &Patch::Apply(crd),
-            )
-            .await
-            .expect("crd");
-    }
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    common::install_crds(&hub, &crds).await;
     let ns = "kbind-bench";
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone())
         .create(

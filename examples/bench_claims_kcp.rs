@@ -130,20 +130,7 @@ async fn main() {
     let hub = kcp.workspace(&parent, "hub").await;
     let prov = kcp.workspace(&parent, "prov").await;
     let hub_client = kcp.client(&hub).await;
-    let crd_api: Api<
-        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    > = Api::all(hub_client.clone());
-    for crd in kbind::crds::kbind_crds() {
-        crd_api
-            .patch(
-                crd.metadata.name.as_deref().unwrap_or_default(),
-                &PatchParams::apply("bench").force(),
-                &Patch::Apply(&crd),
-            )
-            .await
-            .expect("crd");
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::install_crds(&hub_client, &kbind::crds::kbind_crds()).await;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(hub_client.clone())
         .patch(
             "kbind-bench",

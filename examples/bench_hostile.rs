@@ -162,18 +162,7 @@ async fn main() {
     kbind::install_crypto_provider();
     let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
     let consumer = client(&consumer_path).await;
-    // kbind's own CRDs on the consumer (a fresh environment has none).
-    for crd in kbind::crds::kbind_crds() {
-        Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(consumer.clone())
-            .patch(
-                crd.metadata.name.as_deref().unwrap_or_default(),
-                &PatchParams::apply("bench").force(),
-                &Patch::Apply(&crd),
-            )
-            .await
-            .expect("crd");
-    }
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    common::install_crds(&consumer, &kbind::crds::kbind_crds()).await;
     let ns = format!("bench-hostile-{}", std::process::id());
     let body: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
     Api::<Namespace>::all(consumer.clone())

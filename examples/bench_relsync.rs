@@ -127,18 +127,7 @@ async fn main() {
 
     // Kubernetes objects and the SpiceDB store.
     let kube = client(&kubeconfig).await;
-    let crds = kbind::crds::kbind_crds();
-    for crd in &crds {
-        let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(kube.clone());
-        api.patch(
-            crd.metadata.name.as_deref().unwrap(),
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .expect("crd");
-    }
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    common::install_crds(&kube, &kbind::crds::kbind_crds()).await;
     let ns = "bench-relsync";
     apply(
         Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone()),

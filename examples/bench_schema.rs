@@ -21,7 +21,7 @@ use std::time::Instant;
 use futures::{StreamExt, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
 
 fn crd(group: &str, plural: &str, exported: bool) -> CustomResourceDefinition {
@@ -122,19 +122,7 @@ async fn main() {
             }
         })
         .await;
-    let ccrds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
-    for c in kbind::crds::kbind_crds() {
-        let name = c.metadata.name.clone().unwrap_or_default();
-        ccrds
-            .patch(
-                &name,
-                &PatchParams::apply("bench").force(),
-                &Patch::Apply(&c),
-            )
-            .await
-            .expect("kbind CRD");
-    }
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    common::install_crds(&consumer, &kbind::crds::kbind_crds()).await;
     let ns: Value = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}});
     let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(consumer.clone());
     nsapi

@@ -631,11 +631,7 @@ fn the_issuer_role_holds_no_escalate_bind_or_wildcard() {
 async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
     let ix = Ix::new("issuee2e").await;
     let fx = &ix.fx;
-    let widgets = fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    let export = format!("{}-w", fx.label);
-    ix.export(&export, &[&widgets], json!([])).await;
+    let (widgets, export) = ix.widgets_export().await;
     let g = format!("{}-g", fx.label);
     // Names and namespaces are kept: the consumer's namespace is the provider namespace.
     ix.grant_in(&g, &export, "1h", &[&fx.ns]).await;
@@ -681,16 +677,20 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
     ix.run(&[]);
     let st = ix.get_grant(&g).await.status.unwrap();
     assert_eq!(st.consumer_cluster.as_deref(), Some(local.as_str()));
-    let mut synced = None;
-    for _ in 0..20 {
-        fx.pass("resync", &[]);
-        if let Some(w) = provider_widgets.get_opt("w1").await.unwrap_or(None) {
-            synced = Some(w);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let w = synced.expect("the consumer object reaches the provider after the pin");
+    fx.pass_until(
+        "resync",
+        "the consumer object reaches the provider after the pin",
+        20,
+        || async {
+            provider_widgets
+                .get_opt("w1")
+                .await
+                .unwrap_or(None)
+                .is_some()
+        },
+    )
+    .await;
+    let w = provider_widgets.get("w1").await.unwrap();
     assert_eq!(
         w.metadata.labels.unwrap()["core.kbind.io/consumer-cluster"],
         local
@@ -706,12 +706,7 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
 )]
 async fn a_killed_issue_run_is_finished_by_the_next() {
     let ix = Ix::new("issuecrash").await;
-    let widgets = ix
-        .fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    let export = format!("{}-w", ix.fx.label);
-    ix.export(&export, &[&widgets], json!([])).await;
+    let (_, export) = ix.widgets_export().await;
     let admin = ix.fx.env.provider.to_str().unwrap().to_string();
     let fast = ["--lease-duration", "1s"];
     let crashed = |n: u64| {
@@ -954,11 +949,7 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     let ix = Ix::new("isolate").await;
     let fx = &ix.fx;
     let p = fx.provider.clone();
-    let widgets = fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    let export = format!("{}-w", fx.label);
-    ix.export(&export, &[&widgets], json!([])).await;
+    let (widgets, export) = ix.widgets_export().await;
     // The consumer's second namespace, which another consumer's Grant holds on the provider.
     let other = support::namespace(&fx.consumer, "other").await;
     let (g, h, taken, bare) = (
@@ -1043,21 +1034,16 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     let later = api_of(&p, &fx.group, "widgets", Some(&extra));
     // (The apiserver applies the pinned policy a moment after the issuer wrote it: a run may
     // sync one object and meet "not pinned yet" for the other.)
-    let mut synced = false;
-    for _ in 0..20 {
-        fx.pass("resync", &[]);
-        if mine.get_opt("mine").await.unwrap().is_some()
-            && later.get_opt("later").await.unwrap().is_some()
-        {
-            synced = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        synced,
-        "the objects in the Grant's namespaces reach the provider"
-    );
+    fx.pass_until(
+        "resync",
+        "the objects in the Grant's namespaces reach the provider",
+        20,
+        || async {
+            mine.get_opt("mine").await.unwrap().is_some()
+                && later.get_opt("later").await.unwrap().is_some()
+        },
+    )
+    .await;
     for round in 1..=2 {
         let s = fx.pass("resync", &[]);
         assert_eq!(s["outcome"], "completed", "round {round}: {s}");
@@ -1105,19 +1091,13 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         .delete("later", &Default::default())
         .await
         .unwrap();
-    let mut released = false;
-    for _ in 0..10 {
-        fx.pass("resync", &[]);
-        if consumer_later.get_opt("later").await.unwrap().is_none() {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    assert!(
-        released,
-        "a deleted object in a namespace taken back is released"
-    );
+    fx.pass_until(
+        "resync",
+        "a deleted object in a namespace taken back is released",
+        10,
+        || async { consumer_later.get_opt("later").await.unwrap().is_none() },
+    )
+    .await;
     assert!(
         later.get_opt("later").await.unwrap().is_some(),
         "the copy stays"
@@ -1229,6 +1209,12 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         ready(&ix.get_grant(&taken).await),
         ("True".into(), "Issued".into())
     );
+    // Revoking G deleted its identity, never the provider objects it synced.
+    assert!(
+        mine.get_opt("mine").await.unwrap().is_some(),
+        "G's copy stays"
+    );
+    assert!(later.get_opt("later").await.unwrap().is_some());
     for gr in [&h, &taken, &bare] {
         let _ = Api::<Grant>::all(p.clone())
             .delete(gr, &Default::default())
@@ -1249,12 +1235,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
     let ix = Ix::new("approve").await;
     let p = ix.fx.provider.clone();
     let group = ix.fx.group.clone();
-    let widgets = ix
-        .fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    let export = format!("{}-w", ix.fx.label);
-    ix.export(&export, &[&widgets], json!([])).await;
+    let (widgets, export) = ix.widgets_export().await;
     // Grant h holds namespace `left`, where objects of consumer cluster uid-old are.
     let left = support::namespace(&p, "left").await;
     let h = format!("{}-h", ix.fx.label);

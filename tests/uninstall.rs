@@ -565,12 +565,7 @@ async fn a_grants_revoke_finalizer_is_released_with_the_commands_that_revoke_by_
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use kbind::api::iam::Grant;
     let ix = support::issue_fx::Ix::new("uninst-grant").await;
-    let widgets = ix
-        .fx
-        .provider_crd("widgets", "Namespaced", Some("true"), None)
-        .await;
-    let export = format!("{}-w", ix.fx.label);
-    ix.export(&export, &[&widgets], json!([])).await;
+    let (_, export) = ix.widgets_export().await;
     let (a, b) = (format!("{}-a", ix.fx.label), format!("{}-b", ix.fx.label));
     ix.grant(&a, &export, "1h").await;
     ix.grant(&b, &export, "1h").await;

@@ -25,6 +25,53 @@ pub async fn client(path: &str) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// Apply `crds` (server-side, manager `bench`) on the cluster of `c` and wait until each is
+/// Established (up to 30 s each): a fresh environment has none of kbind's CRDs.
+pub async fn install_crds(
+    c: &Client,
+    crds: &[k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition],
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams};
+    let api: Api<CustomResourceDefinition> = Api::all(c.clone());
+    for crd in crds {
+        let name = crd.metadata.name.as_deref().unwrap_or_default();
+        api.patch(
+            name,
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .expect("crd");
+    }
+    for crd in crds {
+        let name = crd.metadata.name.as_deref().unwrap_or_default();
+        let established = |c: &CustomResourceDefinition| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|x| x.type_ == "Established" && x.status == "True")
+            })
+        };
+        let mut ok = false;
+        for _ in 0..300 {
+            if api
+                .get(name)
+                .await
+                .map(|c| established(&c))
+                .unwrap_or(false)
+            {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ok, "CRD {name} not Established within 30 s");
+    }
+}
+
 /// `BENCH_LATENCY` (e.g. `5ms`, default 0): the round trip a loopback proxy adds to every
 /// request kbind and the baselines send (the setup goes straight to the servers).
 pub fn latency() -> Duration {

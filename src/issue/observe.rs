@@ -344,7 +344,7 @@ async fn in_use(
             continue;
         };
         if let Some(i) = issued.get(name) {
-            uids.extend(super::plan::candidates(name, None, &i.leases));
+            uids.extend(super::plan::candidates(name, &i.leases));
         }
     }
     let mut out = InUse::new();

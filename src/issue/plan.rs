@@ -292,10 +292,7 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
 }
 
 /// The UIDs an unpinned Grant's heartbeats name: what the issuer checks provider objects for.
-pub fn candidates(grant: &str, recorded: Option<&str>, leases: &[Heartbeat]) -> Vec<String> {
-    if recorded.is_some() {
-        return Vec::new();
-    }
+pub fn candidates(grant: &str, leases: &[Heartbeat]) -> Vec<String> {
     leases
         .iter()
         .filter_map(|h| h.uid(grant).map(String::from))

@@ -174,6 +174,24 @@ impl Fx {
         summary
     }
 
+    /// Run pass `name` until `done` holds after a run, at most `tries` times (a pause between):
+    /// for what settles a run or two after it is asked for (a pin reaching the apiserver). Panics
+    /// naming `what` when it never does.
+    pub async fn pass_until<F, Fut>(&self, name: &str, what: &str, tries: usize, mut done: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for _ in 0..tries {
+            self.pass(name, &[]);
+            if done().await {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        }
+        panic!("after {tries} {name} runs: {what}");
+    }
+
     /// [`Fx::try_pass`] off the async runtime's threads, for tests whose servers run on it.
     pub async fn try_pass_async(&self, name: &str, extra: &[&str]) -> (i32, Value, String) {
         support::kbind_async(
@@ -184,6 +202,19 @@ impl Fx {
                 .collect::<Vec<_>>(),
         )
         .await
+    }
+
+    /// [`Fx::try_pass`] with extra environment variables (a crash knob).
+    pub fn try_pass_env(
+        &self,
+        name: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> (i32, Value, String) {
+        let args = self.args(name, extra);
+        let mut cmd = support::kbind_command(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        cmd.envs(envs.iter().copied());
+        support::outcome(cmd.output().expect("run kbind"))
     }
 
     /// Run pass `name` like [`Fx::pass`], whatever its exit code: (code, summary, stderr).

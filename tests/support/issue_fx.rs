@@ -124,6 +124,18 @@ impl Ix {
             .await;
     }
 
+    /// An exported, namespaced `widgets` CRD of this test's group and an Export `<label>-w` of
+    /// it: (the API's name, the Export's name).
+    pub async fn widgets_export(&self) -> (String, String) {
+        let widgets = self
+            .fx
+            .provider_crd("widgets", "Namespaced", Some("true"), None)
+            .await;
+        let export = format!("{}-w", self.fx.label);
+        self.export(&export, &[&widgets], json!([])).await;
+        (widgets, export)
+    }
+
     /// A Grant whose provider namespace is its own name (unique per test).
     pub async fn grant(&self, name: &str, export: &str, ttl: &str) {
         self.grant_in(name, export, ttl, &[name]).await;

@@ -322,8 +322,8 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
     let none_in_use = BTreeMap::new();
     assert_eq!(at(None, &[], &none, &none_in_use, None), Pin::Waiting);
-    assert_eq!(candidates("g", None, &own), vec!["ccc".to_string()]);
-    assert!(candidates("g", Some("ccc"), &own).is_empty());
+    assert_eq!(candidates("g", &own), vec!["ccc".to_string()]);
+    assert!(candidates("g", &bad).is_empty());
     for bad in ["", "a'b", "a\\b", "-a", &"x".repeat(64)] {
         assert!(!valid_uid(bad), "{bad}");
     }
