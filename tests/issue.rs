@@ -1236,6 +1236,17 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
     let p = ix.fx.provider.clone();
     let group = ix.fx.group.clone();
     let (widgets, export) = ix.widgets_export().await;
+    // An exported CRD whose only version is not served (404 on its LIST) must not stop the
+    // issuer's check of the objects a UID labels (it holds none).
+    let unserved: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("unserved.{group}"), "labels": {"core.kbind.io/exported": "true"}},
+            "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "unserved", "kind": "Unserved"},
+                "versions": [{"name": "v1", "served": false, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}))
+        .unwrap();
+    support::apply_crds(&p, &[unserved]).await;
     // Grant h holds namespace `left`, where objects of consumer cluster uid-old are.
     let left = support::namespace(&p, "left").await;
     let h = format!("{}-h", ix.fx.label);

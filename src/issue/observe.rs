@@ -356,14 +356,22 @@ async fn in_use(
             );
             let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
             let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
-            let found = list::map_metadata(&api, &lp, |m| {
+            let found = match list::map_metadata(&api, &lp, |m| {
                 (m.metadata.namespace, m.metadata.name.unwrap_or_default())
             })
             .await
-            .map_err(listed(
-                &format!("{} labelled with a consumer cluster", a.name),
-                None,
-            ))?;
+            {
+                Ok(found) => found,
+                // An exported CRD whose version is not served holds no object anyone can
+                // read or write: it cannot stop every Grant's issuance.
+                Err(e) if crate::pass::StatusCode::is_not_found(&e) => continue,
+                Err(e) => {
+                    return Err(listed(
+                        &format!("{} labelled with a consumer cluster", a.name),
+                        None,
+                    )(e));
+                }
+            };
             for (ns, name) in found {
                 let owner = match &ns {
                     Some(ns) => tenancy.namespace_owner.get(ns),
