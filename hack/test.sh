@@ -43,7 +43,7 @@ echo "test.sh: fmt and clippy clean after $((SECONDS - start))s"
 # of the binary back in place.)
 cargo build --quiet --bin kbind
 product=${CARGO_TARGET_DIR:-target}/debug/kbind
-for name in KBIND_CRASH_AFTER_WRITES kbind_testkit kbind-fake-upstreams; do
+for name in KBIND_CRASH_AFTER_WRITES KBIND_CRASH_AT_ITEM kbind_testkit kbind-fake-upstreams; do
   if grep -qaF "$name" "$product"; then
     echo "test.sh: $product contains $name: test-only code is compiled into the product" >&2
     exit 1

@@ -80,6 +80,21 @@ impl Setup {
         o.metadata.namespace = Some(self.ns.clone());
         api.create(&PostParams::default(), &o).await.unwrap()
     }
+    /// A consumer object `name` of another API of the test's group, in the test's namespace;
+    /// returns that API.
+    async fn create_of(&self, kind: &str, plural: &str, name: &str) -> ApiResource {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&self.fx.group, "v1", kind),
+            plural,
+        );
+        let mut o = DynamicObject::new(name, &ar).data(json!({"spec": {"size": 1}}));
+        o.metadata.namespace = Some(self.ns.clone());
+        Api::<DynamicObject>::namespaced_with(self.fx.consumer.clone(), &self.ns, &ar)
+            .create(&PostParams::default(), &o)
+            .await
+            .unwrap();
+        ar
+    }
     async fn set_orphans(&self, policy: &str) {
         Api::<ClusterBinding>::all(self.fx.consumer.clone())
             .patch(
@@ -1517,16 +1532,7 @@ async fn a_hand_labelled_crd_or_a_forged_local_uid_syncs_nothing() {
         )
         .await
         .unwrap();
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(&s.fx.group, "v1", "Secret"),
-        "secrets",
-    );
-    let mut o = DynamicObject::new("loot", &ar).data(json!({"spec": {"size": 1}}));
-    o.metadata.namespace = Some(s.ns.clone());
-    Api::<DynamicObject>::namespaced_with(s.fx.consumer.clone(), &s.ns, &ar)
-        .create(&PostParams::default(), &o)
-        .await
-        .unwrap();
+    let ar = s.create_of("Secret", "secrets", "loot").await;
     s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
         .await;
     let summary = s.resync(&[]);
@@ -2069,4 +2075,81 @@ async fn a_namespace_created_again_re_adopts_nothing() {
             .get("core.kbind.io/conflict")
             .is_none()
     );
+}
+
+/// #28 item 5 (docs/operations.md "Poison items"): resync runs that keep dying while syncing
+/// through one Connection (killed here by the crash knob as they start on it, as a provider
+/// answer blowing the pod's memory would) stop starving the Connections after it: once two
+/// runs in a row are known to have died on it, it is skipped, said once with an Event, and
+/// the rest sync.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_connection_two_runs_in_a_row_died_on_is_skipped_and_the_rest_sync() {
+    let s = setup("rpoison", "Fail").await;
+    // A second Connection `q` to the same provider, binding `gadgets`: its API sorts first.
+    let gadgets =
+        s.fx.provider_crd("gadgets", "Namespaced", Some("true"), None)
+            .await;
+    let q =
+        s.fx.connection("q", "provider", json!({"source": "CRD"}), false)
+            .await;
+    s.fx.cluster_binding("cb2", &q, &[&gadgets]).await;
+    s.fx.run(&[]);
+    support::wait_established(&Api::all(s.fx.consumer.clone()), &gadgets).await;
+    s.ensure_provider_ns().await;
+    s.create_of("Gadget", "gadgets", "g1").await;
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+
+    let item = format!("Connection/{q}");
+    let knob = [("KBIND_CRASH_AT_ITEM", item.as_str())];
+    // The first death names nothing (no renewal recorded `q` yet); the next two, careful,
+    // record `q` before dying on it.
+    for run in 1..=3 {
+        let (code, out, stderr) =
+            s.fx.try_pass_env("resync", &["--lease-duration", "1s"], &knob);
+        assert_ne!(code, 0, "run {run}: {out}\n{stderr}");
+        assert!(stderr.contains("reached, aborting"), "run {run}: {stderr}");
+        assert!(
+            s.provider().get_opt("w1").await.unwrap().is_none(),
+            "run {run}: starved"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+    }
+    let (code, out, stderr) = s.fx.try_pass_env("resync", &[], &knob);
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    assert_eq!(out["counts"]["apisSkippedQuarantined"], 1, "{out}");
+    assert!(
+        s.provider().get_opt("w1").await.unwrap().is_some(),
+        "the other Connection syncs: {out}"
+    );
+    let uid = s.fx.conn(&q).await.uid().unwrap();
+    let note = support::event_note(&s.fx.consumer, "default", "Quarantined", &uid)
+        .await
+        .expect("a Quarantined Event on the Connection");
+    assert!(
+        note.contains("two runs of kbind resync in a row died"),
+        "{note}"
+    );
+    // The next run: skipped again, no data written, no second Event.
+    let (code, out, stderr) = s.fx.try_pass_env("resync", &[], &knob);
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    assert_eq!(out["counts"]["apisSkippedQuarantined"], 1, "{out}");
+    assert_eq!(out["data_writes"], 0, "{out}");
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("Quarantined")
+                    && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+            })
+            .count();
+    assert_eq!(events, 1, "said once");
 }

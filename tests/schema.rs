@@ -1640,3 +1640,141 @@ async fn a_provider_named_by_host_is_reached_at_the_address_it_was_checked_at() 
     }
     assert!(fx.consumer_crd(&widgets).await.is_some());
 }
+
+/// #28 item 5 (docs/operations.md "Poison items"): a Connection runs keep dying on starves every
+/// Connection after it, on every run, until it is skipped: once two runs in a row are known to
+/// have died on it. Here the crash knob kills each run as it starts on Connection `a`, as a
+/// provider answer blowing the pod's memory would. Deaths not in a row quarantine nothing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_connection_two_runs_in_a_row_died_on_is_skipped_until_it_changes() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let fx = Fx::new("poison").await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let bad = fx
+        .connection("a", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let good = fx
+        .connection("b", "provider", json!({"source": "CRD"}), false)
+        .await;
+    let item = format!("Connection/{bad}");
+    let knob = [("KBIND_CRASH_AT_ITEM", item.as_str())];
+    // A dying run holds a 1 s Lease: it expires before the next run, as a CronJob's would.
+    let lease_flags = ["--lease-duration", "1s"];
+    let leases = Api::<Lease>::namespaced(fx.consumer.clone(), &fx.ns);
+    let annotation = |l: &Lease, k: &str| {
+        l.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k).cloned())
+    };
+    let ready = |c: Connection| {
+        let st = c.status.unwrap_or_default();
+        let (s, r, m) = cond(&st.conditions, "Ready");
+        (s.to_string(), r.to_string(), m.to_string())
+    };
+    let dies = |what: &str| {
+        let (code, s, stderr) = fx.try_pass_env("schema", &lease_flags, &knob);
+        assert_ne!(code, 0, "{what}: {s}\n{stderr}");
+        assert!(stderr.contains("reached, aborting"), "{what}: {stderr}");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+    };
+
+    // Deaths in a row at `a`: `b`, after it, is never reached. The first names nothing (it
+    // died before any renewal recorded `a`); the careful runs after it record `a` first.
+    dies("run 1");
+    assert!(fx.conn(&good).await.status.is_none(), "starved");
+    dies("run 2");
+    dies("run 3");
+    let lease = leases.get("kbind-schema").await.unwrap();
+    assert_eq!(
+        annotation(&lease, "kbind.io/suspects").as_deref(),
+        Some(format!("{item}@1").as_str()),
+        "run 2 died on `a`"
+    );
+    assert_eq!(
+        annotation(&lease, "kbind.io/careful").as_deref(),
+        Some("true"),
+        "the run after a death is careful"
+    );
+    assert_eq!(
+        annotation(&lease, "kbind.io/working-on").as_deref(),
+        Some(format!("{item}@1").as_str()),
+        "a careful run records each item before working on it"
+    );
+    assert!(fx.conn(&good).await.status.is_none(), "still starved");
+
+    // The next run skips `a` (two runs in a row died on it), says so, and serves `b`; the
+    // provider is still poison.
+    let (code, s, stderr) = fx.try_pass_env("schema", &[], &knob);
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["counts"]["quarantined"], 1, "{s}");
+    assert_eq!(s["counts"]["ready"], 1, "{s}");
+    assert_eq!(ready(fx.conn(&good).await).0, "True");
+    let c = fx.conn(&bad).await;
+    let uid = c.uid().unwrap();
+    let (st, reason, message) = ready(c);
+    assert_eq!((st.as_str(), reason.as_str()), ("False", "Quarantined"));
+    assert!(message.contains("generation 1"), "{message}");
+    assert!(message.contains("kbind.io/quarantined"), "{message}");
+    let note = support::event_note(&fx.consumer, "default", "Quarantined", &uid)
+        .await
+        .expect("a Quarantined Event on the Connection");
+    assert!(note.contains("two runs in a row died"), "{note}");
+    let lease = leases.get("kbind-schema").await.unwrap();
+    assert_eq!(
+        annotation(&lease, "kbind.io/quarantined").as_deref(),
+        Some(format!("{item}@1").as_str()),
+        "the record survives release"
+    );
+    assert_eq!(
+        annotation(&lease, "kbind.io/careful"),
+        None,
+        "this run lived"
+    );
+    assert_eq!(annotation(&lease, "kbind.io/working-on"), None);
+
+    // The next runs leave `a` alone (`b`, served for the first time by the run before, may
+    // settle one more status write), then write nothing but the Lease.
+    let rv = fx.conn(&bad).await.resource_version();
+    let (code, s, stderr) = fx.try_pass_env("schema", &[], &knob);
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(fx.conn(&bad).await.resource_version(), rv, "{s}");
+    let (code, s, stderr) = fx.try_pass_env("schema", &[], &knob);
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert_eq!(
+        (s["data_writes"].as_u64(), s["bookkeeping_writes"].as_u64()),
+        (Some(0), Some(2)),
+        "{s}"
+    );
+    assert_eq!(ready(fx.conn(&bad).await).1, "Quarantined");
+
+    // A person changes its spec (the provider was fixed): it is tried again and leaves the
+    // record.
+    Api::<Connection>::all(fx.consumer.clone())
+        .patch(
+            &bad,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"adoptionNamespaces": {}}})),
+        )
+        .await
+        .unwrap();
+    fx.run(&[]);
+    assert_eq!(ready(fx.conn(&bad).await).0, "True");
+    let lease = leases.get("kbind-schema").await.unwrap();
+    assert_eq!(annotation(&lease, "kbind.io/quarantined"), None);
+
+    // Deaths not in a row quarantine nothing: a run that lives ends the care.
+    for round in 1..=2 {
+        dies(&format!("round {round}"));
+        let s = fx.run(&[]);
+        assert_eq!(s["counts"].get("quarantined"), None, "round {round}: {s}");
+        assert!(s["leaseTakenOver"].is_string(), "round {round}: {s}");
+        assert_eq!(ready(fx.conn(&bad).await).0, "True", "round {round}");
+    }
+}

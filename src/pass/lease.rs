@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::budget::Budget;
+use super::poison::{self, Tracker};
 
 /// Result of trying to take the Lease.
 #[derive(Debug)]
@@ -47,6 +48,8 @@ pub struct LeaseGuard {
     /// The holder this run took the Lease from: an expired holder (a killed run), or an earlier
     /// pod of the same Job. `None` when the Lease was free or released.
     pub taken_over: Option<String>,
+    /// Poison isolation's record (src/pass/poison.rs), shared with the renewal.
+    pub poison: Arc<Tracker>,
 }
 
 /// Lease annotation holding a pass-level resume point between runs.
@@ -156,17 +159,24 @@ pub async fn acquire(
         renew_time: Some(MicroTime(now)),
         ..Default::default()
     };
-    let guard = |cursor: Option<String>, taken_over: Option<String>, written: Option<Lease>| {
+    let duration = Duration::from_secs(u64::from(duration_secs.unsigned_abs()));
+    // A careful item start waits for its Lease write at most one renewal period.
+    let tracker = |record| Arc::new(Tracker::new(record, duration / 3));
+    let guard = |cursor: Option<String>,
+                 taken_over: Option<String>,
+                 written: Option<Lease>,
+                 poison: Arc<Tracker>| {
         Acquired::Held(Box::new(LeaseGuard {
             api: api.clone(),
             namespace: namespace.to_string(),
             name: name.to_string(),
             holder: holder.to_string(),
-            duration: Duration::from_secs(u64::from(duration_secs.unsigned_abs())),
+            duration,
             renewed_at: started,
             written,
             cursor,
             taken_over,
+            poison,
         }))
     };
     match api.get_opt(name).await? {
@@ -182,17 +192,17 @@ pub async fn acquire(
                 }),
             };
             match api.create(&PostParams::default(), &lease).await {
-                Ok(l) => Ok(guard(None, None, Some(l))),
+                Ok(l) => Ok(guard(None, None, Some(l), tracker(Default::default()))),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     // Our own earlier attempt may be what the conflict is with.
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => guard(None, None, None),
+                        h if h == holder => guard(None, None, None, tracker(Default::default())),
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(guard(None, None, None))
+                    Ok(guard(None, None, None, tracker(Default::default())))
                 }
                 Err(e) => Err(e),
             }
@@ -211,22 +221,42 @@ pub async fn acquire(
                 .and_then(|a| a.get(CURSOR_ANNOTATION))
                 .cloned();
             let mut taken = existing;
+            // A holder that did not release the Lease died (src/pass/poison.rs).
+            let record = poison::take(
+                taken
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+                previous.is_some(),
+            );
+            if !record.newly_quarantined.is_empty() {
+                tracing::warn!(items = ?record.newly_quarantined, "two runs in a row died while working on these: skipping them until they change");
+            }
+            Tracker::annotate_takeover(
+                &record,
+                taken
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default),
+            );
+            let poison = tracker(record);
             taken.spec = Some(LeaseSpec {
                 lease_transitions: Some(transitions),
                 ..spec
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(l) => Ok(guard(cursor, previous, Some(l))),
+                Ok(l) => Ok(guard(cursor, previous, Some(l), poison)),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => guard(cursor, previous, None),
+                        h if h == holder => guard(cursor, previous, None, poison),
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(guard(cursor, previous, None))
+                    Ok(guard(cursor, previous, None, poison))
                 }
                 Err(e) => Err(e),
             }
@@ -293,6 +323,7 @@ impl LeaseGuard {
             Some(c) => annotations.insert(CURSOR_ANNOTATION.to_string(), c.clone()),
             None => annotations.remove(CURSOR_ANNOTATION),
         };
+        self.poison.annotate_release(annotations);
         self.api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
@@ -317,6 +348,7 @@ impl LeaseGuard {
             holder: self.holder.clone(),
             duration: self.duration,
             last: self.written.take(),
+            poison: self.poison.clone(),
         };
         let task = tokio::spawn(renewer.run(self.renewed_at, budget, stopped));
         Renewal { stop, task }
@@ -384,6 +416,7 @@ struct Renewer {
     duration: Duration,
     /// The Lease as last written or read; `None`: read it first.
     last: Option<Lease>,
+    poison: Arc<Tracker>,
 }
 
 impl Renewer {
@@ -398,9 +431,11 @@ impl Renewer {
         let mut next = renewed_at + period;
         let mut last_error = String::new();
         loop {
+            // A careful item start (src/pass/poison.rs) is recorded by a renewal now.
             tokio::select! {
                 _ = &mut stopped => return report,
                 _ = tokio::time::sleep_until(next) => {}
+                _ = self.poison.urgent() => {}
             }
             let expires = renewed_at + self.duration;
             let started = Instant::now();
@@ -472,6 +507,12 @@ impl Renewer {
                 }
             }
             spec.renew_time = Some(MicroTime(Timestamp::now()));
+            let token = self.poison.annotate_renewal(
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default),
+            );
             match self
                 .api
                 .replace(&self.name, &PostParams::default(), &lease)
@@ -479,6 +520,7 @@ impl Renewer {
             {
                 Ok(l) => {
                     self.last = Some(l);
+                    self.poison.written(token);
                     return Ok(Renewed::Yes);
                 }
                 // Someone wrote the Lease since we last saw it: look again.

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod list;
 pub mod metrics;
 mod page_items;
+pub mod poison;
 pub mod progress;
 pub mod retry;
 pub mod runner;

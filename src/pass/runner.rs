@@ -27,6 +27,9 @@ pub struct PassContext {
     pub recorder: Recorder,
     /// Where the previous budget-limited run stopped (from the pass Lease); `None` in a dry run.
     pub resume_after: Option<String>,
+    /// Which root objects to skip because runs died on them (src/pass/poison.rs); inert in a
+    /// dry run.
+    pub poison: Arc<super::poison::Tracker>,
 }
 
 impl PassContext {
@@ -117,12 +120,14 @@ where
 
     let resume_after = guard.as_ref().and_then(|g| g.cursor.clone());
     let taken_over = guard.as_ref().and_then(|g| g.taken_over.clone());
+    let poison = guard.as_ref().map(|g| g.poison.clone()).unwrap_or_default();
     let renewal = guard
         .as_mut()
         .map(|g| g.renew_in_background(budget.clone()));
     let ctx = PassContext {
         pass,
         resume_after,
+        poison,
         recorder: Recorder::new(client.clone(), pass, dry_run),
         args,
         client,

@@ -109,6 +109,8 @@ struct Run<'a> {
     waited_out: i64,
     /// Namespace name → UID: copies record it, and are re-adopted only into the same namespace.
     namespace_uids: crate::bindings::admission::NamespaceUids,
+    /// Quarantined Connections already reported this run.
+    reported: BTreeSet<String>,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -150,10 +152,6 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         {
             continue;
         }
-        if !providers.contains_key(&api.connection) {
-            let p = observe::connect(&ctx, &client, conn, &policy, &local, &mut run.writes).await;
-            providers.insert(api.connection.clone(), p);
-        }
         // Only what the provider exports: a consumer CRD hand-labelled managed is not a
         // reason to write to the provider (docs/resync.md "Per bound API").
         let exported = conn
@@ -165,7 +163,21 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
             run.summary.count("apisSkippedNotExported", 1);
             continue;
         }
+        // Poison isolation (src/pass/poison.rs): a Connection two runs in a row died on is
+        // skipped until it changes; the others keep syncing.
+        let item = crate::pass::poison::item("Connection", None, &api.connection);
+        let generation = conn.metadata.generation.unwrap_or(0);
+        if ctx.poison.check(&item, generation) == crate::pass::poison::Verdict::Quarantined {
+            run.quarantined(conn, &item, generation).await;
+            continue;
+        }
+        ctx.poison.enter(&item, generation).await;
+        if !providers.contains_key(&api.connection) {
+            let p = observe::connect(&ctx, &client, conn, &policy, &local, &mut run.writes).await;
+            providers.insert(api.connection.clone(), p);
+        }
         let Some(Some(provider)) = providers.get(&api.connection) else {
+            ctx.poison.leave(&item);
             run.summary.count("apisSkippedConnectionNotReady", 1);
             continue;
         };
@@ -183,6 +195,15 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         if let Err(why) = run.sync_api(&s, start_after).await {
             stopped = Some(why);
         }
+        ctx.poison.leave(&item);
+    }
+    if args.selector.is_none() {
+        // A deleted Connection leaves the quarantine record.
+        ctx.poison.retain(|item| {
+            seen.connections
+                .iter()
+                .any(|c| crate::pass::poison::item("Connection", None, &c.name_any()) == item)
+        });
     }
     run.finish(&client, &apis, &providers, stopped).await
 }
@@ -224,11 +245,40 @@ impl<'a> Run<'a> {
             },
             waited_out: i64::MIN,
             namespace_uids: Default::default(),
+            reported: BTreeSet::new(),
         }
     }
 }
 
 impl Run<'_> {
+    /// A quarantined Connection's API is skipped. Resync keeps no condition of its own on a
+    /// Connection: the run whose takeover quarantined it says so with a Warning Event.
+    async fn quarantined(
+        &mut self,
+        conn: &crate::api::core::Connection,
+        item: &str,
+        generation: i64,
+    ) {
+        tracing::warn!(connection = %conn.name_any(), generation, "skipped: two runs in a row died while syncing it (docs/operations.md \"Poison items\")");
+        self.summary.count("apisSkippedQuarantined", 1);
+        if self.ctx.poison.newly_quarantined(item) && self.reported.insert(item.to_string()) {
+            let note = format!(
+                "two runs of kbind resync in a row died while syncing through this Connection \
+                 (generation {generation}): its APIs are skipped until its spec changes, so the \
+                 other Connections keep syncing (docs/operations.md \"Poison items\")"
+            );
+            self.ctx
+                .recorder
+                .publish(
+                    &kube::Resource::object_ref(conn, &()),
+                    crate::pass::events::EventType::Warning,
+                    "Quarantined",
+                    &note,
+                )
+                .await;
+        }
+    }
+
     /// Release deleting bindings, record every synced binding's status, and end the summary.
     async fn finish(
         mut self,

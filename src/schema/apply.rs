@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -146,6 +147,53 @@ pub(super) async fn record(
         rv: conn.resource_version(),
     });
     Ok((ready, write))
+}
+
+/// A quarantined Connection (src/pass/poison.rs): the status write that says so, with a
+/// Warning Event, when its status does not say so yet. Its provider is not contacted.
+pub(super) async fn quarantined(
+    ctx: &crate::pass::PassContext,
+    world: &World,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Option<StatusWrite> {
+    let name = conn.name_any();
+    let generation = conn.metadata.generation.unwrap_or(0);
+    let lease = format!(
+        "{}/{}",
+        ctx.args.lease_namespace(),
+        crate::pass::runner::lease_name(ctx.pass, &ctx.args)
+    );
+    let status = conn.status.clone().unwrap_or_default();
+    let desired = plan::quarantined_status(&status, generation, &lease, Timestamp::now())?;
+    if !writes.will(
+        "apply-status",
+        format!("Connection {name}"),
+        "Ready=False Quarantined",
+    ) {
+        return None;
+    }
+    let note = desired
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::api::core::condition::READY)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    ctx.recorder
+        .publish(
+            &kube::Resource::object_ref(conn, &()),
+            crate::pass::events::EventType::Warning,
+            plan::REASON_QUARANTINED,
+            &note,
+        )
+        .await;
+    Some(StatusWrite {
+        api: Api::all(world.client.clone()),
+        name,
+        manager: world.manager.clone(),
+        desired,
+        rv: conn.resource_version(),
+    })
 }
 
 /// One Connection's status write, owning what it needs.

@@ -27,6 +27,7 @@ use crate::connection::CredentialPolicy;
 use crate::discovery::crdpull;
 use crate::pass::events::EventType;
 use crate::pass::finalizer;
+use crate::pass::poison::Verdict;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
 use plan::{BindingView, CrdMeta, CrdOutcome, Observed};
@@ -89,6 +90,22 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
             continue;
         };
         let secret = conn.spec.kubeconfig_secret_ref.clone();
+        let item = poison_item(name);
+        let generation = conn.metadata.generation.unwrap_or(0);
+        if ctx.poison.check(&item, generation) == Verdict::Quarantined {
+            tracing::warn!(connection = %name, generation, "skipped: two runs in a row died while working on it (docs/operations.md \"Poison items\")");
+            if let Some(w) = apply::quarantined(&ctx, &world, &conn, &mut writes).await
+                && let Err(e) = statuses.push(w, false, &mut writes).await
+            {
+                tracing::warn!(connection = %name, error = %e, "connection status not written; next run retries");
+                summary.count("errors", 1);
+            }
+            summary.count("quarantined", 1);
+            summary.count("notReady", 1);
+            done += 1;
+            continue;
+        }
+        ctx.poison.enter(&item, generation).await;
         let reconciled = match reconcile(
             &ctx,
             &mut world,
@@ -108,8 +125,14 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
                 summary.count("errors", 1);
             }
         }
+        ctx.poison.leave(&item);
         world.providers.done(&secret);
         done += 1;
+    }
+    if args.selector.is_none() {
+        // A deleted Connection leaves the quarantine record.
+        ctx.poison
+            .retain(|item| names.iter().any(|n| poison_item(n) == item));
     }
     for (connection, ready, error) in statuses.finish(&mut writes).await {
         tracing::warn!(%connection, %error, "connection status not written; next run retries");
@@ -152,6 +175,11 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     });
     summary.finish(writes, stopped);
     Ok(summary)
+}
+
+/// A Connection as poison isolation names it (src/pass/poison.rs).
+fn poison_item(name: &str) -> String {
+    crate::pass::poison::item("Connection", None, name)
 }
 
 /// The listed Connection named `name`.

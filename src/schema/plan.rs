@@ -268,8 +268,10 @@ pub fn crds_after(
 }
 
 mod binding;
+mod quarantine;
 mod status;
 pub use binding::{SchemaOwned, schema_owned};
+pub use quarantine::{REASON_QUARANTINED, quarantined_status};
 pub use status::{
     AutoBind, AutoBindView, EXPORTS_WITHDRAWN, StatusPlan, exports_withdrawn, plan_status,
 };
