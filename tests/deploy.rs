@@ -532,6 +532,7 @@ async fn schema_pass_runs_as_its_service_account() {
             .is_some_and(|st| holds(&st.conditions, "Ready", "True"))
     })
     .await;
+    let as_schema = support::client(&kubeconfig).await;
     let _ = std::fs::remove_file(&kubeconfig);
     assert_eq!(
         code, 0,
@@ -586,6 +587,70 @@ async fn schema_pass_runs_as_its_service_account() {
         .await
         .expect("Secret");
     assert!(has_cleanup_finalizer(&secret), "Secret finalizer");
+
+    // #28 item 10: its Role's `patch` reaches every Secret of a credential namespace; the
+    // shipped policy kbind-schema-secrets lets it change only finalizers (above: added), or
+    // a Secret `kbind bind` annotated core.kbind.io/grant-secret.
+    let secrets = Api::<Secret>::namespaced(as_schema, &s.ns);
+    let data = |v: &str| json!({"data": {"kubeconfig": v}});
+    let mut refused = None;
+    for _ in 0..40 {
+        // The policy reaches the apiserver's admission a moment after it is written.
+        match secrets
+            .patch(
+                "provider",
+                &PatchParams::default(),
+                &Patch::Merge(data("eA==")),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                refused = Some(e.message);
+                break;
+            }
+            Err(e) => panic!("patching the Secret's data as kbind-schema: {e}"),
+            Ok(_) => {
+                // Not enforced yet: put the kubeconfig back and look again.
+                Api::<Secret>::namespaced(consumer.clone(), &s.ns)
+                    .patch(
+                        "provider",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"data": secret.data})),
+                    )
+                    .await
+                    .expect("restore the Secret");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+    }
+    let refused = refused.expect("kbind-schema rewrote a Secret it only reads");
+    assert!(refused.contains("kbind-schema-secrets"), "{refused}");
+    let annotated = json!({"metadata": {"annotations": {keys::GRANT_SECRET: "g/s"}}});
+    assert!(
+        matches!(
+            secrets
+                .patch("provider", &PatchParams::default(), &Patch::Merge(&annotated))
+                .await,
+            Err(kube::Error::Api(e)) if e.code == 422
+        ),
+        "nor may it mark one as a Grant's Secret"
+    );
+    Api::<Secret>::namespaced(consumer.clone(), &s.ns)
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&annotated),
+        )
+        .await
+        .expect("kbind bind (here: admin) annotates it");
+    secrets
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(data("eA==")),
+        )
+        .await
+        .expect("a Grant's Secret takes the re-issued kubeconfig");
 }
 
 /// b2. The resync pass, run as kbind-system/kbind-resync with exactly deploy/components/consumer/resync-rbac.yaml

@@ -506,6 +506,8 @@ fn essence(d: &Value) -> Value {
             json!({ "psa": psa })
         }
         "CustomResourceDefinition" => d["spec"].clone(),
+        // kbind-schema-secrets: the same rule, for the same identity.
+        "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding" => d["spec"].clone(),
         "ServiceAccount" => json!({}),
         other => panic!("unexpected kind {other}"),
     }

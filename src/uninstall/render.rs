@@ -6,7 +6,7 @@ pub(super) fn next_steps() -> Vec<String> {
     [
         "kubectl delete cronjobs,jobs -n kbind-system -l app.kubernetes.io/name=kbind",
         "kubectl delete cronjobs,jobs -n kbind-relsync -l app.kubernetes.io/name=kbind",
-        "kubectl delete clusterroles,clusterrolebindings -l app.kubernetes.io/name=kbind",
+        "kubectl delete clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings -l app.kubernetes.io/name=kbind",
         "kbind crds | kubectl delete -f -",
         "kubectl delete namespace kbind-system kbind-relsync",
     ]
