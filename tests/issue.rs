@@ -539,6 +539,66 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
     ix.grant(&g1, &ok, "1h").await;
     ix.grant(&g2, &greedy, "1h").await;
     let kc = identity.kubeconfig();
+    // #28 item 10: the shipped policy kbind-issue-objects (here matching this identity) lets
+    // it create, change and delete only RBAC objects and namespaces it issued (labelled
+    // iam.kbind.io/grant); the runs below issue and revoke under it.
+    assert_eq!(identity.policies.len(), 1, "{:?}", identity.policies);
+    let as_issuer = client_of(&std::fs::read_to_string(&identity.kubeconfig).unwrap()).await;
+    let foreign = format!("{}-foreign", ix.fx.label);
+    let unlabelled: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": foreign}, "rules": []})).unwrap();
+    let roles = Api::<ClusterRole>::all(as_issuer.clone());
+    let mut refused = None;
+    for _ in 0..40 {
+        // The policy reaches admission a moment after it is written.
+        match roles.create(&PostParams::default(), &unlabelled).await {
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                refused = Some(e.message);
+                break;
+            }
+            Err(e) => panic!("creating an unlabelled ClusterRole as the issuer: {e}"),
+            Ok(_) => {
+                Api::<ClusterRole>::all(ix.fx.provider.clone())
+                    .delete(&foreign, &Default::default())
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+    let refused = refused.expect("the issuer created a ClusterRole it did not issue");
+    assert!(refused.contains("kbind-issue-objects"), "{refused}");
+    // Nor may it change or delete one someone else made (the admin creates it).
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .create(&PostParams::default(), &unlabelled)
+        .await
+        .unwrap();
+    let adopt = json!({"metadata": {"labels": {"iam.kbind.io/grant": "x"}}});
+    for (what, r) in [
+        (
+            "patch",
+            roles
+                .patch(&foreign, &PatchParams::default(), &Patch::Merge(&adopt))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "delete",
+            roles
+                .delete(&foreign, &Default::default())
+                .await
+                .map(|_| ()),
+        ),
+    ] {
+        assert!(
+            matches!(r, Err(kube::Error::Api(ref e)) if e.code == 422),
+            "{what}: {r:?}"
+        );
+    }
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .delete(&foreign, &Default::default())
+        .await
+        .unwrap();
     let run = || {
         let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
         assert_eq!(code, 0, "{s}\n{err}");

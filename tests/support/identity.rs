@@ -6,6 +6,9 @@
 
 use std::path::PathBuf;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Api;
 use kube::api::PostParams;
@@ -93,6 +96,8 @@ pub struct PassIdentity {
     pub kubeconfig: PathBuf,
     client: kube::Client,
     cluster_role: String,
+    /// The file's admission policies, made to match this identity (same names as the role).
+    pub policies: Vec<String>,
 }
 
 impl PassIdentity {
@@ -100,9 +105,18 @@ impl PassIdentity {
         self.kubeconfig.to_string_lossy().to_string()
     }
 
-    /// Delete the ClusterRole and its binding (namespaced objects go with the namespace).
+    /// Delete the ClusterRole and its binding, and the policies (namespaced objects go with the
+    /// namespace).
     pub async fn remove(&self) {
         let dp = kube::api::DeleteParams::default();
+        for name in &self.policies {
+            let _ = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+                .delete(name, &dp)
+                .await;
+            let _ = Api::<ValidatingAdmissionPolicy>::all(self.client.clone())
+                .delete(name, &dp)
+                .await;
+        }
         let _ = Api::<ClusterRoleBinding>::all(self.client.clone())
             .delete(&self.cluster_role, &dp)
             .await;
@@ -181,9 +195,49 @@ pub async fn pass_identity(
             .await
             .expect("create RoleBinding");
     }
+    let policies = confine(&client, &docs, ns, &sa).await;
     PassIdentity {
         kubeconfig: super::temp_file("pass-identity", &kubeconfig),
         client,
         cluster_role: name,
+        policies,
     }
+}
+
+/// The file's ValidatingAdmissionPolicies (and bindings), as shipped but matching the
+/// identity in `ns` rather than the one in kbind-system, under names of their own: the pass
+/// runs confined as it would be installed. Returns their names.
+async fn confine(client: &kube::Client, docs: &[Value], ns: &str, sa: &str) -> Vec<String> {
+    let shipped = format!("system:serviceaccount:kbind-system:{sa}");
+    let mine = format!("system:serviceaccount:{ns}:{sa}");
+    let mut names = Vec::new();
+    for d in docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+    {
+        let name = super::unique(d["metadata"]["name"].as_str().expect("policy name"));
+        let text = d["spec"].to_string();
+        assert!(
+            text.contains(&shipped),
+            "the policy matches {shipped}: {text}"
+        );
+        let spec: Value = serde_json::from_str(&text.replace(&shipped, &mine)).expect("spec");
+        let policy: ValidatingAdmissionPolicy =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))
+                .expect("ValidatingAdmissionPolicy");
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("create ValidatingAdmissionPolicy");
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]}}))
+        .expect("ValidatingAdmissionPolicyBinding");
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create ValidatingAdmissionPolicyBinding");
+        names.push(name);
+    }
+    names
 }
