@@ -625,6 +625,28 @@ async fn schema_pass_runs_as_its_service_account() {
     }
     let refused = refused.expect("kbind-schema rewrote a Secret it only reads");
     assert!(refused.contains("kbind-schema-secrets"), "{refused}");
+    // Nor hold it for ever with a finalizer of another name, nor hand it to the garbage
+    // collector with an ownerReference, nor freeze it.
+    for (what, patch) in [
+        (
+            "a foreign finalizer",
+            json!({"metadata": {"finalizers": [keys::CLEANUP_FINALIZER, "example.com/hold"]}}),
+        ),
+        (
+            "an ownerReference",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}]}}),
+        ),
+        ("immutable", json!({"immutable": true})),
+    ] {
+        let r = secrets
+            .patch("provider", &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        assert!(
+            matches!(r, Err(kube::Error::Api(ref e)) if e.code == 422),
+            "{what}: {r:?}"
+        );
+    }
     let annotated = json!({"metadata": {"annotations": {keys::GRANT_SECRET: "g/s"}}});
     assert!(
         matches!(

@@ -162,11 +162,14 @@ pub async fn observe(
             name: format!("{}.{}", c.spec.names.plural, c.spec.group),
             group: c.spec.group,
             namespaced: c.spec.scope != "Cluster",
+            // A version objects can be read at: the storage version when served, else any
+            // served one; none (empty) when no version is served.
             version: c
                 .spec
                 .versions
                 .iter()
-                .find(|v| v.storage)
+                .filter(|v| v.served)
+                .max_by_key(|v| v.storage)
                 .map(|v| v.name.clone())
                 .unwrap_or_default(),
             plural: c.spec.names.plural,
@@ -349,7 +352,8 @@ async fn in_use(
     }
     let mut out = InUse::new();
     for uid in uids {
-        for a in catalog.exported.values() {
+        // An exported CRD serving no version holds no object anyone can read or write.
+        for a in catalog.exported.values().filter(|a| !a.version.is_empty()) {
             let ar = kube::api::ApiResource::from_gvk_with_plural(
                 &kube::api::GroupVersionKind::gvk(&a.group, &a.version, ""),
                 &a.plural,
@@ -362,9 +366,6 @@ async fn in_use(
             .await
             {
                 Ok(found) => found,
-                // An exported CRD whose version is not served holds no object anyone can
-                // read or write: it cannot stop every Grant's issuance.
-                Err(e) if crate::pass::StatusCode::is_not_found(&e) => continue,
                 Err(e) => {
                     return Err(listed(
                         &format!("{} labelled with a consumer cluster", a.name),

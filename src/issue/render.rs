@@ -31,7 +31,8 @@ pub struct ResolvedApi {
     /// The CRD's scope: namespaced APIs are granted per namespace (Roles), cluster-scoped ones
     /// in the ClusterRole.
     pub namespaced: bool,
-    /// Its storage version (how the issuer lists its objects).
+    /// The version the issuer lists its objects at: the storage version when served, else a
+    /// served one; empty when none is served (no object can be read).
     pub version: String,
 }
 

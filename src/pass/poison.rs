@@ -27,8 +27,8 @@ pub const CAREFUL: &str = "kbind.io/careful";
 pub const QUARANTINED: &str = "kbind.io/quarantined";
 pub const SUSPECTS: &str = "kbind.io/suspects";
 
-/// At most this many quarantined items are remembered (oldest names dropped first): a Lease
-/// annotation must stay small.
+/// At most this many quarantined items are remembered (past it, the first names in sort order
+/// are dropped, and so tried again): a Lease annotation must stay small.
 const MAX_QUARANTINED: usize = 64;
 
 /// How poison isolation names a root object: `<Kind>/<name>` (`[<namespace>/]` before the
