@@ -19,7 +19,9 @@ impl World {
     pub async fn settle(&mut self) -> Result<String, Violation> {
         let (mut notes, mut last) = (Vec::new(), None);
         // Kills in a row can quarantine a Connection (docs/operations.md "Poison items"), which
-        // the model does not predict: clear the record as an operator would, and say so.
+        // the model does not predict: clear the record as an operator would, and say so. The
+        // suspicion goes too: else this settle's first run, taking over from the last killed
+        // one, could quarantine what the last two kills were working on.
         for pass in [Pass::Schema, Pass::Resync] {
             if let Some(q) = self.clear_quarantine(pass).await {
                 notes.push(format!("{}: quarantine of {q} cleared", pass.name()));
@@ -57,15 +59,20 @@ impl World {
         ))
     }
 
-    /// Remove the pass Lease's `kbind.io/quarantined` annotation; what it held, if anything.
+    /// Remove the pass Lease's `kbind.io/quarantined` and `kbind.io/suspects` annotations; what
+    /// the first held, if anything.
     async fn clear_quarantine(&self, pass: Pass) -> Option<String> {
         use k8s_openapi::api::coordination::v1::Lease;
         let ns = self.runs.lease_ns(pass.name());
         let api = kube::Api::<Lease>::namespaced(self.runs.consumer.clone(), &ns);
         let name = format!("kbind-{}", pass.name());
         let lease = api.get_opt(&name).await.ok().flatten()?;
-        let held = lease.annotations().get("kbind.io/quarantined").cloned()?;
-        let patch = json!({"metadata": {"annotations": {"kbind.io/quarantined": null}}});
+        let held = lease.annotations().get("kbind.io/quarantined").cloned();
+        if held.is_none() && !lease.annotations().contains_key("kbind.io/suspects") {
+            return None;
+        }
+        let patch = json!({"metadata": {"annotations":
+            {"kbind.io/quarantined": null, "kbind.io/suspects": null}}});
         api.patch(
             &name,
             &kube::api::PatchParams::default(),
@@ -73,7 +80,7 @@ impl World {
         )
         .await
         .ok()?;
-        Some(held)
+        held
     }
 
     /// The writes a run would make now (to explain a third-round write).
