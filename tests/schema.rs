@@ -1697,11 +1697,6 @@ async fn a_connection_two_runs_in_a_row_died_on_is_skipped_until_it_changes() {
         "run 2 died on `a`"
     );
     assert_eq!(
-        annotation(&lease, "kbind.io/careful").as_deref(),
-        Some("true"),
-        "the run after a death is careful"
-    );
-    assert_eq!(
         annotation(&lease, "kbind.io/working-on").as_deref(),
         Some(format!("{item}@1").as_str()),
         "a careful run records each item before working on it"
@@ -1732,7 +1727,7 @@ async fn a_connection_two_runs_in_a_row_died_on_is_skipped_until_it_changes() {
         "the record survives release"
     );
     assert_eq!(
-        annotation(&lease, "kbind.io/careful"),
+        annotation(&lease, "kbind.io/suspects"),
         None,
         "this run lived"
     );

@@ -360,19 +360,14 @@ async fn in_use(
             );
             let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
             let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
-            let found = match list::map_metadata(&api, &lp, |m| {
+            let found = list::map_metadata(&api, &lp, |m| {
                 (m.metadata.namespace, m.metadata.name.unwrap_or_default())
             })
             .await
-            {
-                Ok(found) => found,
-                Err(e) => {
-                    return Err(listed(
-                        &format!("{} labelled with a consumer cluster", a.name),
-                        None,
-                    )(e));
-                }
-            };
+            .map_err(listed(
+                &format!("{} labelled with a consumer cluster", a.name),
+                None,
+            ))?;
             for (ns, name) in found {
                 let owner = match &ns {
                     Some(ns) => tenancy.namespace_owner.get(ns),

@@ -5,9 +5,9 @@
 //! Everything lives in annotations of the pass Lease, written only by writes the Lease gets
 //! anyway, so a healthy run costs nothing extra:
 //! - [`WORKING_ON`]: the items in progress, `<item>@<generation>`, recorded by each renewal.
-//! - [`CAREFUL`]: set by a run that took the Lease over from a holder that died (a released
-//!   Lease is never taken over). Such a run writes [`WORKING_ON`] at each item start as well,
-//!   so if it dies too, the item it died on is known exactly. Only runs after a death pay this.
+//! - A run that took the Lease over from a holder that died (a released Lease is never taken
+//!   over) is careful: it writes [`WORKING_ON`] at each item start as well, so if it dies too,
+//!   the item it died on is known exactly. Only runs after a death pay this.
 //! - [`SUSPECTS`]: what the dead holder was working on, kept by the run that took over.
 //! - [`QUARANTINED`]: items two runs in a row died on: a run taking over from a dead holder
 //!   quarantines what that holder was working on if the death before it was on the same item
@@ -23,7 +23,6 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 pub const WORKING_ON: &str = "kbind.io/working-on";
-pub const CAREFUL: &str = "kbind.io/careful";
 pub const QUARANTINED: &str = "kbind.io/quarantined";
 pub const SUSPECTS: &str = "kbind.io/suspects";
 
@@ -73,7 +72,7 @@ pub struct Record {
     pub quarantined: BTreeMap<String, i64>,
     pub suspects: BTreeMap<String, i64>,
     pub careful: bool,
-    /// Items added to [`Record::quarantined`] by this takeover, `<item>@<generation>`.
+    /// Items added to [`Record::quarantined`] by this takeover.
     pub newly_quarantined: Vec<String>,
 }
 
@@ -87,7 +86,7 @@ pub fn take(old: &Annotations, died: bool) -> Record {
         let before = parse(old.get(SUSPECTS));
         for (item, generation) in parse(old.get(WORKING_ON)) {
             if before.get(&item) == Some(&generation) {
-                newly_quarantined.push(format!("{item}@{generation}"));
+                newly_quarantined.push(item.clone());
                 quarantined.insert(item, generation);
             } else {
                 suspects.insert(item, generation);
@@ -105,13 +104,12 @@ pub fn take(old: &Annotations, died: bool) -> Record {
     }
 }
 
-/// Set `annotations` to say `record` and what is in progress (`working_on`: none at a release).
+/// Set `annotations` to say the record and what is in progress (none at a release).
 fn annotate(
     annotations: &mut Annotations,
     quarantined: &BTreeMap<String, i64>,
     suspects: &BTreeMap<String, i64>,
-    careful: bool,
-    working_on: Option<&BTreeMap<String, i64>>,
+    working_on: &BTreeMap<String, i64>,
 ) {
     let mut set = |key: &str, value: Option<String>| match value.filter(|v| !v.is_empty()) {
         Some(v) => {
@@ -123,8 +121,7 @@ fn annotate(
     };
     set(QUARANTINED, Some(render(quarantined)));
     set(SUSPECTS, Some(render(suspects)));
-    set(CAREFUL, careful.then(|| "true".to_string()));
-    set(WORKING_ON, working_on.map(render));
+    set(WORKING_ON, Some(render(working_on)));
 }
 
 /// Whether a pass may work on an item.
@@ -170,11 +167,7 @@ impl Tracker {
     pub fn new(record: Record, wait: Duration) -> Self {
         Self {
             state: Mutex::new(State {
-                fresh: record
-                    .newly_quarantined
-                    .iter()
-                    .filter_map(|e| e.rsplit_once('@').map(|(i, _)| i.to_string()))
-                    .collect(),
+                fresh: record.newly_quarantined,
                 quarantined: record.quarantined,
                 suspects: record.suspects,
                 careful: record.careful,
@@ -205,9 +198,14 @@ impl Tracker {
         super::lock(&self.state).fresh.iter().any(|i| i == item)
     }
 
-    /// Forget quarantined items `keep` rejects (items that no longer exist).
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        super::lock(&self.state).quarantined.retain(|i, _| keep(i));
+    /// Forget the quarantined items of `kind` not among `names` (deleted objects).
+    pub fn forget_absent<'a>(&self, kind: &str, names: impl IntoIterator<Item = &'a str>) {
+        let present: std::collections::BTreeSet<String> =
+            names.into_iter().map(|n| item(kind, None, n)).collect();
+        let prefix = format!("{kind}/");
+        super::lock(&self.state)
+            .quarantined
+            .retain(|i, _| !i.starts_with(&prefix) || present.contains(i));
     }
 
     /// `item` is being worked on. In a careful run this waits (at most a few seconds) until a
@@ -216,19 +214,18 @@ impl Tracker {
         let target = {
             let mut s = super::lock(&self.state);
             s.working_on.insert(item.to_string(), generation);
-            if !s.careful {
-                #[cfg(feature = "crash-points")]
-                super::crash::entering(item);
-                return;
-            }
-            s.wanted += 1;
-            s.wanted
+            s.careful.then(|| {
+                s.wanted += 1;
+                s.wanted
+            })
         };
-        self.urgent.notify_one();
-        let mut seen = self.written.subscribe();
-        let recorded = tokio::time::timeout(self.wait, seen.wait_for(|w| *w >= target)).await;
-        if !matches!(recorded, Ok(Ok(_))) {
-            tracing::debug!(item, "the Lease did not record this item in time; going on");
+        if let Some(target) = target {
+            self.urgent.notify_one();
+            let mut seen = self.written.subscribe();
+            let recorded = tokio::time::timeout(self.wait, seen.wait_for(|w| *w >= target)).await;
+            if !matches!(recorded, Ok(Ok(_))) {
+                tracing::debug!(item, "the Lease did not record this item in time; going on");
+            }
         }
         #[cfg(feature = "crash-points")]
         super::crash::entering(item);
@@ -248,13 +245,7 @@ impl Tracker {
     /// [`Tracker::written`] once the write landed.
     pub fn annotate_renewal(&self, annotations: &mut Annotations) -> u64 {
         let s = super::lock(&self.state);
-        annotate(
-            annotations,
-            &s.quarantined,
-            &s.suspects,
-            s.careful,
-            Some(&s.working_on),
-        );
+        annotate(annotations, &s.quarantined, &s.suspects, &s.working_on);
         s.wanted
     }
 
@@ -266,7 +257,12 @@ impl Tracker {
     /// neither care nor suspicion carries over (this run lived).
     pub fn annotate_release(&self, annotations: &mut Annotations) {
         let s = super::lock(&self.state);
-        annotate(annotations, &s.quarantined, &BTreeMap::new(), false, None);
+        annotate(
+            annotations,
+            &s.quarantined,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        );
     }
 
     /// Annotate the Lease being taken over with `record`.
@@ -275,13 +271,8 @@ impl Tracker {
             annotations,
             &record.quarantined,
             &record.suspects,
-            record.careful,
-            Some(&BTreeMap::new()),
+            &BTreeMap::new(),
         );
-    }
-
-    pub fn is_careful(&self) -> bool {
-        super::lock(&self.state).careful
     }
 }
 
@@ -317,21 +308,18 @@ mod tests {
         assert!(r.quarantined.is_empty());
         assert_eq!(r.suspects, [("Connection/p".to_string(), 3)].into());
         // The second death in a row on it: quarantined at its generation.
-        let r = take(
-            &ann(&[working, (CAREFUL, "true"), (SUSPECTS, "Connection/p@3")]),
-            true,
-        );
+        let r = take(&ann(&[working, (SUSPECTS, "Connection/p@3")]), true);
         assert_eq!(r.quarantined, [("Connection/p".to_string(), 3)].into());
-        assert_eq!(r.newly_quarantined, ["Connection/p@3"]);
+        assert_eq!(r.newly_quarantined, ["Connection/p"]);
         assert!(r.careful && r.suspects.is_empty());
         let t = Tracker::new(r, Duration::from_millis(1));
         assert!(t.newly_quarantined("Connection/p"));
         assert!(!t.newly_quarantined("Connection/q"));
         assert_eq!(item("Connection", None, "p"), "Connection/p");
         assert_eq!(item("Binding", Some("ns"), "b"), "Binding/ns/b");
-        // A careful run that died before starting an item blames nothing.
-        let r = take(&ann(&[(CAREFUL, "true")]), true);
-        assert!(r.quarantined.is_empty() && r.careful);
+        // A run that died before starting an item blames nothing.
+        let r = take(&ann(&[(SUSPECTS, "Connection/p@3")]), true);
+        assert!(r.quarantined.is_empty() && r.suspects.is_empty() && r.careful);
     }
 
     #[test]
@@ -368,6 +356,30 @@ mod tests {
         let mut a = Annotations::new();
         t.annotate_release(&mut a);
         assert!(a.is_empty(), "{a:?}");
+        let absent = Tracker::new(
+            Record {
+                quarantined: [
+                    ("Connection/gone".into(), 1),
+                    ("Connection/here".into(), 1),
+                    ("Binding/x".into(), 1),
+                ]
+                .into(),
+                ..Record::default()
+            },
+            Duration::from_millis(1),
+        );
+        absent.forget_absent("Connection", ["here", "other"]);
+        assert_eq!(
+            absent.check("Connection/gone", 1),
+            Verdict::Go,
+            "deleted: forgotten"
+        );
+        assert_eq!(absent.check("Connection/here", 1), Verdict::Quarantined);
+        assert_eq!(
+            absent.check("Binding/x", 1),
+            Verdict::Quarantined,
+            "another kind"
+        );
     }
 
     #[tokio::test]
@@ -396,7 +408,6 @@ mod tests {
         t.enter("Connection/p", 2).await;
         let written = writer.await.unwrap();
         assert_eq!(written.get(WORKING_ON).unwrap(), "Connection/p@2");
-        assert_eq!(written.get(CAREFUL).unwrap(), "true");
         assert_eq!(written.get(QUARANTINED).unwrap(), "Connection/q@1");
         assert_eq!(written.get(SUSPECTS).unwrap(), "Connection/p@2");
         t.leave("Connection/p");

@@ -199,11 +199,9 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
     }
     if args.selector.is_none() {
         // A deleted Connection leaves the quarantine record.
-        ctx.poison.retain(|item| {
-            seen.connections
-                .iter()
-                .any(|c| crate::pass::poison::item("Connection", None, &c.name_any()) == item)
-        });
+        let names: Vec<String> = seen.connections.iter().map(ResourceExt::name_any).collect();
+        ctx.poison
+            .forget_absent("Connection", names.iter().map(String::as_str));
     }
     run.finish(&client, &apis, &providers, stopped).await
 }

@@ -132,7 +132,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     if args.selector.is_none() {
         // A deleted Connection leaves the quarantine record.
         ctx.poison
-            .retain(|item| names.iter().any(|n| poison_item(n) == item));
+            .forget_absent("Connection", names.iter().map(String::as_str));
     }
     for (connection, ready, error) in statuses.finish(&mut writes).await {
         tracing::warn!(%connection, %error, "connection status not written; next run retries");
