@@ -170,7 +170,9 @@ done
 step "kbind relsync again: not due before its interval, nothing written"
 "${relsync[@]}"
 
-step "service layer, provider side: a second exported API, an Export of it, a Grant for team-b's cluster; kbind issue"
+step "service layer, provider side: the provider component (the issuer's RBAC and the policies confining every issued identity), a second exported API, an Export of it, a Grant for team-b's cluster; kbind issue"
+"${provider[@]}" apply -f deploy/base/namespace.yaml -f deploy/components/provider/grants-namespace.yaml \
+  -f deploy/components/provider/issue-rbac.yaml >/dev/null
 "${provider[@]}" apply -f config/demo/service.yaml
 "${provider[@]}" wait --for condition=Established crd caches.demo.kbind.io --timeout=60s >/dev/null
 issue=("$kbind" issue --kubeconfig "$KBIND_TEST_PROVIDER_KUBECONFIG" --lease-namespace kbind-system
@@ -196,7 +198,7 @@ YAML
 "$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text || true
 "${issue[@]}"
 "${provider[@]}" get grants.iam.kbind.io team-b -o jsonpath='pinned consumer cluster: {.status.consumerCluster}{"\n"}'
-# (The apiserver applies the policy's new parameter a moment after the issuer wrote it.)
+# (The apiserver applies the Grant's new pin to the shipped policy a moment after the issuer wrote it.)
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   "$kbind" resync --kubeconfig "$KBIND_TEST_CONSUMER_KUBECONFIG" --lease-namespace kbind-system -o text
   "${provider[@]}" get cache sessions -n team-a >/dev/null 2>&1 && break

@@ -52,9 +52,9 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
 
     let s = ix.run(&[]);
     assert_eq!(s["outcome"], "completed", "{s}");
-    // Per Grant: SA, ClusterRole, Role, two bindings, policy and its binding, the Secret; its
-    // namespace, and a Role and RoleBinding there.
-    assert_eq!(s["data_writes"], 22, "{s}");
+    // Per Grant: SA, ClusterRole, Role, two bindings, the Secret; its namespace, and a Role and
+    // RoleBinding there. No admission policy: the shipped ones confine every issued identity.
+    assert_eq!(s["data_writes"], 18, "{s}");
     let p = ix.fx.provider.clone();
     for g in [&a, &b] {
         let n = format!("kbind-grant-{g}");
@@ -85,14 +85,14 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             .get(&n)
             .await
             .unwrap();
-        Api::<ValidatingAdmissionPolicy>::all(p.clone())
-            .get(&n)
-            .await
-            .unwrap();
-        Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
-            .get(&n)
-            .await
-            .unwrap();
+        assert!(
+            Api::<ValidatingAdmissionPolicy>::all(p.clone())
+                .get_opt(&n)
+                .await
+                .unwrap()
+                .is_none(),
+            "the issuer writes no admission policy"
+        );
         let sec = ix.secret(g).await;
         let ann = sec.metadata.annotations.unwrap();
         assert_eq!(ann["iam.kbind.io/grant"], **g);
@@ -222,8 +222,9 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         403
     );
 
+    // Pinning is the Grants' status alone (bookkeeping): the shipped policy reads it there.
     let s = ix.run(&[]);
-    assert_eq!(s["data_writes"], 2, "the two policies change: {s}");
+    assert_eq!(s["data_writes"], 0, "nothing issued changes: {s}");
     assert_eq!(
         ix.get_grant(&a)
             .await
@@ -416,20 +417,6 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             .unwrap()
             .is_none()
     );
-    assert!(
-        Api::<ValidatingAdmissionPolicy>::all(p.clone())
-            .get_opt(&n)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
-            .get_opt(&n)
-            .await
-            .unwrap()
-            .is_none()
-    );
     for c in [&ca, &ca2] {
         until_code("revoked token", 401, || async {
             status_code(
@@ -599,6 +586,37 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
         .delete(&foreign, &Default::default())
         .await
         .unwrap();
+    // Admission policies do not confine admission policy objects, so the issuer may write
+    // none: a stolen issuer token cannot delete or weaken what confines it or the identities
+    // it issued (RBAC refuses: 403).
+    let policies = Api::<ValidatingAdmissionPolicy>::all(as_issuer.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(as_issuer.clone());
+    let own = identity.policies[0].clone();
+    for name in [own.as_str(), "kbind-grant-identities", "kbind-grant-pins"] {
+        let weaken = json!({"spec": {"validationActions": ["Audit"]}});
+        for (what, r) in [
+            (
+                "delete policy",
+                policies.delete(name, &Default::default()).await.map(|_| ()),
+            ),
+            (
+                "delete binding",
+                bindings.delete(name, &Default::default()).await.map(|_| ()),
+            ),
+            (
+                "patch binding",
+                bindings
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&weaken))
+                    .await
+                    .map(|_| ()),
+            ),
+        ] {
+            assert!(
+                matches!(r, Err(kube::Error::Api(ref e)) if e.code == 403),
+                "{what} {name}: {r:?}"
+            );
+        }
+    }
     let run = || {
         let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
         assert_eq!(code, 0, "{s}\n{err}");
@@ -778,8 +796,8 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
         assert!(!out.status.success(), "crash point {n} was not reached");
     };
     let mut tally = support::Tally::new("issue", "cold");
-    // 7 objects, the Grant's namespace with its Role and RoleBinding, and the Secret.
-    for n in support::crash_points("issue-cold", 11) {
+    // 5 objects, the Grant's namespace with its Role and RoleBinding, and the Secret.
+    for n in support::crash_points("issue-cold", 9) {
         let g = format!("{}-c{n}", ix.fx.label);
         ix.grant(&g, &export, "1h").await;
         crashed(n);
@@ -789,7 +807,7 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
         let st = ix.get_grant(&g).await;
         let want = ("True".to_string(), "Issued".to_string());
         let got = ready(&st);
-        let all: std::collections::BTreeSet<String> = (0..11).map(|i| i.to_string()).collect();
+        let all: std::collections::BTreeSet<String> = (0..9).map(|i| i.to_string()).collect();
         let mut have = std::collections::BTreeSet::new();
         let p = ix.fx.provider.clone();
         let name = format!("kbind-grant-{g}");
@@ -815,16 +833,6 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
                 .unwrap()
                 .is_some(),
             Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<ValidatingAdmissionPolicy>::all(p.clone())
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<ValidatingAdmissionPolicyBinding>::all(p.clone())
                 .get_opt(&name)
                 .await
                 .unwrap()
@@ -884,13 +892,13 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
     );
     let name = format!("kbind-grant-{g}");
     assert!(
-        Api::<ValidatingAdmissionPolicy>::all(ix.fx.provider.clone())
+        Api::<ClusterRole>::all(ix.fx.provider.clone())
             .get_opt(&name)
             .await
             .unwrap()
             .is_none()
     );
-    for n in support::crash_points("issue-cold", 11) {
+    for n in support::crash_points("issue-cold", 9) {
         let g = format!("{}-c{n}", ix.fx.label);
         let _ = Api::<Grant>::all(ix.fx.provider.clone())
             .delete(&g, &Default::default())
@@ -899,10 +907,75 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
     ix.run(&fast);
 }
 
-/// When an Export gains an API and the issuer cannot write the Grant's admission policy, the
-/// RBAC that would reach the new API is not written either (the policy goes first): the
-/// identity never reaches an API its policy does not confine. Over two failing runs; then a
-/// run that may write the policy widens both.
+/// The issuer issues nothing an identity could use unconfined: while it cannot see the shipped
+/// policies confining issued identities (here: its deploy role without `get` on them), a run
+/// fails naming them and writes nothing, over two runs; with them, the next run issues.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn the_issuer_issues_nothing_without_the_shipped_confinement() {
+    let ix = Ix::new("confinement").await;
+    let (_, export) = ix.widgets_export().await;
+    let grantable = ix.grantable(&["widgets", "widgets/status"]).await;
+    let identity = support::identity::pass_identity(
+        &ix.fx.env.provider,
+        "deploy/components/provider/issue-rbac.yaml",
+        &ix.ns,
+        support::identity::Without::Verb {
+            resource: "validatingadmissionpolicies",
+            verb: "get",
+        },
+    )
+    .await;
+    let grant = format!("{}-g", ix.fx.label);
+    ix.grant(&grant, &export, "1h").await;
+    let name = format!("kbind-grant-{grant}");
+    let kc = identity.kubeconfig();
+    for round in 1..=2 {
+        let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
+        assert_eq!(code, 1, "round {round}: {s}\n{err}");
+        assert!(
+            err.contains("reading the admission policies confining issued identities")
+                && err.contains("ValidatingAdmissionPolicy kbind-grant-identities"),
+            "round {round}: {err}"
+        );
+        assert!(
+            Api::<ServiceAccount>::namespaced(ix.fx.provider.clone(), &ix.ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_none(),
+            "round {round}: an identity was issued"
+        );
+        assert!(
+            Api::<ClusterRole>::all(ix.fx.provider.clone())
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_none(),
+            "round {round}: RBAC was issued"
+        );
+        assert!(ix.get_grant(&grant).await.status.is_none(), "round {round}");
+    }
+    // Allowed to see them (as the admin): the next run issues.
+    ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
+
+    Api::<Grant>::all(ix.fx.provider.clone())
+        .delete(&grant, &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+    ix.remove_grantable(&grantable).await;
+    identity.remove().await;
+}
+
+/// With `--confinement per-grant` (kcp): when an Export gains an API and the issuer cannot
+/// write the Grant's admission policy, the RBAC that would reach the new API is not written
+/// either (the policy goes first): the identity never reaches an API its policy does not
+/// confine. Over two failing runs; then a run that may write the policy widens both.
 #[tokio::test]
 #[cfg_attr(
     not(feature = "servers"),
@@ -918,17 +991,40 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         .fx
         .provider_crd("gadgets", "Namespaced", Some("true"), None)
         .await;
-    // The issuer's deploy role without patch on admission policies, and both APIs grantable.
+    // The issuer's deploy role with the per-Grant rule docs/issue.md gives for kcp, without
+    // its patch, and both APIs grantable.
     let identity = support::identity::pass_identity(
         &ix.fx.env.provider,
         "deploy/components/provider/issue-rbac.yaml",
         &ix.ns,
-        support::identity::Without::Verb {
-            resource: "validatingadmissionpolicies",
-            verb: "patch",
-        },
+        support::identity::Without::Nothing,
     )
     .await;
+    let per_grant = format!("{}-per-grant", ix.fx.label);
+    let rules = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": per_grant},
+        "rules": [{"apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            "verbs": ["list", "create", "delete"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": per_grant},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": per_grant},
+        "subjects": [{"kind": "ServiceAccount", "name": "kbind-issue", "namespace": ix.ns}]});
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(rules).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .unwrap();
+    let per = ["--confinement", "per-grant"];
     let grantable = ix
         .grantable(&["widgets", "widgets/status", "gadgets", "gadgets/status"])
         .await;
@@ -937,7 +1033,7 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     let grant = format!("{}-g", ix.fx.label);
     ix.export(&export, &[&widgets], json!([])).await;
     ix.grant(&grant, &export, "1h").await;
-    ix.run(&[]);
+    ix.run(&per);
     assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
     // Namespaced APIs are granted in the Grant's namespace (its Role there).
     let roles = Api::<Role>::namespaced(ix.fx.provider.clone(), &grant);
@@ -955,7 +1051,7 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ix.export(&export, &[&widgets, &gadgets], json!([])).await;
     let kc = identity.kubeconfig();
     for round in 1..=2 {
-        let (code, s, err) = support::kbind(&ix.args(&kc, &[]));
+        let (code, s, err) = support::kbind(&ix.args(&kc, &per));
         assert_eq!(code, 0, "{s}\n{err}");
         let st = ix.get_grant(&grant).await;
         let (status, reason) = ready(&st);
@@ -971,7 +1067,7 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         );
     }
     // Allowed to write the policy: both widen.
-    ix.run(&[]);
+    ix.run(&per);
     assert_eq!(ready(&ix.get_grant(&grant).await).0, "True");
     assert!(reaches_gadgets(roles.get(&role).await.unwrap()));
     let policy = Api::<ValidatingAdmissionPolicy>::all(ix.fx.provider.clone())
@@ -989,9 +1085,17 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
         .delete(&grant, &Default::default())
         .await
         .unwrap();
-    ix.run(&[]);
+    ix.run(&per);
     ix.remove_grantable(&grantable).await;
     identity.remove().await;
+    Api::<ClusterRoleBinding>::all(ix.fx.provider.clone())
+        .delete(&per_grant, &Default::default())
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(ix.fx.provider.clone())
+        .delete(&per_grant, &Default::default())
+        .await
+        .unwrap();
 }
 
 /// Read isolation (docs/issue.md "Read isolation"): each Grant holds its own provider

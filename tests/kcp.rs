@@ -685,6 +685,9 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
             &url,
             "--server-ca-file",
             ca_file.to_str().expect("path"),
+            // kcp v0.31 exits on an admission policy with parameters: per-Grant policies.
+            "--confinement",
+            "per-grant",
             "-o",
             "json",
         ];

@@ -1475,6 +1475,9 @@ async fn an_issued_kubeconfig_binds_and_syncs_through_pods_only() {
     let pdir = overlay(&node, p, &["provider"], &set, Vec::new());
     let pdir_arg = pdir.display().to_string();
     p.kubectl(&["apply", "--server-side", "-k", &pdir_arg], None);
+    // The shipped pins policy refuses labelled writes until the apiserver has found the Grant
+    // CRD installed with it (docs/issue.md "Confinement").
+    support::grant_pins_ready(&p.client().await).await;
     let ns = support::unique("flow-team");
     provider_offers(p, &group, &ns);
     let issued = run(p, "issue", "issue-1").await;

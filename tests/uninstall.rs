@@ -762,26 +762,6 @@ async fn a_grants_revoke_finalizer_is_released_with_the_commands_that_revoke_by_
     assert!(gone(
         Api::<ClusterRoleBinding>::all(p.clone()).get_opt(&n).await
     ));
-    for (kind, plural) in [
-        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-        (
-            "ValidatingAdmissionPolicyBinding",
-            "validatingadmissionpolicybindings",
-        ),
-    ] {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-            plural,
-        );
-        assert!(
-            gone(
-                Api::<DynamicObject>::all_with(p.clone(), &ar)
-                    .get_opt(&n)
-                    .await
-            ),
-            "{kind}"
-        );
-    }
     // The apiserver caches token reviews for a few seconds.
     let mut refused = false;
     for _ in 0..60 {

@@ -21,7 +21,13 @@ pub const EXPIRES_AT: &str = "iam.kbind.io/expires-at";
 pub const SERVICE_ACCOUNT_UID: &str = "iam.kbind.io/service-account-uid";
 /// Annotation on issued RBAC and admission objects: hash of what the issuer wrote.
 pub const SPEC_HASH: &str = "iam.kbind.io/spec-hash";
-/// What the per-Grant admission policy says when it refuses a write because the Grant's
+/// The shipped admission policy (and its binding) confining every issued identity's writes to
+/// labelled objects and its own heartbeat Lease (deploy/components/provider/issue-rbac.yaml).
+pub const IDENTITIES_POLICY: &str = "kbind-grant-identities";
+/// The shipped admission policy (and its binding) confining an issued identity's writes to the
+/// consumer cluster its Grant's `status.consumerCluster` pins; its parameters are the Grants.
+pub const PINS_POLICY: &str = "kbind-grant-pins";
+/// What the shipped pins policy says when it refuses a write because the Grant's
 /// consumer cluster is not pinned yet: `kbind resync` tells that refusal apart by it and says
 /// on the binding what to do (docs/resync.md "Bindings").
 pub const NOT_PINNED: &str = "is not pinned yet";

@@ -8,6 +8,20 @@ use crate::pass::args::parse_duration;
 /// Where the in-cluster CA lives in every pod.
 pub const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 
+/// What confines the identities the issuer issues (docs/issue.md "Confinement").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Confinement {
+    /// The shipped policies `kbind-grant-identities` and `kbind-grant-pins` (the Grants are
+    /// their parameters): the issuer writes no admission policy, and issues nothing while they
+    /// are missing.
+    #[default]
+    Shipped,
+    /// A ValidatingAdmissionPolicy per Grant, written by the issuer: for providers that cannot
+    /// run a policy with parameters (kcp), at the cost of the issuer's right to write, and so
+    /// delete, admission policies.
+    PerGrant,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct IssueArgs {
     /// Namespace holding every issued ServiceAccount and kubeconfig Secret; the issued
@@ -34,6 +48,10 @@ pub struct IssueArgs {
     /// not named by them are left alone, and nothing of a deleted Grant is cleaned up.
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+    /// What confines the issued identities: the shipped policies, or one the issuer writes per
+    /// Grant (for kcp, which cannot run the shipped ones).
+    #[arg(long, env = "KBIND_CONFINEMENT", value_enum, default_value_t = Confinement::Shipped)]
+    pub confinement: Confinement,
     /// Print the kubeconfig issued for this Grant (for out-of-band hand-over) and exit; writes
     /// nothing and takes no Lease.
     #[arg(long, value_name = "GRANT")]

@@ -1,7 +1,8 @@
 //! `kbind issue`: the provider-side issuer of the optional service layer (docs/issue.md). One
 //! bounded pass over every Grant: resolve its Export (or Collection) to exported CRDs; keep a
-//! ServiceAccount, RBAC with exactly the consumer passes' needs, and a ValidatingAdmissionPolicy
-//! confining writes to the Grant's own consumer cluster; issue a token by TokenRequest into a
+//! ServiceAccount and RBAC with exactly the consumer passes' needs, its writes confined to the
+//! Grant's own consumer cluster (by shipped admission policies, checked first, or on kcp by one
+//! the issuer writes per Grant); issue a token by TokenRequest into a
 //! kubeconfig Secret and re-issue it before it expires; revoke everything when the Grant goes.
 //!
 //! The files, in the order of a run: `observe.rs` (Grants, catalog, everything issued, by
@@ -45,6 +46,12 @@ pub enum IssueError {
         #[source]
         source: kube::Error,
     },
+    #[error("reading {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("reading --server-ca-file {path}: {source}")]
     CaFile {
         path: String,
@@ -79,6 +86,7 @@ fn config(args: &IssueArgs) -> Result<Config, PassError> {
         ca_pem,
         reissue_before: args.reissue_before,
         now: Timestamp::now(),
+        confinement: args.confinement,
     })
 }
 
@@ -89,7 +97,25 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     let mut writes = Writes::new(ctx.args.dry_run);
     let manager = ctx.field_manager();
     let ns = cfg.namespace.clone();
-    let obs = observe::observe(&ctx.client, &ns, args.selector.as_deref())
+    if cfg.confinement == args::Confinement::Shipped {
+        // Nothing is issued that would write unconfined (docs/issue.md "Confinement").
+        let missing = observe::missing_confinement(&ctx.client)
+            .await
+            .map_err(|e| PassError::Unreachable {
+                what: "reading the admission policies confining issued identities".into(),
+                message: scrub(&e.to_string()),
+            })?;
+        if !missing.is_empty() {
+            return Err(PassError::Config(format!(
+                "the admission policies confining issued identities are missing ({}): install \
+                 them (deploy/provider, or the chart with passes.issue.enabled), or on kcp run \
+                 with --confinement per-grant; until then kbind issue writes nothing \
+                 (docs/issue.md \"Confinement\")",
+                missing.join(", ")
+            )));
+        }
+    }
+    let obs = observe::observe(&ctx.client, &ns, args.selector.as_deref(), cfg.confinement)
         .await
         .map_err(|e| PassError::Unreachable {
             what: "observing Grants".into(),

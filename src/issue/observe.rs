@@ -16,11 +16,14 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::api::catalog::{Collection, Export};
-use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HASH};
+use crate::api::iam::{
+    EXPIRES_AT, GRANT_KEY, Grant, IDENTITIES_POLICY, PINS_POLICY, SERVICE_ACCOUNT_UID, SPEC_HASH,
+};
 use crate::api::keys::EXPORTED;
 use crate::pass::list;
 
 use super::IssueError;
+use super::args::Confinement;
 use super::plan::{Catalog, Heartbeat, Issued, SecretObs};
 use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
@@ -69,6 +72,34 @@ where
             Some((g, o))
         })
         .collect())
+}
+
+/// The shipped admission policies and bindings that confine every issued identity
+/// (docs/issue.md "Confinement") which are missing, as `<Kind>/<name>`: the issuer issues
+/// nothing while any is, since an identity it issued would write unconfined. Four GETs.
+pub async fn missing_confinement(c: &Client) -> Result<Vec<String>, IssueError> {
+    let mut missing = Vec::new();
+    for name in [IDENTITIES_POLICY, PINS_POLICY] {
+        let read = |what: &str| {
+            let what = format!("{what} {name}");
+            move |source| IssueError::Read { what, source }
+        };
+        let policy = Api::<ValidatingAdmissionPolicy>::all(c.clone())
+            .get_opt(name)
+            .await
+            .map_err(read("ValidatingAdmissionPolicy"))?;
+        if policy.is_none() {
+            missing.push(format!("ValidatingAdmissionPolicy/{name}"));
+        }
+        let binding = Api::<ValidatingAdmissionPolicyBinding>::all(c.clone())
+            .get_opt(name)
+            .await
+            .map_err(read("ValidatingAdmissionPolicyBinding"))?;
+        if binding.is_none_or(|b| b.spec.and_then(|s| s.policy_name).as_deref() != Some(name)) {
+            missing.push(format!("ValidatingAdmissionPolicyBinding/{name}"));
+        }
+    }
+    Ok(missing)
 }
 
 fn spec_hash(meta: &ObjectMeta) -> String {
@@ -139,6 +170,7 @@ pub async fn observe(
     client: &Client,
     ns: &str,
     selector: Option<&str>,
+    confinement: Confinement,
 ) -> Result<Observed, IssueError> {
     let lp = ListParams::default();
     let glp = match selector {
@@ -259,28 +291,32 @@ pub async fn observe(
         )
         .await?,
     );
-    note(
-        &mut issued,
-        one(Kind::Policy),
-        ns,
-        labelled(
-            Api::<ValidatingAdmissionPolicy>::all(c.clone()),
-            "ValidatingAdmissionPolicies",
-            None,
-        )
-        .await?,
-    );
-    note(
-        &mut issued,
-        one(Kind::PolicyBinding),
-        ns,
-        labelled(
-            Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
-            "ValidatingAdmissionPolicyBindings",
-            None,
-        )
-        .await?,
-    );
+    // Per-Grant policies only where the issuer writes them: with the shipped ones it may not
+    // even list admission policies (those a 0.2 issuer wrote are left; docs/upgrade.md).
+    if confinement == Confinement::PerGrant {
+        note(
+            &mut issued,
+            one(Kind::Policy),
+            ns,
+            labelled(
+                Api::<ValidatingAdmissionPolicy>::all(c.clone()),
+                "ValidatingAdmissionPolicies",
+                None,
+            )
+            .await?,
+        );
+        note(
+            &mut issued,
+            one(Kind::PolicyBinding),
+            ns,
+            labelled(
+                Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
+                "ValidatingAdmissionPolicyBindings",
+                None,
+            )
+            .await?,
+        );
+    }
     for (g, s) in labelled(
         Api::<Secret>::namespaced(c.clone(), ns),
         "Secrets",

@@ -171,6 +171,7 @@ pub struct Config {
     pub ca_pem: Vec<u8>,
     pub reissue_before: Option<Duration>,
     pub now: Timestamp,
+    pub confinement: super::args::Confinement,
 }
 
 /// Keep the token, or issue a new one (and why).
@@ -367,7 +368,13 @@ pub fn plan_grant(
         in_use: p.in_use,
         approved,
     });
-    let desired = render::objects(&resolved, &p.cfg.namespace, grant, pin.uid());
+    let desired = render::objects(
+        &resolved,
+        &p.cfg.namespace,
+        grant,
+        p.cfg.confinement,
+        pin.uid(),
+    );
     let wanted: BTreeSet<Slot> = desired.iter().map(Desired::slot).collect();
     let writes = desired
         .into_iter()

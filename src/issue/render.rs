@@ -12,6 +12,8 @@ use sha2::Digest;
 use crate::api::iam::{GRANT_KEY, SPEC_HASH};
 use crate::api::keys;
 
+use super::args::Confinement;
+
 /// The data key of the issued kubeconfig: the Connection Secret's default key.
 pub use crate::api::keys::KUBECONFIG_KEY;
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -326,27 +328,37 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
     })
 }
 
-/// Everything issued for a Grant except the Secret, in write order: the admission policy and
-/// its binding first, so RBAC (which a failed write stops) never reaches further than the
-/// policy confines (docs/issue.md "Confinement").
-pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>) -> Vec<Desired> {
+/// Everything issued for a Grant except the Secret, in write order. With per-Grant confinement
+/// the admission policy and its binding come first, so RBAC (which a failed write stops) never
+/// reaches further than the policy confines; with the shipped policies (checked before any
+/// write) there is none (docs/issue.md "Confinement").
+pub fn objects(
+    r: &Resolved,
+    namespace: &str,
+    grant: &str,
+    confinement: Confinement,
+    pinned: Option<&str>,
+) -> Vec<Desired> {
     let name = object_name(grant);
     let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]);
     let role_ref =
         |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
-    let mut out = vec![
-        desired(
+    let mut out = Vec::new();
+    if confinement == Confinement::PerGrant {
+        out.push(desired(
             Kind::Policy,
             grant,
             namespace,
             json!({"spec": policy_spec(r, namespace, grant, pinned)}),
-        ),
-        desired(
+        ));
+        out.push(desired(
             Kind::PolicyBinding,
             grant,
             namespace,
             json!({"spec": {"policyName": name, "validationActions": ["Deny"]}}),
-        ),
+        ));
+    }
+    out.extend([
         desired(Kind::ServiceAccount, grant, namespace, json!({})),
         desired(
             Kind::ClusterRole,
@@ -372,7 +384,7 @@ pub fn objects(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&str>)
             namespace,
             json!({"roleRef": role_ref("Role"), "subjects": subject}),
         ),
-    ];
+    ]);
     for tenant in &r.namespaces {
         out.push(desired(
             Kind::TenantRole,

@@ -7,7 +7,8 @@
 //! on the issuer's Grants (`iam.kbind.io`, on a provider).
 //!
 //! Releasing a Grant's `iam.kbind.io/revoke` skips its revocation: the ServiceAccount, RBAC,
-//! ValidatingAdmissionPolicy and kubeconfig Secret issued for it stay, and its token keeps
+//! per-Grant ValidatingAdmissionPolicy (`--confinement per-grant`) and kubeconfig Secret issued
+//! for it stay, and its token keeps
 //! working until it expires. The report says so per Grant, with the kubectl commands that revoke
 //! by hand ([`revoke_commands`]).
 //!
@@ -157,9 +158,9 @@ pub struct Unrevoked {
 
 /// The kubectl commands that do what `kbind issue` does when a Grant goes (docs/issue.md): the
 /// ServiceAccount first (its tokens stop working at once) and its kubeconfig Secret, then the
-/// RBAC (in the grants namespace, in the Grant's namespaces, cluster-wide), the
-/// ValidatingAdmissionPolicy and its binding last (the identity stays confined until
-/// it is gone).
+/// RBAC (in the grants namespace, in the Grant's namespaces, cluster-wide), the per-Grant
+/// ValidatingAdmissionPolicy and its binding last where there is one (`--confinement
+/// per-grant`: the identity stays confined until it is gone).
 pub fn revoke_commands(namespace: &str, grant: &str) -> Vec<String> {
     let name = keys::grant_object_name(grant);
     vec![

@@ -135,8 +135,8 @@ fn unrevoked_text(out: &mut String, not_yet: bool, u: &Unrevoked) {
     let _ = writeln!(
         out,
         "    WARNING: {}: its ServiceAccount, Role and RoleBinding (namespace {ns}), \
-         ClusterRole, ClusterRoleBinding, ValidatingAdmissionPolicy and its binding, and the \
-         kubeconfig Secret (namespace {ns}), all named {name}, stay, and its token keeps working \
+         ClusterRole, ClusterRoleBinding (with --confinement per-grant, the \
+         ValidatingAdmissionPolicy and its binding), and the kubeconfig Secret (namespace {ns}), all named {name}, stay, and its token keeps working \
          {until}. Revoke by hand:",
         if not_yet {
             "releasing skips revocation"

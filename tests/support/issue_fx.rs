@@ -28,6 +28,7 @@ impl Ix {
     pub async fn new(prefix: &str) -> Self {
         let fx = Fx::new(prefix).await;
         super::kbind_crds(&fx.provider).await;
+        super::grant_policies(&fx.provider).await;
         let ns = super::namespace(&fx.provider, "grants").await;
         let admin = fx.provider_kubeconfig();
         let kc = Kubeconfig::from_yaml(&admin).unwrap();

@@ -151,6 +151,76 @@ pub async fn kbind_crds(client: &Client) {
     apply_crds(client, &kbind::crds::kbind_crds()).await;
 }
 
+/// The shipped admission policies confining every issued identity (kbind-grant-*, from
+/// deploy/components/provider/issue-rbac.yaml), applied verbatim: the issuer (with its default
+/// `--confinement shipped`) issues nothing without them. They match only ServiceAccounts named
+/// kbind-grant-*, so they are harmless on the Kubernetes apiservers the suite shares. Never on
+/// kcp: kcp v0.31 exits on a policy with parameters (docs/issue.md "Confinement").
+pub async fn grant_policies(client: &Client) {
+    let docs = identity::rbac_documents("deploy/components/provider/issue-rbac.yaml");
+    let mut applied = 0;
+    for d in docs.iter().filter(|d| {
+        d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("kbind-grant-"))
+    }) {
+        let (kind, plural) = match d["kind"].as_str() {
+            Some("ValidatingAdmissionPolicy") => {
+                ("ValidatingAdmissionPolicy", "validatingadmissionpolicies")
+            }
+            Some("ValidatingAdmissionPolicyBinding") => (
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+            other => panic!("unexpected kbind-grant-* document {other:?}"),
+        };
+        let ar = kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        );
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+        let name = d["metadata"]["name"].as_str().expect("name");
+        api.patch(
+            name,
+            &PatchParams::apply("kbind-tests").force(),
+            &Patch::Apply(d),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+        applied += 1;
+    }
+    assert_eq!(applied, 4, "two policies and their bindings");
+    grant_pins_ready(client).await;
+}
+
+/// Wait until the shipped pins policy has found the Grant CRD.
+pub async fn grant_pins_ready(client: &Client) {
+    // The pins policy reads Grants: until the apiserver has found the Grant CRD (up to a
+    // minute after it is installed) it refuses every write of a labelled object. Wait for a
+    // labelled dry-run write to pass, at most 90 s.
+    let probe: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kbind-grant-pins-probe",
+            "labels": {kbind::api::keys::CONSUMER_CLUSTER: "probe"}}}))
+    .expect("probe");
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for _ in 0..180 {
+        match cms.create(&dry, &probe).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => return,
+            Err(kube::Error::Api(e)) if e.message.contains("paramKind") => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("a labelled dry-run write: {e}"),
+        }
+    }
+    panic!("the apiserver did not find the Grant CRD for kbind-grant-pins within 90 s");
+}
+
 /// The real `kbind` binary with `args`, as every test runs it.
 pub fn kbind_command(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kbind"));

@@ -168,7 +168,7 @@ pub fn reduce(grant: &str, spec: &GrantSpec, issued: &Issued, p: &Provider<'_>) 
     r.namespaces.retain(|ns| {
         p.tenancy.namespace_owner.get(ns).map(String::as_str) == Some(grant) && !reserved(ns, p.cfg)
     });
-    let role = render::objects(&r, &p.cfg.namespace, grant, None)
+    let role = render::objects(&r, &p.cfg.namespace, grant, p.cfg.confinement, None)
         .into_iter()
         .find(|d| d.kind == Kind::ClusterRole);
     let cluster_role = role.filter(|d| issued.hashes.get(&d.slot()).is_some_and(|h| *h != d.hash));

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::catalog::{ClusterScopedAccess, ExportApi, ExportRef};
+use crate::issue::args::Confinement;
 use crate::issue::render::Desired;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
@@ -110,6 +111,7 @@ fn cfg(now: i64) -> Config {
         ca_pem: b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n".to_vec(),
         reissue_before: None,
         now: t(now),
+        confinement: Confinement::PerGrant,
     }
 }
 
@@ -487,6 +489,36 @@ async fn the_issued_kubeconfig_names_its_grant_secret() {
     );
 }
 
+/// With the shipped policies (the default), the issuer writes no admission policy, and pinning
+/// changes nothing it issued: the pins policy reads the Grant's status.
+#[test]
+fn with_shipped_confinement_nothing_issued_is_a_policy_or_changes_with_the_pin() {
+    let mut c = cfg(1_000_000);
+    c.confinement = Confinement::Shipped;
+    let cat = catalog();
+    let s = spec(Some("widgets"), None);
+    let first = plan_alone(&s, None, &cat, &Issued::default(), &c).unwrap();
+    let kinds: Vec<Kind> = first.writes.iter().map(|d| d.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Kind::ServiceAccount,
+            Kind::ClusterRole,
+            Kind::Role,
+            Kind::ClusterRoleBinding,
+            Kind::RoleBinding,
+            Kind::TenantRole,
+            Kind::TenantRoleBinding
+        ]
+    );
+    let mut issued = issued_with_secret(&c, "tok", 1_000_000 + 86400);
+    for d in &first.writes {
+        issued.hashes.insert(d.slot(), d.hash.clone());
+    }
+    let pinned = plan_alone(&s, Some("uid-1"), &cat, &issued, &c).unwrap();
+    assert!(pinned.writes.is_empty(), "{:?}", pinned.writes);
+}
+
 #[test]
 fn revoke_deletes_the_identity_first_and_the_policy_last() {
     let mut issued = Issued::default();
@@ -494,6 +526,7 @@ fn revoke_deletes_the_identity_first_and_the_policy_last() {
         &resolve(&spec(Some("widgets"), None), &catalog()).unwrap(),
         "kbind-grants",
         "g",
+        Confinement::PerGrant,
         None,
     ) {
         issued.hashes.insert(d.slot(), String::new());
