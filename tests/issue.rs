@@ -244,6 +244,30 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         Some("uid-b")
     );
 
+    // The pin stays, even for whoever may write status (the issuer): neither removing status
+    // nor changing the value is admitted (the shipped pins policy trusts it).
+    let grants = Api::<Grant>::all(p.clone());
+    let remove: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": "/status"}])).unwrap();
+    assert_eq!(
+        status_code(
+            grants
+                .patch_status(&a, &PatchParams::default(), &Patch::<()>::Json(remove))
+                .await
+        ),
+        422,
+        "status removed under a pin"
+    );
+    let moved = json!({"status": {"consumerCluster": "uid-b"}});
+    assert_eq!(
+        status_code(
+            grants
+                .patch_status(&a, &PatchParams::default(), &Patch::Merge(&moved))
+                .await
+        ),
+        422,
+        "the pin moved"
+    );
     // Own consumer cluster: allowed. Another's: refused, both ways.
     until_code("write own object", 200, || async {
         status_code(

@@ -47,6 +47,9 @@ fn default_token_ttl() -> String {
     status = "GrantStatus",
     shortname = "kbcred",
     category = "kbind",
+    // On the root, not on status: a rule on status does not run when status is removed, and
+    // the shipped pins policy trusts status.consumerCluster (docs/issue.md "Confinement").
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.consumerCluster) || (has(self.status) && has(self.status.consumerCluster) && self.status.consumerCluster == oldSelf.status.consumerCluster)").message("status.consumerCluster is pinned once, and stays: re-create the Grant to change it"),
     validation = Rule::new("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a Grant's name is a DNS label (at most 63 characters): it is the value of the iam.kbind.io/grant label on what is issued for it"),
     printcolumn = r#"{"name":"Consumer","type":"string","jsonPath":".spec.consumer"}"#,
     printcolumn = r#"{"name":"Export","type":"string","jsonPath":".spec.export"}"#,
