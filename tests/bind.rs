@@ -68,10 +68,6 @@ async fn provider_side(fx: &Fx) -> (String, Issued) {
 
 /// Server-side apply any object (as the admin).
 async fn apply(client: &kube::Client, d: Value) {
-    let (group, version) = match d["apiVersion"].as_str().unwrap().split_once('/') {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (String::new(), d["apiVersion"].as_str().unwrap().to_string()),
-    };
     let kind = d["kind"].as_str().unwrap();
     let plural = match kind {
         "ServiceAccount" => "serviceaccounts",
@@ -82,20 +78,7 @@ async fn apply(client: &kube::Client, d: Value) {
         "Secret" => "secrets",
         other => panic!("no plural for {other}"),
     };
-    let ar =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&group, &version, kind), plural);
-    let name = d["metadata"]["name"].as_str().unwrap();
-    let api: Api<DynamicObject> = match d["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply("kbind-tests").force(),
-        &Patch::Apply(&d),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+    support::apply_object(client, plural, &d).await;
 }
 
 impl Issued {

@@ -833,56 +833,8 @@ async fn a_killed_issue_run_is_finished_by_the_next() {
         let got = ready(&st);
         let all: std::collections::BTreeSet<String> = (0..9).map(|i| i.to_string()).collect();
         let mut have = std::collections::BTreeSet::new();
-        let p = ix.fx.provider.clone();
-        let name = format!("kbind-grant-{g}");
-        let present = [
-            Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<ClusterRole>::all(p.clone())
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<Role>::namespaced(p.clone(), &ix.ns)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<ClusterRoleBinding>::all(p.clone())
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<RoleBinding>::namespaced(p.clone(), &ix.ns)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<Secret>::namespaced(p.clone(), &ix.ns)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<k8s_openapi::api::core::v1::Namespace>::all(p.clone())
-                .get_opt(&g)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<Role>::namespaced(p.clone(), &g)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-            Api::<RoleBinding>::namespaced(p.clone(), &g)
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some(),
-        ];
-        for (i, ok) in present.iter().enumerate() {
+        let present = ix.issued(&g).await;
+        for (i, (_, ok)) in present.iter().enumerate() {
             if *ok {
                 have.insert(i.to_string());
             }
@@ -1519,4 +1471,117 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             .unwrap();
     }
     ix.run(&[]);
+}
+
+/// A Grant removed without its finalizer running (stripped by hand, as people do with stuck
+/// objects) takes its identity with it, with no issuer run: everything issued names the Grant
+/// as its owner, so the cluster's garbage collector revokes it. The Grant's namespace stays
+/// (provider data). Issuer runs afterwards find nothing to do, twice; a Grant re-created under
+/// the same name is issued afresh and owned by the new Grant.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_grant_removed_by_hand_is_revoked_without_an_issuer_run() {
+    let ix = Ix::new("orphan").await;
+    let (widgets, export) = ix.widgets_export().await;
+    let group = widgets.split_once('.').unwrap().1.to_string();
+    let grant = format!("{}-g", ix.fx.label);
+    let name = format!("kbind-grant-{grant}");
+    let p = ix.fx.provider.clone();
+    let grants = Api::<Grant>::all(p.clone());
+    let sa_api = Api::<ServiceAccount>::namespaced(p.clone(), &ix.ns);
+    let owner_of = |sa: &ServiceAccount| {
+        let o = sa.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(o.len(), 1, "{o:?}");
+        assert_eq!(
+            (o[0].kind.as_str(), o[0].name.as_str()),
+            ("Grant", grant.as_str())
+        );
+        assert_eq!(o[0].block_owner_deletion, None);
+        o[0].uid.clone()
+    };
+
+    ix.grant(&grant, &export, "1h").await;
+    ix.run(&[]);
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    let first_uid = ix.get_grant(&grant).await.metadata.uid.unwrap();
+    assert_eq!(owner_of(&sa_api.get(&name).await.unwrap()), first_uid);
+    let c = client_of(&ix.kubeconfig(&grant).await).await;
+    let list = || async {
+        status_code(
+            api_of(&c, &group, "widgets", Some(&grant))
+                .list(&Default::default())
+                .await,
+        )
+    };
+    assert_eq!(list().await, 200);
+
+    // Removed by hand: finalizer stripped, then deleted. No issuer run from here on.
+    grants
+        .patch(
+            &grant,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    grants.delete(&grant, &Default::default()).await.unwrap();
+    let mut gone = false;
+    for _ in 0..300 {
+        if sa_api.get_opt(&name).await.unwrap().is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(gone, "the identity outlived its Grant by 60 s");
+    until_code("token of a Grant removed by hand", 401, list).await;
+    let mut left = Vec::new();
+    for _ in 0..150 {
+        // The Grant's namespace stays: provider data.
+        left = ix
+            .issued(&grant)
+            .await
+            .into_iter()
+            .filter(|(_, present)| *present)
+            .map(|(what, _)| what)
+            .collect();
+        if left == ["Namespace"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        left,
+        ["Namespace"],
+        "issued objects outlived their Grant by 30 s"
+    );
+    for round in 1..=2 {
+        let s = ix.run(&[]);
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+    }
+
+    // The same name again: issued afresh, owned by the new Grant, and kept.
+    ix.grant(&grant, &export, "1h").await;
+    ix.run(&[]);
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    let second_uid = ix.get_grant(&grant).await.metadata.uid.unwrap();
+    assert_ne!(first_uid, second_uid);
+    assert_eq!(owner_of(&sa_api.get(&name).await.unwrap()), second_uid);
+    let c2 = client_of(&ix.kubeconfig(&grant).await).await;
+    until_code("token of the re-created Grant", 200, || async {
+        status_code(
+            api_of(&c2, &group, "widgets", Some(&grant))
+                .list(&Default::default())
+                .await,
+        )
+    })
+    .await;
+    grants.delete(&grant, &Default::default()).await.unwrap();
+    let s = ix.run(&[]);
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
 }

@@ -635,7 +635,7 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
     use kbind::api::iam::Grant;
     use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
     use serde_json::json;
-    use support::issue_fx::{apply, widget};
+    use support::issue_fx::widget;
 
     let kcp = KcpFx::new("kt-iss").await;
     let fx = support::fx::Fx::new("kt-iss").await;
@@ -647,10 +647,8 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
     let widgets = format!("widgets.{}", fx.group);
     let ns = support::namespace(&admin, "grants").await;
     let export = format!("{}-w", fx.label);
-    apply(
+    support::apply_object(
         &admin,
-        "catalog.kbind.io",
-        "Export",
         "exports",
         &json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
             "metadata": {"name": export},
@@ -658,10 +656,8 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
     )
     .await;
     let grant = format!("{}-g", fx.label);
-    apply(
+    support::apply_object(
         &admin,
-        "iam.kbind.io",
-        "Grant",
         "grants",
         &json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
             "metadata": {"name": grant},
@@ -799,6 +795,37 @@ async fn an_identity_issued_on_a_kcp_workspace_pins_its_logical_cluster() {
             );
         }
     }
+
+    // Removed by hand (finalizer stripped): kcp's garbage collector revokes the identity, as
+    // the owner references on everything issued ask, with no issuer run.
+    let grants: Api<Grant> = Api::all(admin.clone());
+    grants
+        .patch(
+            &grant,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer stripped");
+    grants
+        .delete(&grant, &Default::default())
+        .await
+        .expect("Grant deleted");
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(admin.clone(), &ns);
+    let name = format!("kbind-grant-{grant}");
+    within(
+        60,
+        "the identity revoked by kcp's garbage collector",
+        || async {
+            accounts
+                .get_opt(&name)
+                .await
+                .ok()
+                .and_then(|a| a.is_none().then_some(()))
+        },
+    )
+    .await;
 }
 
 /// A provider that withdraws every export (here its kcp workspace: a provider whose exports

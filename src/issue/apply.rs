@@ -15,7 +15,7 @@ use crate::pass::writes::Writes;
 use crate::scrub::scrub;
 
 use super::plan::{Blocked, Config, GrantPlan, ISSUE_FAILED, PERMISSIONS_NOT_GRANTABLE, Token};
-use super::render::{self, Kind, Slot, object_name};
+use super::render::{self, GrantRef, Kind, Slot, object_name};
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version) = match kind.api_version().split_once('/') {
@@ -84,12 +84,13 @@ fn blocked(kind: &str, is_rbac: bool, name: &str, e: &kube::Error) -> Blocked {
 pub async fn issue(
     client: &Client,
     manager: &str,
-    grant: &str,
+    owner: GrantRef<'_>,
     plan: &GrantPlan,
     observed_sa_uid: Option<&str>,
     cfg: &Config,
     writes: &mut Writes,
 ) -> Result<Applied, Blocked> {
+    let grant = owner.name;
     let pp = PatchParams::apply(manager).force();
     let ns = cfg.namespace.as_str();
     let mut out = Applied {
@@ -160,7 +161,7 @@ pub async fn issue(
     crate::scrub::register_secret(&status.token);
     let expires = status.expiration_timestamp.0;
     let kc = render::kubeconfig(&cfg.server, &cfg.ca_pem, &status.token, ns, grant);
-    let body = render::secret(ns, grant, &kc, &expires.to_string(), &sa_uid);
+    let body = render::secret(ns, owner, &kc, &expires.to_string(), &sa_uid);
     Api::<Secret>::namespaced(client.clone(), ns)
         .patch(&name, &pp, &Patch::Apply(&body))
         .await

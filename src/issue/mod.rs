@@ -12,6 +12,7 @@
 
 pub mod apply;
 pub mod args;
+pub mod confinement;
 pub mod observe;
 pub mod plan;
 pub mod record;
@@ -99,19 +100,20 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     let ns = cfg.namespace.clone();
     if cfg.confinement == args::Confinement::Shipped {
         // Nothing is issued that would write unconfined (docs/issue.md "Confinement").
-        let missing = observe::missing_confinement(&ctx.client)
-            .await
-            .map_err(|e| PassError::Unreachable {
-                what: "reading the admission policies confining issued identities".into(),
-                message: scrub(&e.to_string()),
-            })?;
-        if !missing.is_empty() {
+        let gaps =
+            observe::confinement_gaps(&ctx.client)
+                .await
+                .map_err(|e| PassError::Unreachable {
+                    what: "reading the admission policies confining issued identities".into(),
+                    message: scrub(&e.to_string()),
+                })?;
+        if !gaps.is_empty() {
             return Err(PassError::Config(format!(
-                "the admission policies confining issued identities are missing ({}): install \
-                 them (deploy/provider, or the chart with passes.issue.enabled), or on kcp run \
-                 with --confinement per-grant; until then kbind issue writes nothing \
-                 (docs/issue.md \"Confinement\")",
-                missing.join(", ")
+                "the admission policies confining issued identities are not in force ({}): \
+                 install them as shipped (deploy/provider, or the chart with \
+                 passes.issue.enabled), or on kcp run with --confinement per-grant; until then \
+                 kbind issue writes nothing (docs/issue.md \"Confinement\")",
+                gaps.join("; ")
             )));
         }
     }
@@ -267,8 +269,12 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             .as_ref()
             .and_then(|a| a.get(crate::api::iam::APPROVE_CONSUMER_CLUSTER))
             .map(String::as_str);
+        let owner = render::GrantRef {
+            name: &name,
+            uid: g.metadata.uid.as_deref().unwrap_or_default(),
+        };
         match plan::plan_grant(
-            &name,
+            owner,
             &g.spec,
             recorded.as_deref(),
             approved,
@@ -279,7 +285,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             Err(b) => {
                 summary.count("blocked", 1);
                 let r = if plan::is_isolation(b.reason) {
-                    plan::reduce(&name, &g.spec, issued, &provider)
+                    plan::reduce(owner, &g.spec, issued, &provider)
                 } else {
                     plan::Reduction::default()
                 };
@@ -343,7 +349,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
                     match apply::issue(
                         &ctx.client,
                         &manager,
-                        &name,
+                        owner,
                         &p,
                         issued.sa_uid.as_deref(),
                         &cfg,

@@ -16,9 +16,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::api::catalog::{Collection, Export};
-use crate::api::iam::{
-    EXPIRES_AT, GRANT_KEY, Grant, IDENTITIES_POLICY, PINS_POLICY, SERVICE_ACCOUNT_UID, SPEC_HASH,
-};
+use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HASH};
 use crate::api::keys::EXPORTED;
 use crate::pass::list;
 
@@ -74,12 +72,11 @@ where
         .collect())
 }
 
-/// The shipped admission policies and bindings that confine every issued identity
-/// (docs/issue.md "Confinement") which are missing, as `<Kind>/<name>`: the issuer issues
-/// nothing while any is, since an identity it issued would write unconfined. Four GETs.
-pub async fn missing_confinement(c: &Client) -> Result<Vec<String>, IssueError> {
-    let mut missing = Vec::new();
-    for name in [IDENTITIES_POLICY, PINS_POLICY] {
+/// What keeps the shipped policies confining issued identities from being in force, one line
+/// each (docs/issue.md "Confinement"); empty when both are.
+pub async fn confinement_gaps(c: &Client) -> Result<Vec<String>, IssueError> {
+    let mut gaps = Vec::new();
+    for name in super::confinement::SHIPPED {
         let read = |what: &str| {
             let what = format!("{what} {name}");
             move |source| IssueError::Read { what, source }
@@ -88,18 +85,17 @@ pub async fn missing_confinement(c: &Client) -> Result<Vec<String>, IssueError> 
             .get_opt(name)
             .await
             .map_err(read("ValidatingAdmissionPolicy"))?;
-        if policy.is_none() {
-            missing.push(format!("ValidatingAdmissionPolicy/{name}"));
-        }
         let binding = Api::<ValidatingAdmissionPolicyBinding>::all(c.clone())
             .get_opt(name)
             .await
             .map_err(read("ValidatingAdmissionPolicyBinding"))?;
-        if binding.is_none_or(|b| b.spec.and_then(|s| s.policy_name).as_deref() != Some(name)) {
-            missing.push(format!("ValidatingAdmissionPolicyBinding/{name}"));
-        }
+        gaps.extend(super::confinement::gaps(&super::confinement::Observed {
+            name,
+            policy: policy.as_ref(),
+            binding: binding.as_ref(),
+        }));
     }
-    Ok(missing)
+    Ok(gaps)
 }
 
 fn spec_hash(meta: &ObjectMeta) -> String {

@@ -10,7 +10,7 @@ use crate::api::catalog::{CollectionSpec, ExportSpec};
 use crate::api::iam::GrantSpec;
 use crate::api::keys::{self, HEARTBEAT_LEASE_PREFIX};
 
-use super::render::{self, Desired, Kind, Resolved, ResolvedApi, Slot};
+use super::render::{self, Desired, GrantRef, Kind, Resolved, ResolvedApi, Slot};
 
 /// Ready=False reasons of a Grant.
 pub const EXPORT_NOT_FOUND: &str = "ExportNotFound";
@@ -349,7 +349,7 @@ pub struct Provider<'a> {
 /// Plan one live Grant. `Err`: it issues nothing this run (what is issued stays, reduced by
 /// [`reduce`] when refused for read isolation; its token is not renewed).
 pub fn plan_grant(
-    grant: &str,
+    owner: GrantRef<'_>,
     spec: &GrantSpec,
     recorded_pin: Option<&str>,
     approved: Option<&str>,
@@ -357,6 +357,7 @@ pub fn plan_grant(
     pinned_by_others: &BTreeMap<String, String>,
     p: &Provider<'_>,
 ) -> Result<GrantPlan, Blocked> {
+    let grant = owner.name;
     let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
     let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
@@ -371,7 +372,7 @@ pub fn plan_grant(
     let desired = render::objects(
         &resolved,
         &p.cfg.namespace,
-        grant,
+        owner,
         p.cfg.confinement,
         pin.uid(),
     );

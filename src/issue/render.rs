@@ -50,6 +50,32 @@ pub struct Resolved {
     pub namespaces: Vec<String>,
 }
 
+/// The Grant everything is issued for. Every issued object names it as its owner, so that the
+/// garbage collector revokes what is left when the Grant goes without the issuer's finalizer
+/// running (removed by hand, or deleted while no issuer runs; docs/issue.md "Revocation").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantRef<'a> {
+    pub name: &'a str,
+    /// The Grant's `metadata.uid`; empty (no owner written) only in plans built without one.
+    pub uid: &'a str,
+}
+
+impl GrantRef<'_> {
+    /// `metadata.ownerReferences` naming the Grant. No `blockOwnerDeletion`: the Grant's own
+    /// deletion never waits on what it owns (the issuer's finalizer orders revocation), and
+    /// setting it would need `update` on `grants/finalizers`.
+    fn owner_references(&self) -> Option<Value> {
+        (!self.uid.is_empty()).then(|| {
+            json!([{
+                "apiVersion": <crate::api::iam::Grant as kube::Resource>::api_version(&()),
+                "kind": "Grant",
+                "name": self.name,
+                "uid": self.uid,
+            }])
+        })
+    }
+}
+
 /// The name of every object issued for `grant` (a Grant's name is a DNS label, so this is too
 /// short to need truncating: at most 75 characters).
 pub fn object_name(grant: &str) -> String {
@@ -168,14 +194,23 @@ fn labels(grant: &str) -> Value {
     json!({GRANT_KEY: grant, MANAGED_BY: "kbind"})
 }
 
-fn desired(kind: Kind, grant: &str, namespace: &str, mut content: Value) -> Desired {
-    let name = object_name(grant);
-    let h = hash(&content);
+fn desired(kind: Kind, grant: GrantRef<'_>, namespace: &str, mut content: Value) -> Desired {
+    let name = object_name(grant.name);
+    let owners = grant.owner_references();
+    // The owner is hashed with the content: an object of an earlier Grant of the same name (or
+    // written before 0.3 without an owner) is rewritten to name this one.
+    let h = match &owners {
+        Some(o) => hash(&json!([content, o])),
+        None => hash(&content),
+    };
     let mut metadata = json!({
         "name": name,
-        "labels": labels(grant),
+        "labels": labels(grant.name),
         "annotations": {SPEC_HASH: h},
     });
+    if let Some(o) = owners {
+        metadata["ownerReferences"] = o;
+    }
     if kind.namespaced() {
         metadata["namespace"] = json!(namespace);
     }
@@ -335,11 +370,11 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
 pub fn objects(
     r: &Resolved,
     namespace: &str,
-    grant: &str,
+    grant: GrantRef<'_>,
     confinement: Confinement,
     pinned: Option<&str>,
 ) -> Vec<Desired> {
-    let name = object_name(grant);
+    let name = object_name(grant.name);
     let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]);
     let role_ref =
         |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
@@ -349,7 +384,7 @@ pub fn objects(
             Kind::Policy,
             grant,
             namespace,
-            json!({"spec": policy_spec(r, namespace, grant, pinned)}),
+            json!({"spec": policy_spec(r, namespace, grant.name, pinned)}),
         ));
         out.push(desired(
             Kind::PolicyBinding,
@@ -370,7 +405,7 @@ pub fn objects(
             Kind::Role,
             grant,
             namespace,
-            json!({"rules": namespace_rules(grant)}),
+            json!({"rules": namespace_rules(grant.name)}),
         ),
         desired(
             Kind::ClusterRoleBinding,
@@ -439,25 +474,29 @@ pub fn kubeconfig(
 /// The issued Secret.
 pub fn secret(
     namespace: &str,
-    grant: &str,
+    grant: GrantRef<'_>,
     kubeconfig: &str,
     expires_at: &str,
     sa_uid: &str,
 ) -> Value {
     let mut annotations = BTreeMap::new();
     annotations.insert(crate::api::iam::EXPIRES_AT, expires_at.to_string());
-    annotations.insert(GRANT_KEY, grant.to_string());
+    annotations.insert(GRANT_KEY, grant.name.to_string());
     annotations.insert(crate::api::iam::SERVICE_ACCOUNT_UID, sa_uid.to_string());
-    json!({
+    let mut s = json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": object_name(grant),
+            "name": object_name(grant.name),
             "namespace": namespace,
-            "labels": labels(grant),
+            "labels": labels(grant.name),
             "annotations": annotations,
         },
         "type": "Opaque",
         "data": {KUBECONFIG_KEY: b64(kubeconfig.as_bytes())},
-    })
+    });
+    if let Some(o) = grant.owner_references() {
+        s["metadata"]["ownerReferences"] = o;
+    }
+    s
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kbind::api::iam::Grant;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
@@ -79,14 +79,7 @@ impl Ix {
         let e = json!({"apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
             "metadata": {"name": name},
             "spec": {"description": "test", "apis": apis.iter().map(|a| json!({"name": a})).collect::<Vec<_>>(), "permissions": permissions}});
-        apply(
-            &self.fx.provider,
-            "catalog.kbind.io",
-            "Export",
-            "exports",
-            &e,
-        )
-        .await;
+        super::apply_object(&self.fx.provider, "exports", &e).await;
     }
 
     /// What a provider admin adds per exported API for the issuer's deploy identity (the
@@ -147,7 +140,7 @@ impl Ix {
         let g = json!({"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant",
             "metadata": {"name": name, "labels": {"kbind-test": self.fx.label}},
             "spec": {"export": export, "consumer": "team", "tokenTTL": ttl, "namespaces": namespaces}});
-        apply(&self.fx.provider, "iam.kbind.io", "Grant", "grants", &g).await;
+        super::apply_object(&self.fx.provider, "grants", &g).await;
     }
 
     /// The consumer side by hand, as `kbind bind` does it: `grant`'s issued kubeconfig as the
@@ -168,6 +161,59 @@ impl Ix {
             .unwrap();
         fx.connection("p", "issued", json!({"source": "CRD"}), false)
             .await
+    }
+
+    /// Which of what `grant` is issued exists, in write order: its identity and RBAC in the
+    /// grants namespace, its Secret, its namespace and the RBAC there.
+    pub async fn issued(&self, grant: &str) -> [(&'static str, bool); 9] {
+        let (p, ns) = (&self.fx.provider, self.ns.as_str());
+        let name = format!("kbind-grant-{grant}");
+        async fn present<K>(api: Api<K>, name: &str) -> bool
+        where
+            K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        {
+            api.get_opt(name).await.unwrap().is_some()
+        }
+        use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        [
+            (
+                "ServiceAccount",
+                present(Api::<ServiceAccount>::namespaced(p.clone(), ns), &name).await,
+            ),
+            (
+                "ClusterRole",
+                present(Api::<ClusterRole>::all(p.clone()), &name).await,
+            ),
+            (
+                "Role",
+                present(Api::<Role>::namespaced(p.clone(), ns), &name).await,
+            ),
+            (
+                "ClusterRoleBinding",
+                present(Api::<ClusterRoleBinding>::all(p.clone()), &name).await,
+            ),
+            (
+                "RoleBinding",
+                present(Api::<RoleBinding>::namespaced(p.clone(), ns), &name).await,
+            ),
+            (
+                "Secret",
+                present(Api::<Secret>::namespaced(p.clone(), ns), &name).await,
+            ),
+            (
+                "Namespace",
+                present(Api::<Namespace>::all(p.clone()), grant).await,
+            ),
+            (
+                "Role in its namespace",
+                present(Api::<Role>::namespaced(p.clone(), grant), &name).await,
+            ),
+            (
+                "RoleBinding in its namespace",
+                present(Api::<RoleBinding>::namespaced(p.clone(), grant), &name).await,
+            ),
+        ]
     }
 
     pub async fn get_grant(&self, name: &str) -> Grant {
@@ -199,20 +245,6 @@ impl Ix {
         assert_eq!(pk.default_namespace, self.ns);
         String::from_utf8(s.data.unwrap()["kubeconfig"].0.clone()).unwrap()
     }
-}
-
-pub async fn apply(c: &Client, group: &str, kind: &str, plural: &str, body: &Value) {
-    let ar =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1alpha1", kind), plural);
-    let name = body["metadata"]["name"].as_str().unwrap();
-    Api::<DynamicObject>::all_with(c.clone(), &ar)
-        .patch(
-            name,
-            &PatchParams::apply("kbind-tests").force(),
-            &Patch::Apply(body),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
 }
 
 pub async fn client_of(kubeconfig: &str) -> Client {

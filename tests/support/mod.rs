@@ -106,6 +106,30 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
     name
 }
 
+/// Server-side apply one object given as JSON (as the admin), of the resource `plural` in the
+/// group and version its apiVersion names, in its own namespace if it has one.
+pub async fn apply_object(client: &Client, plural: &str, d: &serde_json::Value) {
+    let api_version = d["apiVersion"].as_str().expect("apiVersion");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = d["kind"].as_str().expect("kind");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(group, version, kind),
+        plural,
+    );
+    let name = d["metadata"]["name"].as_str().expect("name");
+    let api: Api<kube::api::DynamicObject> = match d["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply("kbind-tests").force(),
+        &Patch::Apply(d),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+}
+
 /// Server-side apply CRDs and wait until they are Established.
 pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -164,29 +188,12 @@ pub async fn grant_policies(client: &Client) {
             .as_str()
             .is_some_and(|n| n.starts_with("kbind-grant-"))
     }) {
-        let (kind, plural) = match d["kind"].as_str() {
-            Some("ValidatingAdmissionPolicy") => {
-                ("ValidatingAdmissionPolicy", "validatingadmissionpolicies")
-            }
-            Some("ValidatingAdmissionPolicyBinding") => (
-                "ValidatingAdmissionPolicyBinding",
-                "validatingadmissionpolicybindings",
-            ),
+        let plural = match d["kind"].as_str() {
+            Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies",
+            Some("ValidatingAdmissionPolicyBinding") => "validatingadmissionpolicybindings",
             other => panic!("unexpected kbind-grant-* document {other:?}"),
         };
-        let ar = kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-            plural,
-        );
-        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
-        let name = d["metadata"]["name"].as_str().expect("name");
-        api.patch(
-            name,
-            &PatchParams::apply("kbind-tests").force(),
-            &Patch::Apply(d),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+        apply_object(client, plural, d).await;
         applied += 1;
     }
     assert_eq!(applied, 4, "two policies and their bindings");

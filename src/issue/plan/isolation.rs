@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::api::catalog::ClusterScopedAccess;
 use crate::api::iam::GrantSpec;
 
-use super::render::{self, Desired, Kind, Resolved, Slot};
+use super::render::{self, Desired, GrantRef, Kind, Resolved, Slot};
 use super::{
     Blocked, CLUSTER_SCOPED_API_TAKEN, Catalog, Config, Issued, NAMESPACE_RESERVED,
     NAMESPACE_TAKEN, NAMESPACES_REQUIRED, Provider, resolve,
@@ -154,7 +154,13 @@ pub struct Reduction {
 
 /// The reduction of a Grant `plan_grant` refused for read isolation (docs/issue.md "Read
 /// isolation"); empty when its Export does not resolve or nothing is to reduce.
-pub fn reduce(grant: &str, spec: &GrantSpec, issued: &Issued, p: &Provider<'_>) -> Reduction {
+pub fn reduce(
+    owner: GrantRef<'_>,
+    spec: &GrantSpec,
+    issued: &Issued,
+    p: &Provider<'_>,
+) -> Reduction {
+    let grant = owner.name;
     let Ok(mut r) = resolve(spec, p.catalog) else {
         return Reduction::default();
     };
@@ -168,7 +174,7 @@ pub fn reduce(grant: &str, spec: &GrantSpec, issued: &Issued, p: &Provider<'_>) 
     r.namespaces.retain(|ns| {
         p.tenancy.namespace_owner.get(ns).map(String::as_str) == Some(grant) && !reserved(ns, p.cfg)
     });
-    let role = render::objects(&r, &p.cfg.namespace, grant, p.cfg.confinement, None)
+    let role = render::objects(&r, &p.cfg.namespace, owner, p.cfg.confinement, None)
         .into_iter()
         .find(|d| d.kind == Kind::ClusterRole);
     let cluster_role = role.filter(|d| issued.hashes.get(&d.slot()).is_some_and(|h| *h != d.hash));

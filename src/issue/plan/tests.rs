@@ -4,6 +4,12 @@ use crate::issue::args::Confinement;
 use crate::issue::render::Desired;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
+/// The Grant of every plan here, with the UID the apiserver gave it.
+const G: GrantRef<'static> = GrantRef {
+    name: "g",
+    uid: "0b5e4c6a-grant-uid",
+};
+
 fn t(s: i64) -> Timestamp {
     Timestamp::from_second(s).unwrap()
 }
@@ -42,7 +48,7 @@ fn plan_alone(
         in_use: &BTreeMap::new(),
         cfg: c,
     };
-    plan_grant("g", s, pin, None, issued, &BTreeMap::new(), &p)
+    plan_grant(G, s, pin, None, issued, &BTreeMap::new(), &p)
 }
 
 fn catalog() -> Catalog {
@@ -525,7 +531,7 @@ fn revoke_deletes_the_identity_first_and_the_policy_last() {
     for d in render::objects(
         &resolve(&spec(Some("widgets"), None), &catalog()).unwrap(),
         "kbind-grants",
-        "g",
+        G,
         Confinement::PerGrant,
         None,
     ) {
@@ -542,13 +548,43 @@ fn revoke_deletes_the_identity_first_and_the_policy_last() {
 }
 
 #[test]
+fn everything_issued_names_its_grant_as_owner_and_a_new_grant_rewrites_it() {
+    let r = resolve(&spec(Some("widgets"), None), &catalog()).unwrap();
+    let owned = |d: &serde_json::Value| {
+        assert_eq!(
+            d["metadata"]["ownerReferences"],
+            serde_json::json!([{"apiVersion": "iam.kbind.io/v1alpha1", "kind": "Grant", "name": "g", "uid": G.uid}]),
+            "{d}"
+        );
+    };
+    for confinement in [Confinement::Shipped, Confinement::PerGrant] {
+        let objects = render::objects(&r, "kbind-grants", G, confinement, None);
+        assert!(objects.iter().any(|d| d.kind == Kind::TenantRole));
+        for d in &objects {
+            owned(&d.body);
+        }
+    }
+    owned(&render::secret("kbind-grants", G, "kc", "x", "sa-1"));
+    // A Grant deleted and re-created under the same name has a new UID: every object is
+    // rewritten to name it (else the collector would delete what the new Grant was issued).
+    let again = GrantRef {
+        name: "g",
+        uid: "another-uid",
+    };
+    let first = render::objects(&r, "kbind-grants", G, Confinement::Shipped, None);
+    let second = render::objects(&r, "kbind-grants", again, Confinement::Shipped, None);
+    assert_eq!(first.len(), second.len());
+    assert!(first.iter().zip(&second).all(|(a, b)| a.hash != b.hash));
+}
+
+#[test]
 fn the_issued_kubeconfig_passes_connection_validation() {
     use k8s_openapi::api::core::v1::Secret;
     let c = cfg(0);
     let kc = render::kubeconfig(&c.server, &c.ca_pem, "tok", &c.namespace, "g");
     let s: Secret = serde_json::from_value(render::secret(
         &c.namespace,
-        "g",
+        G,
         &kc,
         "2026-01-01T00:00:00Z",
         "sa-1",
@@ -568,7 +604,7 @@ fn the_issued_kubeconfig_passes_connection_validation() {
     // http:// is refused by the same validation: the pass refuses such a --server-url.
     let kc = render::kubeconfig("http://p", &c.ca_pem, "tok", &c.namespace, "g");
     let s: Secret =
-        serde_json::from_value(render::secret(&c.namespace, "g", &kc, "x", "sa-1")).unwrap();
+        serde_json::from_value(render::secret(&c.namespace, G, &kc, "x", "sa-1")).unwrap();
     assert!(
         crate::connection::kubeconfig::kubeconfig_from_secret(
             Some(&s),
@@ -792,12 +828,12 @@ fn a_grant_refused_for_isolation_only_loses_rbac() {
         cfg: &c,
     };
     assert_eq!(
-        plan_grant("g", &bare, Some("uid"), None, &issued, &BTreeMap::new(), &p)
+        plan_grant(G, &bare, Some("uid"), None, &issued, &BTreeMap::new(), &p)
             .unwrap_err()
             .reason,
         NAMESPACES_REQUIRED
     );
-    let r = reduce("g", &bare, &issued, &p);
+    let r = reduce(G, &bare, &issued, &p);
     let role = r.cluster_role.expect("the ClusterRole is narrowed");
     let rules = role.body["rules"].as_array().unwrap();
     assert!(
@@ -816,10 +852,10 @@ fn a_grant_refused_for_isolation_only_loses_rbac() {
     for s in &r.stale {
         issued.hashes.remove(s);
     }
-    assert_eq!(reduce("g", &bare, &issued, &p), Reduction::default());
+    assert_eq!(reduce(G, &bare, &issued, &p), Reduction::default());
     // Never issued: nothing is created.
     assert_eq!(
-        reduce("g", &bare, &Issued::default(), &p),
+        reduce(G, &bare, &Issued::default(), &p),
         Reduction::default()
     );
     assert!(is_isolation(NAMESPACE_TAKEN) && !is_isolation(EXPORT_NOT_FOUND));
