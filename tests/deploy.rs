@@ -1118,7 +1118,8 @@ fn resync_indexed_job_shards_by_completion_index() {
     );
 }
 
-/// The one-off Job template runs exactly what the CronJob runs.
+/// The one-off Job template runs exactly what the CronJob runs, except that it reconciles
+/// every Connection: an operator runs it to refresh now (docs/schema.md "Full sweeps").
 #[test]
 fn oneoff_job_has_the_cronjob_pod_spec() {
     let cron = documents(
@@ -1135,7 +1136,18 @@ fn oneoff_job_has_the_cronjob_pod_spec() {
         .expect("CronJob")["spec"]["jobTemplate"]["spec"]
         .clone();
     let oneoff = job.iter().find(|d| d["kind"] == "Job").expect("Job")["spec"].clone();
-    assert_eq!(cron_job["template"]["spec"], oneoff["template"]["spec"]);
+    let mut cron_pod = cron_job["template"]["spec"].clone();
+    let args = cron_pod["containers"][0]["args"]
+        .as_array_mut()
+        .expect("args");
+    let sweeping = args.len();
+    args.retain(|a| a != "--full-sweep-every=5m");
+    assert_eq!(
+        args.len(),
+        sweeping - 1,
+        "the CronJob sweeps fully every 5m"
+    );
+    assert_eq!(cron_pod, oneoff["template"]["spec"]);
     for field in [
         "backoffLimit",
         "activeDeadlineSeconds",

@@ -34,7 +34,7 @@ async fn one_run_holds_the_lease_and_a_concurrent_run_skips() {
     // Released, the next run takes it at once.
     for r in [a, b] {
         if let Acquired::Held(g) = r {
-            g.release(None).await;
+            g.release(None, None).await;
         }
     }
     assert!(matches!(

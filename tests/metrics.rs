@@ -359,7 +359,7 @@ async fn only_a_successful_run_pushes_a_success_time_and_nothing_else_erases_it(
         panic!("the pass Lease is free");
     };
     let skipped = schema(&fx, &fx.env.consumer, &fx.ns, &push, &[]).await;
-    other.release(None).await;
+    other.release(None, None).await;
     assert_eq!(skipped.code, 0, "{}", skipped.stderr);
     assert_eq!(skipped.summary["outcome"], "skipped", "{}", skipped.summary);
     let s = pg.scrape().await;

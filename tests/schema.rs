@@ -972,7 +972,7 @@ async fn a_run_finding_the_lease_held_skips_and_a_short_deadline_stops_taking_wo
         "a skipped run writes nothing"
     );
     if let kbind::pass::lease::Acquired::Held(g) = held {
-        g.release(None).await;
+        g.release(None, None).await;
     }
     // A deadline too short for any work: the run stops cleanly, exit 0, and says why.
     let s = fx.run(&["--deadline", "1s"]);

@@ -539,9 +539,13 @@ async fn the_specs_example_applied_verbatim_says_what_to_set_then_syncs() {
     for ns in ["kbind", "team-a"] {
         let _ = namespaces.delete(ns, &Default::default()).await;
     }
-    let _ = Api::<CustomResourceDefinition>::all(fx.provider.clone())
-        .delete("widgets.example.org", &Default::default())
-        .await;
+    // The consumer CRD stays (it held w1 when the binding went): remove it too, so the test
+    // can run again on the same servers.
+    for cluster in [&fx.provider, &fx.consumer] {
+        let _ = Api::<CustomResourceDefinition>::all(cluster.clone())
+            .delete("widgets.example.org", &Default::default())
+            .await;
+    }
 }
 
 /// The selector a `NamespaceNotAllowed` message offers (`spec.bindingNamespaces: {...}`), as JSON.
@@ -563,4 +567,157 @@ fn selector_in(message: &str) -> Value {
         .map(|(i, _)| i + 1)
         .unwrap_or_else(|| panic!("a whole selector in: {message}"));
     serde_saphyr::from_str(&rest[..end]).expect("the offered selector parses as YAML")
+}
+
+/// `kbind schema --full-sweep-every`, as the shipped CronJob runs it (every minute, 5m), without
+/// `--selector` as users run it: between full sweeps a run reconciles only what changed. A
+/// Connection where nothing changed is asked nothing (an export added on its provider waits for
+/// the next full sweep) and written nothing; a new binding is set up at the next run, its
+/// Connection's discovery refreshed with it; a full sweep comes once the last one recorded in
+/// the pass Lease is old enough, and a run killed during it leaves that record as it was, so
+/// the next run sweeps fully again.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn between_full_sweeps_a_run_reconciles_only_what_changed() {
+    let _alone = support::unscoped_lock();
+    let fx = Fx::new("unscoped-sweep").await;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    fx.secret("provider", "kubeconfig", &fx.provider_kubeconfig())
+        .await;
+    let conn = fx
+        .connection("p", "provider", json!({"source": "CRD"}), false)
+        .await;
+    // Full sweeps (no flag: every run is one) until everything, leftovers included, is quiet.
+    settle(&fx);
+    let exported = |c: &Connection| -> Vec<String> {
+        let st = c.status.clone().unwrap_or_default();
+        // The shared provider exports other tests' APIs too: this test's group only.
+        let group = format!(".{}", fx.group);
+        st.exported_apis
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n.ends_with(&group))
+            .collect()
+    };
+    assert_eq!(exported(&fx.conn(&conn).await), vec![api.clone()]);
+    let between = |env: &[(&str, &str)]| {
+        let (code, s, err) = kbind_unscoped(
+            &fx,
+            "schema",
+            &fx.ns,
+            &[
+                "--credential-namespace",
+                &fx.ns,
+                "--full-sweep-every",
+                "1h",
+                "--lease-duration",
+                "3s",
+            ],
+            env,
+        );
+        (code, s, err)
+    };
+    let quiet = || {
+        let (code, s, err) = between(&[]);
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    };
+
+    // Nothing changed: the Connection is neither asked nor written.
+    let gadgets = fx
+        .provider_crd("gadgets", "Namespaced", Some("true"), None)
+        .await;
+    let seen = version(&fx.conn(&conn).await);
+    for round in 1..=2 {
+        let s = quiet();
+        assert_eq!(s["sweep"], "changed", "round {round}: {s}");
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        assert!(s["counts"]["unchanged"].as_i64() >= Some(1), "{s}");
+        assert_eq!(version(&fx.conn(&conn).await), seen, "round {round}");
+    }
+    assert_eq!(
+        exported(&fx.conn(&conn).await),
+        vec![api.clone()],
+        "not asked"
+    );
+
+    // A new binding: set up at the next run, the Connection's exports refreshed with it.
+    let cb = fx.cluster_binding("cb", &conn, &[&api]).await;
+    let s = quiet();
+    assert_eq!(s["sweep"], "changed", "{s}");
+    support::wait_established(&Api::all(fx.consumer.clone()), &api).await;
+    let mut both = vec![api.clone(), gadgets.clone()];
+    both.sort();
+    assert_eq!(exported(&fx.conn(&conn).await), both);
+    let cbs = Api::<ClusterBinding>::all(fx.consumer.clone());
+    let conds = cbs
+        .get(&cb)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+        .conditions;
+    assert_eq!(cond(&conds, "Ready").0, "True", "{conds:?}");
+    let seen = (
+        version(&fx.conn(&conn).await),
+        version(&cbs.get(&cb).await.unwrap()),
+    );
+    for round in 1..=2 {
+        let s = quiet();
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        assert_eq!(
+            (
+                version(&fx.conn(&conn).await),
+                version(&cbs.get(&cb).await.unwrap())
+            ),
+            seen,
+            "round {round}: {s}"
+        );
+    }
+
+    // The last full sweep is old: the next run sweeps fully. Killed during it, the record
+    // stays as it was; the run after (the dead run's Lease expired) sweeps fully and records it.
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(fx.consumer.clone(), &fx.ns);
+    let old = (k8s_openapi::jiff::Timestamp::now()
+        - k8s_openapi::jiff::SignedDuration::from_hours(2))
+    .to_string();
+    leases
+        .patch(
+            "kbind-schema",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"kbind.io/swept-at": old}}})),
+        )
+        .await
+        .unwrap();
+    let swept_at = || async {
+        leases
+            .get("kbind-schema")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()["kbind.io/swept-at"]
+            .clone()
+    };
+    let item = format!("Connection/{conn}");
+    let (code, _, err) = between(&[(kbind::pass::crash::AT_ITEM_ENV, item.as_str())]);
+    assert_ne!(code, 0, "killed as it reached the Connection: {err}");
+    assert_eq!(swept_at().await, old, "a killed sweep records nothing");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let s = quiet();
+    assert_eq!(s["sweep"], "full", "{s}");
+    assert!(s["counts"].get("unchanged").is_none(), "{s}");
+    assert!(swept_at().await > old, "the sweep is recorded");
+    let s = quiet();
+    assert_eq!(s["sweep"], "changed", "{s}");
+    assert_eq!(s["data_writes"], 0, "{s}");
+
+    cbs.delete(&cb, &Default::default()).await.unwrap();
+    settle(&fx);
 }

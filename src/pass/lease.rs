@@ -50,10 +50,26 @@ pub struct LeaseGuard {
     pub taken_over: Option<String>,
     /// Poison isolation's record (src/pass/poison.rs), shared with the renewal.
     pub poison: Arc<Tracker>,
+    /// When a run last reconciled every root object (the Lease's swept-at annotation).
+    pub swept_at: Option<Timestamp>,
 }
 
 /// Lease annotation holding a pass-level resume point between runs.
 pub const CURSOR_ANNOTATION: &str = "kbind.io/resume-after";
+
+/// Lease annotation holding when a run last reconciled every root object of the pass (its
+/// shard), so runs in between can reconcile only what changed (docs/schema.md "Full sweeps").
+pub const SWEPT_ANNOTATION: &str = "kbind.io/swept-at";
+
+fn swept_at(lease: &Lease) -> Option<Timestamp> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(SWEPT_ANNOTATION)?
+        .parse()
+        .ok()
+}
 
 /// This process's holder identity: `$POD_NAME` if set, else the host name and pid; prefixed
 /// with `$JOB_NAME/` when set, so a retried pod of a Job recognises its predecessor's Lease.
@@ -165,7 +181,8 @@ pub async fn acquire(
     let guard = |cursor: Option<String>,
                  taken_over: Option<String>,
                  written: Option<Lease>,
-                 poison: Arc<Tracker>| {
+                 poison: Arc<Tracker>,
+                 swept_at: Option<Timestamp>| {
         Acquired::Held(Box::new(LeaseGuard {
             api: api.clone(),
             namespace: namespace.to_string(),
@@ -177,6 +194,7 @@ pub async fn acquire(
             cursor,
             taken_over,
             poison,
+            swept_at,
         }))
     };
     match api.get_opt(name).await? {
@@ -192,17 +210,25 @@ pub async fn acquire(
                 }),
             };
             match api.create(&PostParams::default(), &lease).await {
-                Ok(l) => Ok(guard(None, None, Some(l), tracker(Default::default()))),
+                Ok(l) => Ok(guard(
+                    None,
+                    None,
+                    Some(l),
+                    tracker(Default::default()),
+                    None,
+                )),
                 Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                     // Our own earlier attempt may be what the conflict is with.
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => guard(None, None, None, tracker(Default::default())),
+                        h if h == holder => {
+                            guard(None, None, None, tracker(Default::default()), None)
+                        }
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(guard(None, None, None, tracker(Default::default())))
+                    Ok(guard(None, None, None, tracker(Default::default()), None))
                 }
                 Err(e) => Err(e),
             }
@@ -220,6 +246,7 @@ pub async fn acquire(
                 .as_ref()
                 .and_then(|a| a.get(CURSOR_ANNOTATION))
                 .cloned();
+            let swept = swept_at(&existing);
             let mut taken = existing;
             // A holder that did not release the Lease died (src/pass/poison.rs).
             let record = poison::take(
@@ -247,16 +274,16 @@ pub async fn acquire(
             });
             // replace carries metadata.resourceVersion: a racing taker gets 409.
             match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(l) => Ok(guard(cursor, previous, Some(l), poison)),
+                Ok(l) => Ok(guard(cursor, previous, Some(l), poison, swept)),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     Ok(match current_holder(&api, name).await {
-                        h if h == holder => guard(cursor, previous, None, poison),
+                        h if h == holder => guard(cursor, previous, None, poison, swept),
                         h => Acquired::HeldBy(h),
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
                     tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
-                    Ok(guard(cursor, previous, None, poison))
+                    Ok(guard(cursor, previous, None, poison, swept))
                 }
                 Err(e) => Err(e),
             }
@@ -288,9 +315,11 @@ impl LeaseGuard {
     ///
     /// The release is tried a few times: a lost one costs the next runs until the Lease expires,
     /// and the cursor with it. Each try re-reads, so a try that landed despite an error is seen.
-    pub async fn release(self, cursor: Option<String>) {
+    /// `swept`: this run reconciled every root object, at that time (recorded for the next
+    /// runs; `None` keeps the previous record).
+    pub async fn release(self, cursor: Option<String>, swept: Option<Timestamp>) {
         for attempt in 1..=3u64 {
-            match self.try_release(&cursor).await {
+            match self.try_release(&cursor, swept).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::debug!(lease = %self.name, attempt, error = %crate::scrub::scrub(&e.to_string()), "lease release failed");
@@ -303,7 +332,11 @@ impl LeaseGuard {
         tracing::warn!(lease = %self.name, "could not release the pass Lease; it will expire");
     }
 
-    async fn try_release(&self, cursor: &Option<String>) -> Result<(), kube::Error> {
+    async fn try_release(
+        &self,
+        cursor: &Option<String>,
+        swept: Option<Timestamp>,
+    ) -> Result<(), kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             return Ok(());
         };
@@ -323,6 +356,9 @@ impl LeaseGuard {
             Some(c) => annotations.insert(CURSOR_ANNOTATION.to_string(), c.clone()),
             None => annotations.remove(CURSOR_ANNOTATION),
         };
+        if let Some(t) = swept {
+            annotations.insert(SWEPT_ANNOTATION.to_string(), t.to_string());
+        }
         self.poison.annotate_release(annotations);
         self.api
             .replace(&self.name, &PostParams::default(), &lease)

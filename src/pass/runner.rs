@@ -30,6 +30,9 @@ pub struct PassContext {
     /// Which root objects to skip because runs died on them (src/pass/poison.rs); inert in a
     /// dry run.
     pub poison: Arc<super::poison::Tracker>,
+    /// When a run of this pass (shard) last reconciled every root object; `None` when never
+    /// recorded, and in a dry run.
+    pub swept_at: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl PassContext {
@@ -73,6 +76,7 @@ where
 {
     crate::install_crypto_provider();
     crate::set_command(pass);
+    let started_at = k8s_openapi::jiff::Timestamp::now();
     let counter = Arc::new(RequestCounter::default());
     let budget = Arc::new(Budget::new(args.max_items, args.deadline));
     // Every client the pass builds bounds its requests by these (src/pass/retry.rs).
@@ -121,6 +125,7 @@ where
     let resume_after = guard.as_ref().and_then(|g| g.cursor.clone());
     let taken_over = guard.as_ref().and_then(|g| g.taken_over.clone());
     let poison = guard.as_ref().map(|g| g.poison.clone()).unwrap_or_default();
+    let swept_at = guard.as_ref().and_then(|g| g.swept_at);
     let renewal = guard
         .as_mut()
         .map(|g| g.renew_in_background(budget.clone()));
@@ -128,6 +133,7 @@ where
         pass,
         resume_after,
         poison,
+        swept_at,
         recorder: Recorder::new(client.clone(), pass, dry_run),
         args,
         client,
@@ -158,7 +164,14 @@ where
             Ok(s) => s.resume_after.clone(),
             Err(_) => g.cursor.clone(),
         };
-        g.release(cursor).await;
+        // A full sweep counts once it covered everything (not stopped early).
+        let swept = match &result {
+            Ok(s) if s.sweep == Some(super::summary::Sweep::Full) && s.resume_after.is_none() => {
+                Some(started_at)
+            }
+            _ => None,
+        };
+        g.release(cursor, swept).await;
         lease_writes += 1;
     }
     match result {

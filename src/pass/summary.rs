@@ -92,6 +92,20 @@ pub struct Summary {
     /// expired), or an earlier pod of the same Job. Named as docs/contract.md "A run" spells it.
     #[serde(rename = "leaseTakenOver", skip_serializing_if = "Option::is_none")]
     pub lease_taken_over: Option<String>,
+    /// Whether this run reconciled every root object or only what changed, for passes that
+    /// sweep fully only now and then (`kbind schema --full-sweep-every`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<Sweep>,
+}
+
+/// What a run covered (docs/schema.md "Full sweeps").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sweep {
+    /// Every root object (of its shard and selector).
+    Full,
+    /// Only the root objects that changed since they were last reconciled.
+    Changed,
 }
 
 impl Summary {

@@ -28,6 +28,7 @@ use crate::discovery::crdpull;
 use crate::pass::events::EventType;
 use crate::pass::finalizer;
 use crate::pass::poison::Verdict;
+use crate::pass::summary::Sweep;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
 use plan::{BindingView, CrdMeta, CrdOutcome, Observed};
@@ -67,7 +68,14 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         .iter()
         .map(ResourceExt::name_any)
         .collect();
-    let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    let mut order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    // What changed goes first, so a new binding is set up at the next run even while a long
+    // full sweep is under way (docs/schema.md "Full sweeps").
+    order.sort_by_key(|name| {
+        connection(&world.connections, name)
+            .and_then(|c| plan::sweep::changed(c, &world.views))
+            .is_none()
+    });
     world.providers.expect(
         order
             .iter()
@@ -80,16 +88,28 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     let mut stopped = None;
     let mut last = None;
     let mut statuses = apply::StatusWrites::new(args.write.write_concurrency, ctx.args.dry_run);
+    // A one-off run with --selector does everything for what it selects, and is no full sweep.
+    let sweep = match &args.selector {
+        Some(_) => Sweep::Full,
+        None => plan::sweep::sweep(args.full_sweep_every, ctx.swept_at, Timestamp::now()),
+    };
+    summary.sweep = args.selector.is_none().then_some(sweep);
     for name in &order {
+        let Some(conn) = connection(&world.connections, name).cloned() else {
+            continue;
+        };
+        let secret = conn.spec.kubeconfig_secret_ref.clone();
+        if sweep == Sweep::Changed && plan::sweep::changed(&conn, &world.views).is_none() {
+            summary.count("unchanged", 1);
+            world.providers.done(&secret);
+            done += 1;
+            continue;
+        }
         if let Err(why) = ctx.budget.take() {
             stopped = Some(why);
             break;
         }
         last = Some(name.clone());
-        let Some(conn) = connection(&world.connections, name).cloned() else {
-            continue;
-        };
-        let secret = conn.spec.kubeconfig_secret_ref.clone();
         let item = poison_item(name);
         let generation = conn.metadata.generation.unwrap_or(0);
         if ctx.poison.check(&item, generation) == Verdict::Quarantined {

@@ -270,6 +270,7 @@ pub fn crds_after(
 mod binding;
 mod quarantine;
 mod status;
+pub mod sweep;
 pub use binding::{SchemaOwned, schema_owned};
 pub use quarantine::{REASON_QUARANTINED, quarantined_status};
 pub use status::{
