@@ -1585,3 +1585,213 @@ async fn a_grant_removed_by_hand_is_revoked_without_an_issuer_run() {
     let s = ix.run(&[]);
     assert_eq!(s["counts"]["revoked"], 1, "{s}");
 }
+
+/// A Grant deleted and re-created under the same name (the documented way to re-pin: its
+/// kubeconfig went to the wrong hands) is never pinned from a heartbeat written for the earlier
+/// one: revocation deletes the Grant's heartbeats, and a heartbeat older than its Grant (left
+/// when the finalizer was removed by hand) pins nothing and is deleted. And a run with
+/// `--selector` never pins a consumer cluster another, unselected Grant holds.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
+    let ix = Ix::new("repin").await;
+    let p = ix.fx.provider.clone();
+    let (_, export) = ix.widgets_export().await;
+    let grants = Api::<Grant>::all(p.clone());
+    let leases = Api::<Lease>::namespaced(p.clone(), &ix.ns);
+    let g = format!("{}-g", ix.fx.label);
+    let lease = format!("kbind-grant-{g}");
+    let pin = |st: &Grant| st.status.as_ref().and_then(|s| s.consumer_cluster.clone());
+
+    // Pinned to the thief's cluster (trust on first use).
+    ix.grant(&g, &export, "1h").await;
+    ix.run(&[]);
+    let thief = client_of(&ix.kubeconfig(&g).await).await;
+    Api::<Lease>::namespaced(thief, &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-thief", &g))
+        .await
+        .unwrap();
+    ix.run(&[]);
+    assert_eq!(pin(&ix.get_grant(&g).await).as_deref(), Some("uid-thief"));
+
+    // Deleted and re-created: revocation took the heartbeat; the new Grant waits for its own.
+    grants.delete(&g, &Default::default()).await.unwrap();
+    let s = ix.run(&[]);
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
+    assert!(leases.get_opt(&lease).await.unwrap().is_none(), "{s}");
+    ix.grant(&g, &export, "1h").await;
+    for round in 1..=2 {
+        ix.run(&[]);
+        assert_eq!(pin(&ix.get_grant(&g).await), None, "round {round}");
+    }
+
+    // Removed by hand (no revocation): its heartbeat stays; the Grant re-created after it
+    // pins nothing from it, and the issuer deletes it.
+    let thief = client_of(&ix.kubeconfig(&g).await).await;
+    Api::<Lease>::namespaced(thief, &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-thief", &g))
+        .await
+        .unwrap();
+    grants
+        .patch(
+            &g,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    grants.delete(&g, &Default::default()).await.unwrap();
+    // Creation timestamps are in whole seconds: the new Grant is a second younger.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    ix.grant(&g, &export, "1h").await;
+    let s = ix.run(&[]);
+    assert_eq!(pin(&ix.get_grant(&g).await), None, "{s}");
+    assert!(leases.get_opt(&lease).await.unwrap().is_none(), "{s}");
+    let s = ix.run(&[]);
+    assert_eq!(pin(&ix.get_grant(&g).await), None, "{s}");
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
+
+    // The rightful consumer's heartbeat pins.
+    let mine = client_of(&ix.kubeconfig(&g).await).await;
+    Api::<Lease>::namespaced(mine, &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-mine", &g))
+        .await
+        .unwrap();
+    ix.run(&[]);
+    assert_eq!(pin(&ix.get_grant(&g).await).as_deref(), Some("uid-mine"));
+
+    // Another Grant, selected alone, whose heartbeat names g's cluster: taken, even though g
+    // is not selected.
+    let h = format!("{}-h", ix.fx.label);
+    ix.grant(&h, &export, "1h").await;
+    grants
+        .patch(
+            &h,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pick": "h"}}})),
+        )
+        .await
+        .unwrap();
+    let admin = ix.fx.env.provider.to_str().unwrap().to_string();
+    let only_h = format!("{},pick=h", ix.selector);
+    let mut args = ix.args(&admin, &[]);
+    let at = args.iter().position(|a| *a == "--selector").unwrap() + 1;
+    args[at] = &only_h;
+    let (code, s, err) = support::kbind(&args);
+    assert_eq!(code, 0, "{s}\n{err}");
+    let other = client_of(&ix.kubeconfig(&h).await).await;
+    Api::<Lease>::namespaced(other, &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-mine", &h))
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        let (code, s, err) = support::kbind(&args);
+        assert_eq!(code, 0, "{s}\n{err}");
+        let st = ix.get_grant(&h).await;
+        assert_eq!(pin(&st), None, "round {round}: {s}");
+        let c = st
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "ConsumerPinned")
+            .unwrap();
+        assert_eq!(
+            c.reason, "ConsumerClusterTaken",
+            "round {round}: {}",
+            c.message
+        );
+        assert!(c.message.contains(&g), "{}", c.message);
+    }
+    for gr in [&g, &h] {
+        grants.delete(gr, &Default::default()).await.unwrap();
+    }
+    ix.run(&[]);
+}
+
+/// A subresource written with a request object (here `serviceaccounts/token`, which an Export's
+/// `spec.permissions` may grant) carries labels the caller picks, so the identity could label
+/// it with its own pin: the shipped policy refuses every subresource but `status`. Over two
+/// tries; the identity's own objects still go through.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_identity_writes_no_subresource_but_status() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    let ix = Ix::new("subres").await;
+    let p = ix.fx.provider.clone();
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-w", ix.fx.label);
+    ix.export(
+        &export,
+        &[&widgets],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}]),
+    )
+    .await;
+    let g = format!("{}-g", ix.fx.label);
+    ix.grant(&g, &export, "1h").await;
+    ix.run(&[]);
+    let c = client_of(&ix.kubeconfig(&g).await).await;
+    Api::<Lease>::namespaced(c.clone(), &ix.ns)
+        .create(&PostParams::default(), &heartbeat("uid-sub", &g))
+        .await
+        .unwrap();
+    ix.run(&[]);
+    let st = ix.get_grant(&g).await;
+    assert_eq!(
+        st.status.and_then(|s| s.consumer_cluster).as_deref(),
+        Some("uid-sub")
+    );
+    // The Grant's namespace has its `default` ServiceAccount (the controller makes it).
+    let accounts = Api::<ServiceAccount>::namespaced(p.clone(), &g);
+    let mut made = false;
+    for _ in 0..100 {
+        if accounts.get_opt("default").await.unwrap().is_some() {
+            made = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(made, "namespace {g} has its default ServiceAccount");
+    let tr: TokenRequest = serde_json::from_value(json!({
+        "metadata": {"labels": {"core.kbind.io/consumer-cluster": "uid-sub"}},
+        "spec": {"audiences": [], "expirationSeconds": 600}}))
+    .unwrap();
+    for round in 1..=2 {
+        let e = Api::<ServiceAccount>::namespaced(c.clone(), &g)
+            .create_token_request("default", &PostParams::default(), &tr)
+            .await
+            .expect_err("a token minted by an issued identity");
+        let kube::Error::Api(s) = e else {
+            panic!("round {round}: {e}")
+        };
+        assert_eq!(s.code, 403, "round {round}: {}", s.message);
+        assert!(
+            s.message.contains("may not write the subresource token"),
+            "round {round}: {}",
+            s.message
+        );
+    }
+    // Its own objects still go through.
+    api_of(&c, &ix.fx.group, "widgets", Some(&g))
+        .create(
+            &PostParams::default(),
+            &widget(&ix.fx.group, "w", Some("uid-sub")),
+        )
+        .await
+        .expect("a labelled widget of its own");
+    Api::<Grant>::all(p.clone())
+        .delete(&g, &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+}

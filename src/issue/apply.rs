@@ -2,6 +2,7 @@
 //! token when one is due, and revocation (docs/issue.md).
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -119,6 +120,15 @@ pub async fn issue(
         }
     }
     prune(client, grant, &plan.stale, writes).await?;
+    delete_leases(
+        client,
+        ns,
+        &plan.stale_leases,
+        "older than its Grant",
+        writes,
+    )
+    .await
+    .map_err(|(name, e)| blocked("Lease", false, &name, &e))?;
     let Token::Issue { why } = &plan.token else {
         return Ok(out);
     };
@@ -267,13 +277,38 @@ async fn prune(
     Ok(())
 }
 
-/// Delete what is issued for `grant`: the objects in `slots` (revocation order) and the
-/// Secret when `secret`. Returns the first failure; what was deleted stays deleted.
+/// Delete the heartbeat Leases `names` in the grants namespace `ns` (bookkeeping: a heartbeat
+/// holds nothing but the UID it names); the first failure with the Lease's name.
+async fn delete_leases(
+    client: &Client,
+    ns: &str,
+    names: &[String],
+    why: &str,
+    writes: &mut Writes,
+) -> Result<(), (String, kube::Error)> {
+    let api = Api::<Lease>::namespaced(client.clone(), ns);
+    for name in names {
+        if !writes.will("delete", target("Lease", Some(ns), name), why) {
+            continue;
+        }
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => writes.bookkeeping_done(),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err((name.clone(), e)),
+        }
+    }
+    Ok(())
+}
+
+/// Delete what is issued for `grant`: the objects in `slots` (revocation order), the Secret
+/// when `secret`, then its heartbeat Leases `leases` (so a Grant re-created under the name is
+/// pinned from a fresh heartbeat, never from one written for this one). Returns the first
+/// failure; what was deleted stays deleted.
 pub async fn revoke(
     client: &Client,
     grant: &str,
     ns: &str,
-    slots: &[Slot],
+    (slots, leases): (&[Slot], &[String]),
     secret: bool,
     writes: &mut Writes,
 ) -> Result<(), String> {
@@ -311,7 +346,9 @@ pub async fn revoke(
             Err(e) => return Err(format!("deleting {kind} {name}: {}", scrub(&e.to_string()))),
         }
     }
-    Ok(())
+    delete_leases(client, ns, leases, &format!("revoke Grant {grant}"), writes)
+        .await
+        .map_err(|(name, e)| format!("deleting Lease {name}: {}", scrub(&e.to_string())))
 }
 
 /// Body for a status write.

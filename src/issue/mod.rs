@@ -177,15 +177,8 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
         }
     }
 
-    // Consumer clusters already pinned, so no two Grants hold one.
-    let mut pinned: BTreeMap<String, String> = obs
-        .grants
-        .iter()
-        .filter_map(|g| {
-            let uid = g.status.as_ref()?.consumer_cluster.clone()?;
-            Some((uid, g.name_any()))
-        })
-        .collect();
+    // Consumer clusters already pinned (by any Grant, selected or not), so no two Grants hold one.
+    let mut pinned: BTreeMap<String, String> = obs.pinned.clone();
     let provider = plan::Provider {
         catalog: &obs.catalog,
         tenancy: &obs.tenancy,
@@ -216,11 +209,12 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             summary.count("revoked", 1);
             let kinds = plan::revoke(issued);
             let _ = ctx.budget.take();
+            let leases: Vec<String> = issued.leases.iter().map(|h| h.name.clone()).collect();
             match apply::revoke(
                 &ctx.client,
                 &name,
                 &ns,
-                &kinds,
+                (&kinds, &leases),
                 issued.secret.is_some(),
                 &mut writes,
             )
@@ -272,6 +266,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
         let owner = render::GrantRef {
             name: &name,
             uid: g.metadata.uid.as_deref().unwrap_or_default(),
+            created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
         };
         match plan::plan_grant(
             owner,
@@ -404,15 +399,16 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
                 continue;
             }
             let kinds = plan::revoke(issued);
-            if kinds.is_empty() && issued.secret.is_none() {
+            if kinds.is_empty() && issued.secret.is_none() && issued.leases.is_empty() {
                 continue;
             }
             summary.count("orphansRevoked", 1);
+            let leases: Vec<String> = issued.leases.iter().map(|h| h.name.clone()).collect();
             if let Err(e) = apply::revoke(
                 &ctx.client,
                 name,
                 &ns,
-                &kinds,
+                (&kinds, &leases),
                 issued.secret.is_some(),
                 &mut writes,
             )

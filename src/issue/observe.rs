@@ -35,6 +35,9 @@ pub struct Observed {
     pub namespaces: BTreeSet<String>,
     /// Of the UIDs unpinned Grants' heartbeats name, those other Grants' objects carry.
     pub in_use: InUse,
+    /// Every consumer cluster pinned, to the Grant pinning it, over every Grant (selected or
+    /// not): a run with `--selector` must not pin to one Grant what another holds.
+    pub pinned: BTreeMap<String, String>,
     pub exports: Vec<Export>,
     pub catalog: Catalog,
     /// What is issued, by Grant name (including Grants that no longer exist).
@@ -339,10 +342,22 @@ pub async fn observe(
             });
         }
     }
-    let in_use = in_use(client, &grants, &issued, &catalog, &tenancy).await?;
+    let owners: BTreeSet<&str> = everyone
+        .iter()
+        .filter_map(|g| g.metadata.name.as_deref())
+        .collect();
+    let pinned = everyone
+        .iter()
+        .filter_map(|g| {
+            let uid = g.status.as_ref()?.consumer_cluster.clone()?;
+            Some((uid, g.metadata.name.clone()?))
+        })
+        .collect();
+    let in_use = in_use(client, (&grants, &owners), &issued, &catalog, &tenancy).await?;
     Ok(Observed {
         grants,
         in_use,
+        pinned,
         tenancy,
         namespaces,
         exports,
@@ -359,15 +374,11 @@ pub async fn observe(
 /// exported API.
 async fn in_use(
     client: &Client,
-    grants: &[Grant],
+    (grants, names): (&[Grant], &BTreeSet<&str>),
     issued: &BTreeMap<String, Issued>,
     catalog: &Catalog,
     tenancy: &super::plan::Tenancy,
 ) -> Result<InUse, IssueError> {
-    let names: BTreeSet<&str> = grants
-        .iter()
-        .filter_map(|g| g.metadata.name.as_deref())
-        .collect();
     let mut uids = BTreeSet::new();
     for g in grants {
         let (Some(name), None) = (
@@ -379,7 +390,12 @@ async fn in_use(
             continue;
         };
         if let Some(i) = issued.get(name) {
-            uids.extend(super::plan::candidates(name, &i.leases));
+            let grant = super::render::GrantRef {
+                name,
+                uid: "",
+                created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            };
+            uids.extend(super::plan::candidates(grant, &i.leases));
         }
     }
     let mut out = InUse::new();

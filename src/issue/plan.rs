@@ -216,6 +216,8 @@ pub struct GrantPlan {
     /// Per-namespace RBAC of namespaces the Grant no longer names: deleted after the writes
     /// (the namespaces and what is in them stay: provider data).
     pub stale: Vec<Slot>,
+    /// Heartbeat Leases older than the Grant ([`stale`]): deleted.
+    pub stale_leases: Vec<String>,
     /// Cluster-scoped APIs this Grant holds together with other Grants (their reads are shared).
     pub shared: Vec<String>,
     pub token: Token,
@@ -292,11 +294,20 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
     refused.unwrap_or(Pin::Waiting)
 }
 
+/// Whether a heartbeat was written before its Grant existed: for an earlier Grant of the same
+/// name (revoked, or removed by hand), perhaps by whoever held that one's kubeconfig. It pins
+/// nothing, and the issuer deletes it so the consumer's next heartbeat writes a fresh one
+/// (docs/issue.md "Confinement").
+pub fn stale(h: &Heartbeat, grant_created: Option<Timestamp>) -> bool {
+    grant_created.is_some_and(|g| h.created < g)
+}
+
 /// The UIDs an unpinned Grant's heartbeats name: what the issuer checks provider objects for.
-pub fn candidates(grant: &str, leases: &[Heartbeat]) -> Vec<String> {
+pub fn candidates(grant: GrantRef<'_>, leases: &[Heartbeat]) -> Vec<String> {
     leases
         .iter()
-        .filter_map(|h| h.uid(grant).map(String::from))
+        .filter(|h| !stale(h, grant.created))
+        .filter_map(|h| h.uid(grant.name).map(String::from))
         .collect()
 }
 
@@ -358,13 +369,18 @@ pub fn plan_grant(
     p: &Provider<'_>,
 ) -> Result<GrantPlan, Blocked> {
     let grant = owner.name;
+    let (fresh, old): (Vec<Heartbeat>, Vec<Heartbeat>) = issued
+        .leases
+        .iter()
+        .cloned()
+        .partition(|h| !stale(h, owner.created));
     let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
     let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
     let pin = pin(&PinInputs {
         grant,
         recorded: recorded_pin,
-        leases: &issued.leases,
+        leases: &fresh,
         others: pinned_by_others,
         in_use: p.in_use,
         approved,
@@ -402,6 +418,7 @@ pub fn plan_grant(
         writes,
         create_namespaces,
         stale,
+        stale_leases: old.into_iter().map(|h| h.name).collect(),
         shared,
         token,
         pin,

@@ -58,6 +58,9 @@ pub struct GrantRef<'a> {
     pub name: &'a str,
     /// The Grant's `metadata.uid`; empty (no owner written) only in plans built without one.
     pub uid: &'a str,
+    /// Its `metadata.creationTimestamp`: a heartbeat Lease older than the Grant was written for
+    /// an earlier Grant of the same name, and pins nothing.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl GrantRef<'_> {
@@ -196,7 +199,11 @@ fn labels(grant: &str) -> Value {
 
 fn desired(kind: Kind, grant: GrantRef<'_>, namespace: &str, mut content: Value) -> Desired {
     let name = object_name(grant.name);
-    let owners = grant.owner_references();
+    // Not the per-Grant policy (--confinement per-grant): the collector deletes in no order, and
+    // the identity must never outlive its confinement; revocation deletes the policy last.
+    let owners = grant
+        .owner_references()
+        .filter(|_| !matches!(kind, Kind::Policy | Kind::PolicyBinding));
     // The owner is hashed with the content: an object of an earlier Grant of the same name (or
     // written before 0.3 without an owner) is rewritten to name this one.
     let h = match &owners {

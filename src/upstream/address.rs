@@ -9,15 +9,17 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// Link-local (169.254.0.0/16, fe80::/10, and their IPv4-mapped forms) and the cloud metadata
-/// addresses outside them.
+/// Link-local (169.254.0.0/16, fe80::/10) and the cloud metadata addresses outside them, also
+/// when an IPv6 address carries one of the IPv4 ones (IPv4-mapped `::ffff:a.b.c.d`,
+/// IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::a.b.c.d`).
 pub fn is_forbidden(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             v4.is_link_local() // 169.254.0.0/16: AWS, GCP, Azure, OpenStack metadata
                 || v4 == Ipv4Addr::new(100, 100, 100, 200) // Alibaba Cloud metadata
+                || v4 == Ipv4Addr::new(168, 63, 129, 16) // Azure WireServer
         }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_v4(v6) {
             Some(v4) => is_forbidden(IpAddr::V4(v4)),
             None => {
                 (v6.segments()[0] & 0xffc0) == 0xfe80 // fe80::/10 link-local
@@ -25,6 +27,24 @@ pub fn is_forbidden(ip: IpAddr) -> bool {
             }
         },
     }
+}
+
+/// The IPv4 address an IPv6 one carries: IPv4-mapped, IPv4-compatible (deprecated, but routed
+/// as IPv4 by some stacks) or the NAT64 well-known prefix `64:ff9b::/96`.
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let s = v6.segments();
+    let low = Ipv4Addr::new(
+        (s[6] >> 8) as u8,
+        (s[6] & 0xff) as u8,
+        (s[7] >> 8) as u8,
+        (s[7] & 0xff) as u8,
+    );
+    let compatible = s[..6].iter().all(|&x| x == 0) && (s[6] != 0 || s[7] > 1); // not :: or ::1
+    let nat64 = s[0] == 0x64 && s[1] == 0xff9b && s[2..6].iter().all(|&x| x == 0);
+    (compatible || nat64).then_some(low)
 }
 
 /// A name resolved to a forbidden address.
@@ -79,6 +99,13 @@ mod tests {
             ("fe80::1", true),
             ("::ffff:169.254.169.254", true),
             ("fd00:ec2::254", true),
+            ("168.63.129.16", true),
+            ("::169.254.169.254", true),
+            ("64:ff9b::169.254.169.254", true),
+            ("64:ff9b::a9fe:a9fe", true),
+            ("::ffff:168.63.129.16", true),
+            ("64:ff9b::10.0.0.1", false),
+            ("::", false),
             ("127.0.0.1", false),
             ("10.0.0.1", false),
             ("::1", false),

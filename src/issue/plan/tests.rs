@@ -8,6 +8,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 const G: GrantRef<'static> = GrantRef {
     name: "g",
     uid: "0b5e4c6a-grant-uid",
+    created: None,
 };
 
 fn t(s: i64) -> Timestamp {
@@ -248,6 +249,54 @@ fn lease(at: i64, name: &str, cluster: Option<&str>) -> Heartbeat {
     }
 }
 
+/// A heartbeat written before the Grant existed (for an earlier Grant of the same name, whose
+/// kubeconfig may have been stolen) pins nothing and is deleted; one written after pins.
+#[test]
+fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
+    let c = cfg(0);
+    let cat = catalog();
+    let s = spec(Some("widgets"), None);
+    let tenancy = tenancy(
+        &[GrantView {
+            name: "g",
+            created: Some(t(100)),
+            spec: &s,
+        }],
+        &cat,
+    );
+    let p = Provider {
+        catalog: &cat,
+        tenancy: &tenancy,
+        namespaces: &BTreeSet::new(),
+        in_use: &BTreeMap::new(),
+        cfg: &c,
+    };
+    let g = GrantRef {
+        created: Some(t(100)),
+        ..G
+    };
+    let mut issued = Issued {
+        leases: vec![lease(99, "kbind-grant-g", Some("thief"))],
+        ..Default::default()
+    };
+    let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
+    assert_eq!(plan.pin, Pin::Waiting);
+    assert_eq!(plan.stale_leases, ["kbind-grant-g"]);
+    assert!(candidates(g, &issued.leases).is_empty());
+    // Created in the Grant's second or after: the consumer's own.
+    issued.leases = vec![lease(100, "kbind-grant-g", Some("mine"))];
+    let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
+    assert_eq!(
+        plan.pin,
+        Pin::Pinned {
+            uid: "mine".into(),
+            new: true
+        }
+    );
+    assert!(plan.stale_leases.is_empty());
+    assert_eq!(candidates(g, &issued.leases), ["mine"]);
+}
+
 #[test]
 fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     let none: BTreeMap<String, String> = BTreeMap::new();
@@ -330,8 +379,8 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
     let none_in_use = BTreeMap::new();
     assert_eq!(at(None, &[], &none, &none_in_use, None), Pin::Waiting);
-    assert_eq!(candidates("g", &own), vec!["ccc".to_string()]);
-    assert!(candidates("g", &bad).is_empty());
+    assert_eq!(candidates(G, &own), vec!["ccc".to_string()]);
+    assert!(candidates(G, &bad).is_empty());
     for bad in ["", "a'b", "a\\b", "-a", &"x".repeat(64)] {
         assert!(!valid_uid(bad), "{bad}");
     }
@@ -561,15 +610,20 @@ fn everything_issued_names_its_grant_as_owner_and_a_new_grant_rewrites_it() {
         let objects = render::objects(&r, "kbind-grants", G, confinement, None);
         assert!(objects.iter().any(|d| d.kind == Kind::TenantRole));
         for d in &objects {
-            owned(&d.body);
+            if matches!(d.kind, Kind::Policy | Kind::PolicyBinding) {
+                // Deleted last by revocation, never by the collector (no order there).
+                assert!(d.body["metadata"].get("ownerReferences").is_none());
+            } else {
+                owned(&d.body);
+            }
         }
     }
     owned(&render::secret("kbind-grants", G, "kc", "x", "sa-1"));
     // A Grant deleted and re-created under the same name has a new UID: every object is
     // rewritten to name it (else the collector would delete what the new Grant was issued).
     let again = GrantRef {
-        name: "g",
         uid: "another-uid",
+        ..G
     };
     let first = render::objects(&r, "kbind-grants", G, Confinement::Shipped, None);
     let second = render::objects(&r, "kbind-grants", again, Confinement::Shipped, None);
