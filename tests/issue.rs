@@ -731,6 +731,7 @@ fn the_issuer_role_holds_no_escalate_bind_or_wildcard() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
+    let _pin = support::consumer_pin_lock();
     let ix = Ix::new("issuee2e").await;
     let fx = &ix.fx;
     let (widgets, export) = ix.widgets_export().await;
@@ -797,6 +798,13 @@ async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
         w.metadata.labels.unwrap()["core.kbind.io/consumer-cluster"],
         local
     );
+    // The consumer cluster is free again for the next test that pins it.
+    Api::<Grant>::all(fx.provider.clone())
+        .delete(&g, &Default::default())
+        .await
+        .unwrap();
+    let s = ix.run(&[]);
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
 }
 
 /// A run killed after each data write of a cold issue (and of a revocation) is finished by the
@@ -1086,6 +1094,7 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
+    let _pin = support::consumer_pin_lock();
     let ix = Ix::new("isolate").await;
     let fx = &ix.fx;
     let p = fx.provider.clone();

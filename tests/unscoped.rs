@@ -705,6 +705,32 @@ async fn between_full_sweeps_a_run_reconciles_only_what_changed() {
             .unwrap_or_default()["kbind.io/swept-at"]
             .clone()
     };
+    // Stopped by its deadline before its first Connection: no sweep recorded.
+    let (code, s, err) = kbind_unscoped(
+        &fx,
+        "schema",
+        &fx.ns,
+        &[
+            "--credential-namespace",
+            &fx.ns,
+            "--full-sweep-every",
+            "1h",
+            "--deadline",
+            "1s",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{s}\n{err}");
+    assert_eq!(
+        (&s["sweep"], &s["outcome"]),
+        (&json!("full"), &json!("partial")),
+        "{s}"
+    );
+    assert_eq!(
+        swept_at().await,
+        old,
+        "a sweep stopped early records nothing"
+    );
     let item = format!("Connection/{conn}");
     let (code, _, err) = between(&[(kbind::pass::crash::AT_ITEM_ENV, item.as_str())]);
     assert_ne!(code, 0, "killed as it reached the Connection: {err}");

@@ -326,8 +326,16 @@ pub fn endpoint_change(current: &Kubeconfig, next: &Kubeconfig) -> Option<&'stat
         != n_cluster.and_then(|c| c.tls_server_name.as_deref())
     {
         Some("TLS server name")
+    } else if c_cluster.and_then(|c| c.proxy_url.as_deref())
+        != n_cluster.and_then(|c| c.proxy_url.as_deref())
+    {
+        Some("proxy")
     } else if auth(c_user) != auth(n_user) {
         Some("authentication method")
+    } else if c_user.map(|u| (&u.impersonate, &u.impersonate_groups))
+        != n_user.map(|u| (&u.impersonate, &u.impersonate_groups))
+    {
+        Some("impersonation")
     } else {
         None
     }

@@ -232,16 +232,19 @@ pub async fn refresh(
     };
     // Only a new token for the same endpoint: a provider cannot redirect the consumer.
     // The local kubeconfig just authenticated the read above, so it parses; parsed only (its
-    // server was checked when the pass built the provider client), no second DNS lookup.
-    if let Ok(ours) = super::kubeconfig::kubeconfig_from_secret(
+    // server was checked when the pass built the provider client), no second DNS lookup. Were
+    // it not to parse, nothing is pulled (never a change nobody compared).
+    let change = match super::kubeconfig::kubeconfig_from_secret(
         Some(local),
         &r.namespace,
         &r.name,
         &r.key,
         policy,
-    ) && let Some(what) =
-        super::kubeconfig::endpoint_change(&ours.kubeconfig, &theirs.kubeconfig)
-    {
+    ) {
+        Ok(ours) => super::kubeconfig::endpoint_change(&ours.kubeconfig, &theirs.kubeconfig),
+        Err(_) => Some("the current kubeconfig, which does not parse"),
+    };
+    if let Some(what) = change {
         return (
             local.clone(),
             Err(RefreshError::EndpointChanged { from: from_s, what }),

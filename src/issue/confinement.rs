@@ -3,12 +3,115 @@
 //! that fails open, or a pins binding that selects no Grant confines nothing, and the issuer
 //! issues nothing while any of that holds.
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::Value;
 
 use crate::api::iam::{IDENTITIES_POLICY, PINS_POLICY};
+
+/// The policies as this version of kbind ships them (the chart renders the same; tests/deploy.rs
+/// checks it).
+const SHIPPED_YAML: &str = include_str!("../../deploy/components/provider/issue-rbac.yaml");
+
+/// The shipped spec of the policy `name`; `None` only if this build ships no such policy.
+fn shipped_spec(name: &str) -> Option<ValidatingAdmissionPolicySpec> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(SHIPPED_YAML).ok()?;
+    let doc = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)?;
+    serde_json::from_value(doc.get("spec")?.clone()).ok()
+}
+
+/// `matchConstraints` without what the apiserver fills in by default, so the shipped and the
+/// stored forms compare equal.
+fn constraints(spec: &ValidatingAdmissionPolicySpec) -> Value {
+    let mut v = serde_json::to_value(&spec.match_constraints).unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        if m.get("matchPolicy").is_some_and(|p| p == "Equivalent") {
+            m.remove("matchPolicy");
+        }
+        for s in ["namespaceSelector", "objectSelector"] {
+            if m.get(s)
+                .is_some_and(|x| x.as_object().is_some_and(|o| o.is_empty()))
+            {
+                m.remove(s);
+            }
+        }
+        for rules in ["resourceRules", "excludeResourceRules"] {
+            for r in m
+                .get_mut(rules)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(r) = r.as_object_mut()
+                    && r.get("scope").is_some_and(|s| s == "*")
+                {
+                    r.remove("scope");
+                }
+            }
+        }
+    }
+    v
+}
+
+/// What a policy checks, for comparing with the shipped one: which requests it matches, under
+/// which conditions, its parameters, variables and validation expressions (messages may differ).
+fn checks(spec: &ValidatingAdmissionPolicySpec) -> [(&'static str, Value); 5] {
+    let pairs = |v: Option<Vec<(String, String)>>| serde_json::to_value(v.unwrap_or_default());
+    [
+        ("matchConstraints", constraints(spec)),
+        (
+            "matchConditions",
+            pairs(spec.match_conditions.as_ref().map(|m| {
+                m.iter()
+                    .map(|c| (c.name.clone(), c.expression.clone()))
+                    .collect()
+            }))
+            .unwrap_or(Value::Null),
+        ),
+        (
+            "variables",
+            pairs(spec.variables.as_ref().map(|m| {
+                m.iter()
+                    .map(|c| (c.name.clone(), c.expression.clone()))
+                    .collect()
+            }))
+            .unwrap_or(Value::Null),
+        ),
+        (
+            "paramKind",
+            serde_json::to_value(&spec.param_kind).unwrap_or(Value::Null),
+        ),
+        (
+            "validations",
+            serde_json::to_value(
+                spec.validations
+                    .iter()
+                    .flatten()
+                    .map(|v| v.expression.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or(Value::Null),
+        ),
+    ]
+}
+
+/// The fields of `live` whose checks differ from the shipped policy `name`'s.
+fn differs(name: &str, live: &ValidatingAdmissionPolicySpec) -> Vec<&'static str> {
+    let Some(shipped) = shipped_spec(name) else {
+        return vec!["(this build ships no such policy)"];
+    };
+    checks(live)
+        .into_iter()
+        .zip(checks(&shipped))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((field, _), _)| field)
+        .collect()
+}
 
 /// One shipped policy and its binding (same name), as read.
 pub struct Observed<'a> {
@@ -49,14 +152,11 @@ pub fn gaps(o: &Observed<'_>) -> Vec<String> {
                     "ValidatingAdmissionPolicy {name} has failurePolicy Ignore (a check that fails would admit the write)"
                 ));
             }
-            let param = spec.param_kind.as_ref();
-            let grant = param.is_some_and(|p| {
-                p.kind.as_deref() == Some("Grant")
-                    && p.api_version.as_deref() == Some("iam.kbind.io/v1alpha1")
-            });
-            if name == PINS_POLICY && !grant {
+            let changed = differs(name, spec);
+            if !changed.is_empty() {
                 out.push(format!(
-                    "ValidatingAdmissionPolicy {name} does not take its parameters from Grants (paramKind Grant, iam.kbind.io/v1alpha1)"
+                    "ValidatingAdmissionPolicy {name} checks other than this kbind ships ({}): apply this version's provider manifests or chart",
+                    changed.join(", ")
                 ));
             }
         }

@@ -164,9 +164,13 @@ where
             Ok(s) => s.resume_after.clone(),
             Err(_) => g.cursor.clone(),
         };
-        // A full sweep counts once it covered everything (not stopped early).
+        // A full sweep counts once it covered everything: not stopped early, even before its
+        // first root object (no resume point then).
         let swept = match &result {
-            Ok(s) if s.sweep == Some(super::summary::Sweep::Full) && s.resume_after.is_none() => {
+            Ok(s)
+                if s.sweep == Some(super::summary::Sweep::Full)
+                    && s.outcome == super::summary::Outcome::Completed =>
+            {
                 Some(started_at)
             }
             _ => None,

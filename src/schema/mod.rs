@@ -68,14 +68,10 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         .iter()
         .map(ResourceExt::name_any)
         .collect();
-    let mut order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
-    // What changed goes first, so a new binding is set up at the next run even while a long
-    // full sweep is under way (docs/schema.md "Full sweeps").
-    order.sort_by_key(|name| {
-        connection(&world.connections, name)
-            .and_then(|c| plan::sweep::changed(c, &world.views))
-            .is_none()
-    });
+    // Always the resume order, never "what changed first": a Connection that changes on every
+    // run (a provider flipping its exports under autoBind) and is slow to answer would
+    // otherwise take every run's budget, and no other Connection would be reached again.
+    let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
     world.providers.expect(
         order
             .iter()

@@ -442,6 +442,15 @@ pub fn unscoped_lock() -> std::fs::File {
     lock_file("unscoped.lock", true)
 }
 
+/// A test whose Grant gets pinned to the consumer cluster holds this lock exclusively, and
+/// deletes its Grants (revoked by an issuer run) before dropping it: the suite has one consumer
+/// apiserver, so one consumer cluster UID, and a consumer cluster is pinned to at most one Grant
+/// of a provider, whatever a run's `--selector` (docs/issue.md "Confinement"). A file lock in
+/// the servers' directory, so it holds across test processes.
+pub fn consumer_pin_lock() -> std::fs::File {
+    lock_file("consumer-pin.lock", true)
+}
+
 /// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
 /// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
 /// exports must stay its own over a long run holds it shared. A file lock in the servers'

@@ -367,6 +367,17 @@ fn endpoint_changes_are_named() {
             ),
             "authentication method",
         ),
+        (
+            kubeconfig(
+                "    proxy-url: http://127.0.0.9:3128\n",
+                "    token: first-token\n",
+            ),
+            "proxy",
+        ),
+        (
+            kubeconfig("", "    token: first-token\n    as: system:admin\n"),
+            "impersonation",
+        ),
     ] {
         assert_eq!(endpoint_change(&current, &kc(next)), Some(what));
     }

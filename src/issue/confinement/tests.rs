@@ -72,6 +72,27 @@ fn the_shipped_policies_are_in_force_and_each_weakening_is_named() {
         }),
         Vec::<String>::new()
     );
+    // As the apiserver stores them: rules scoped "*", matchPolicy and empty selectors filled in,
+    // messages reworded.
+    assert_eq!(
+        gaps_after(|d| {
+            for name in SHIPPED {
+                edit(d, VAP, name, |p| {
+                    let m = &mut p["spec"]["matchConstraints"];
+                    m["matchPolicy"] = json!("Equivalent");
+                    m["namespaceSelector"] = json!({});
+                    if m.get("objectSelector").is_none() {
+                        m["objectSelector"] = json!({});
+                    }
+                    for r in m["resourceRules"].as_array_mut().unwrap() {
+                        r["scope"] = json!("*");
+                    }
+                    p["spec"]["validations"][0]["message"] = json!("reworded");
+                });
+            }
+        }),
+        Vec::<String>::new()
+    );
     // Deny alongside Audit or Warn still denies.
     assert_eq!(
         gaps_after(|d| edit(d, VAPB, IDENTITIES_POLICY, |b| {
@@ -111,7 +132,7 @@ fn the_shipped_policies_are_in_force_and_each_weakening_is_named() {
             }),
         ),
         (
-            "ValidatingAdmissionPolicy kbind-grant-pins does not take its parameters from Grants (paramKind Grant, iam.kbind.io/v1alpha1)",
+            "ValidatingAdmissionPolicy kbind-grant-pins checks other than this kbind ships (paramKind): apply this version's provider manifests or chart",
             Box::new(|d| {
                 edit(d, VAP, PINS_POLICY, |p| {
                     p["spec"]["paramKind"] = json!({"apiVersion": "v1", "kind": "ConfigMap"})
@@ -159,6 +180,54 @@ fn the_shipped_policies_are_in_force_and_each_weakening_is_named() {
             }),
         ),
     ];
+    let differs = |fields: &str| {
+        format!(
+            "ValidatingAdmissionPolicy kbind-grant-identities checks other than this kbind ships ({fields}): apply this version's provider manifests or chart"
+        )
+    };
+    let more: Vec<(String, Change)> = vec![
+        (
+            differs("validations"),
+            Box::new(|d| {
+                edit(d, VAP, IDENTITIES_POLICY, |p| {
+                    p["spec"]["validations"][1]["expression"] = json!("true")
+                })
+            }),
+        ),
+        (
+            differs("matchConditions"),
+            Box::new(|d| {
+                edit(d, VAP, IDENTITIES_POLICY, |p| {
+                    p["spec"]["matchConditions"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "never", "expression": "false"}))
+                })
+            }),
+        ),
+        (
+            differs("matchConstraints"),
+            Box::new(|d| {
+                edit(d, VAP, IDENTITIES_POLICY, |p| {
+                    p["spec"]["matchConstraints"]["namespaceSelector"] =
+                        json!({"matchLabels": {"x": "y"}})
+                })
+            }),
+        ),
+        (
+            differs("matchConstraints, variables"),
+            Box::new(|d| {
+                edit(d, VAP, IDENTITIES_POLICY, |p| {
+                    p["spec"]["matchConstraints"]["resourceRules"][0]["resources"] =
+                        json!(["configmaps"]);
+                    p["spec"]["variables"][0]["expression"] = json!("'x'");
+                })
+            }),
+        ),
+    ];
+    for (want, change) in more {
+        assert_eq!(gaps_after(change), vec![want.clone()], "{want}");
+    }
     for (want, change) in cases {
         assert_eq!(gaps_after(change), vec![want.to_string()], "{want}");
     }

@@ -14,12 +14,16 @@ use crate::pass::summary::Sweep;
 use super::BindingView;
 
 /// Whether this run sweeps fully: always with `every` zero (the default), when no full sweep
-/// is recorded, or when the last one is `every` old.
+/// is recorded, when the last one is `every` old, or when the record lies more than `every`
+/// ahead (written by a clock that ran fast: it must not put sweeps off until it is reached).
 pub fn sweep(every: Duration, swept_at: Option<Timestamp>, now: Timestamp) -> Sweep {
     let due = |at: Timestamp| {
-        now.duration_since(at)
-            .try_into()
-            .is_ok_and(|since: Duration| since >= every)
+        let since = now.duration_since(at);
+        let ahead = at.duration_since(now);
+        let at_least = |d: k8s_openapi::jiff::SignedDuration| {
+            Duration::try_from(d).is_ok_and(|d: Duration| d >= every)
+        };
+        at_least(since) || ahead.is_positive() && at_least(ahead)
     };
     if every.is_zero() || swept_at.is_none_or(due) {
         Sweep::Full
@@ -75,8 +79,11 @@ mod tests {
         assert_eq!(sweep(five, None, t(1000)), Sweep::Full);
         assert_eq!(sweep(five, Some(t(1000)), t(1299)), Sweep::Changed);
         assert_eq!(sweep(five, Some(t(1000)), t(1300)), Sweep::Full);
-        // A record from the future (a clock step back): not due until the clock passes it.
-        assert_eq!(sweep(five, Some(t(2000)), t(1000)), Sweep::Changed);
+        // A record a little ahead (clocks differ a little): not due yet; far ahead (a clock that
+        // ran fast): due, or it would put every sweep off until the clock reached it.
+        assert_eq!(sweep(five, Some(t(1100)), t(1000)), Sweep::Changed);
+        assert_eq!(sweep(five, Some(t(1300)), t(1000)), Sweep::Full);
+        assert_eq!(sweep(five, Some(t(100_000)), t(1000)), Sweep::Full);
     }
 
     fn conn(generation: i64, observed: Option<i64>, finalizer: bool, deleting: bool) -> Connection {
