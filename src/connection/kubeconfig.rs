@@ -332,9 +332,25 @@ pub fn endpoint_change(current: &Kubeconfig, next: &Kubeconfig) -> Option<&'stat
         Some("proxy")
     } else if auth(c_user) != auth(n_user) {
         Some("authentication method")
-    } else if c_user.map(|u| (&u.impersonate, &u.impersonate_groups))
-        != n_user.map(|u| (&u.impersonate, &u.impersonate_groups))
+    } else if c_cluster.map(|c| c.insecure_skip_tls_verify)
+        != n_cluster.map(|c| c.insecure_skip_tls_verify)
     {
+        Some("TLS verification")
+    } else if c_user.map(|u| {
+        (
+            &u.impersonate,
+            &u.impersonate_groups,
+            &u.impersonate_uid,
+            &u.impersonate_user_extra,
+        )
+    }) != n_user.map(|u| {
+        (
+            &u.impersonate,
+            &u.impersonate_groups,
+            &u.impersonate_uid,
+            &u.impersonate_user_extra,
+        )
+    }) {
         Some("impersonation")
     } else {
         None

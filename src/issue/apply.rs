@@ -98,6 +98,23 @@ pub async fn issue(
         sa_uid: observed_sa_uid.map(String::from),
         ..Default::default()
     };
+    if plan.stale_identity {
+        // Its tokens stop working with it; the writes below create the identity anew.
+        revoke(
+            client,
+            grant,
+            ns,
+            (&[(Kind::ServiceAccount, String::new())], &[]),
+            true,
+            writes,
+        )
+        .await
+        .map_err(|message| Blocked {
+            reason: ISSUE_FAILED,
+            message,
+        })?;
+        out.sa_uid = None;
+    }
     for d in &plan.writes {
         let in_ns = d.namespace.as_deref().unwrap_or(ns);
         if d.kind == Kind::TenantRole && plan.create_namespaces.iter().any(|n| n == in_ns) {
@@ -120,7 +137,9 @@ pub async fn issue(
         }
     }
     prune(client, grant, &plan.stale, writes).await?;
-    delete_leases(
+    // Never in the way of the token: a refused delete (RBAC from before 0.3) is only logged;
+    // the stale heartbeat pins nothing either way.
+    if let Err((name, e)) = delete_leases(
         client,
         ns,
         &plan.stale_leases,
@@ -128,7 +147,9 @@ pub async fn issue(
         writes,
     )
     .await
-    .map_err(|(name, e)| blocked("Lease", false, &name, &e))?;
+    {
+        tracing::warn!(grant = %grant, lease = %name, error = %scrub(&e.to_string()), "a heartbeat older than its Grant was not deleted");
+    }
     let Token::Issue { why } = &plan.token else {
         return Ok(out);
     };

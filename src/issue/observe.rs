@@ -131,6 +131,13 @@ fn note<K: Resource>(
         entry.hashes.insert(slot, spec_hash(o.meta()));
         if kind == Kind::ServiceAccount {
             entry.sa_uid = o.meta().uid.clone();
+            entry.sa_owner = o
+                .meta()
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.kind == "Grant")
+                .map(|r| r.uid.clone());
         }
     }
 }

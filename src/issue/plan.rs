@@ -136,6 +136,8 @@ pub struct Issued {
     /// Present objects and the hash annotation each carries (empty when it has none).
     pub hashes: BTreeMap<Slot, String>,
     pub sa_uid: Option<String>,
+    /// The UID of the Grant its ServiceAccount names as owner, if any.
+    pub sa_owner: Option<String>,
     pub secret: Option<SecretObs>,
     /// Heartbeat Leases labelled with this Grant.
     pub leases: Vec<Heartbeat>,
@@ -218,6 +220,9 @@ pub struct GrantPlan {
     pub stale: Vec<Slot>,
     /// Heartbeat Leases older than the Grant ([`stale`]): deleted.
     pub stale_leases: Vec<String>,
+    /// The ServiceAccount was issued for an earlier Grant of this name (it names that one as
+    /// owner): deleted first, so whoever held that Grant's tokens holds nothing, then issued anew.
+    pub stale_identity: bool,
     /// Cluster-scoped APIs this Grant holds together with other Grants (their reads are shared).
     pub shared: Vec<String>,
     pub token: Token,
@@ -299,7 +304,9 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
 /// nothing, and the issuer deletes it so the consumer's next heartbeat writes a fresh one
 /// (docs/issue.md "Confinement").
 pub fn stale(h: &Heartbeat, grant_created: Option<Timestamp>) -> bool {
-    grant_created.is_some_and(|g| h.created < g)
+    // Same second counts as older (timestamps are whole seconds): a rightful heartbeat comes
+    // at least one issuer run after its Grant.
+    grant_created.is_some_and(|g| h.created <= g)
 }
 
 /// The UIDs an unpinned Grant's heartbeats name: what the issuer checks provider objects for.
@@ -411,7 +418,17 @@ pub fn plan_grant(
         .filter(|ns| !p.namespaces.contains(*ns))
         .cloned()
         .collect();
-    let token = token(issued, grant, ttl, p.cfg);
+    let stale_identity = issued
+        .sa_owner
+        .as_deref()
+        .is_some_and(|o| !owner.uid.is_empty() && o != owner.uid);
+    let token = if stale_identity {
+        Token::Issue {
+            why: "the ServiceAccount was issued for an earlier Grant of this name".into(),
+        }
+    } else {
+        token(issued, grant, ttl, p.cfg)
+    };
     Ok(GrantPlan {
         resolved,
         ttl,
@@ -419,6 +436,7 @@ pub fn plan_grant(
         create_namespaces,
         stale,
         stale_leases: old.into_iter().map(|h| h.name).collect(),
+        stale_identity,
         shared,
         token,
         pin,

@@ -378,6 +378,17 @@ fn endpoint_changes_are_named() {
             kubeconfig("", "    token: first-token\n    as: system:admin\n"),
             "impersonation",
         ),
+        (
+            kubeconfig("", "    token: first-token\n    as-uid: \"0\"\n"),
+            "impersonation",
+        ),
+        (
+            kubeconfig(
+                "    insecure-skip-tls-verify: true\n",
+                "    token: first-token\n",
+            ),
+            "TLS verification",
+        ),
     ] {
         assert_eq!(endpoint_change(&current, &kc(next)), Some(what));
     }

@@ -275,16 +275,22 @@ fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
         created: Some(t(100)),
         ..G
     };
-    let mut issued = Issued {
-        leases: vec![lease(99, "kbind-grant-g", Some("thief"))],
+    // Before the Grant, or in its second (timestamps are whole seconds): an earlier Grant's.
+    for at in [99, 100] {
+        let issued = Issued {
+            leases: vec![lease(at, "kbind-grant-g", Some("thief"))],
+            ..Default::default()
+        };
+        let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
+        assert_eq!(plan.pin, Pin::Waiting, "{at}");
+        assert_eq!(plan.stale_leases, ["kbind-grant-g"], "{at}");
+        assert!(candidates(g, &issued.leases).is_empty(), "{at}");
+    }
+    // Created after: the consumer's own.
+    let issued = Issued {
+        leases: vec![lease(101, "kbind-grant-g", Some("mine"))],
         ..Default::default()
     };
-    let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
-    assert_eq!(plan.pin, Pin::Waiting);
-    assert_eq!(plan.stale_leases, ["kbind-grant-g"]);
-    assert!(candidates(g, &issued.leases).is_empty());
-    // Created in the Grant's second or after: the consumer's own.
-    issued.leases = vec![lease(100, "kbind-grant-g", Some("mine"))];
     let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
     assert_eq!(
         plan.pin,
@@ -295,6 +301,28 @@ fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
     );
     assert!(plan.stale_leases.is_empty());
     assert_eq!(candidates(g, &issued.leases), ["mine"]);
+    assert!(!plan.stale_identity);
+
+    // A ServiceAccount owned by an earlier Grant of this name (re-created before the collector
+    // came): deleted and issued anew, whatever its token's age.
+    let issued = Issued {
+        sa_owner: Some("an-earlier-grant".into()),
+        ..issued
+    };
+    let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
+    assert!(plan.stale_identity);
+    assert!(
+        matches!(plan.token, Token::Issue { .. }),
+        "{:?}",
+        plan.token
+    );
+    assert!(plan.writes.iter().any(|d| d.kind == Kind::ServiceAccount));
+    let own = Issued {
+        sa_owner: Some(G.uid.into()),
+        ..issued
+    };
+    let plan = plan_grant(g, &s, None, None, &own, &BTreeMap::new(), &p).unwrap();
+    assert!(!plan.stale_identity);
 }
 
 #[test]

@@ -1,0 +1,321 @@
+//! Benchmark of the time to first sync (run through `hack/bench.sh first-sync`, which starts the
+//! servers): from `kubectl apply` of a ClusterBinding (its Connection already Ready) to its first
+//! object on the provider, with `kbind schema` and `kbind resync` fired as their CronJobs fire
+//! them: both at each tick of a schedule, each as its own process. The tick is `BENCH_PERIOD`
+//! (default 10 s) standing for the CronJobs' one minute, so figures are given in periods and
+//! scaled to a 60 s period; what a real node adds (Pod start, ~1 s: docs/performance.md "On a
+//! real node") is not in them.
+//!
+//! Two schedules, in the same run: `before` (schema every 5th tick, every run a full sweep: the
+//! 0.2 CronJobs) and `after` (schema every tick with `--full-sweep-every` of 5 ticks: the
+//! shipped CronJob). Each sample applies a binding at a spread offset within a tick, creates its
+//! object as soon as the consumer CRD is Established (as a script or a GitOps retry would), and
+//! waits for the object on the provider. Then `BENCH_IDLE_TICKS` (default 10) ticks with nothing
+//! changing give the unchanged cost per hour (requests and writes of both passes, at 60 ticks an
+//! hour), with `BENCH_CONNECTIONS` (default 10) other Connections on the same provider. Prints
+//! figures; asserts nothing about time.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use common::{client, env};
+
+const GROUP: &str = "firstsync.bench";
+const NS: &str = "bench-fs";
+
+fn crd(plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{GROUP}"), "labels": {"core.kbind.io/exported": "true"}},
+        "spec": {"group": GROUP, "scope": "Namespaced", "names": {"plural": plural, "kind": format!("K{plural}")},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}}))
+    .expect("crd")
+}
+
+fn number(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One schedule: how often schema fires and with which flags.
+struct Schedule {
+    name: &'static str,
+    schema_every: u64,
+    schema_flags: Vec<String>,
+}
+
+/// Requests and writes of one run.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    requests: u64,
+    writes: u64,
+}
+
+fn cost(s: &Value) -> Cost {
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    Cost {
+        requests: n("requests"),
+        writes: n("data_writes") + n("bookkeeping_writes"),
+    }
+}
+
+fn pass(consumer: &str, pass: &str, flags: &[String]) -> Value {
+    let mut args: Vec<String> = [
+        pass,
+        "--kubeconfig",
+        consumer,
+        "--lease-namespace",
+        NS,
+        "--credential-namespace",
+        NS,
+        "-o",
+        "json",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(flags.iter().cloned());
+    common::kbind(&args)
+}
+
+/// Fire both passes at every tick until `stop`; per tick, the two runs' costs.
+fn ticker(
+    consumer: String,
+    s: &Schedule,
+    period: Duration,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(Cost, Cost)>> {
+    let (every, flags) = (s.schema_every, s.schema_flags.clone());
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        for tick in 0u64.. {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let at = start + period * u32::try_from(tick).expect("ticks");
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            let c = consumer.clone();
+            let f = flags.clone();
+            let schema = (tick % every == 0)
+                .then(|| std::thread::spawn(move || cost(&pass(&c, "schema", &f))));
+            let resync = cost(&pass(&consumer, "resync", &[]));
+            let schema = schema
+                .map(|h| h.join().expect("schema"))
+                .unwrap_or_default();
+            out.push((schema, resync));
+        }
+        out
+    })
+}
+
+async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The samples of one schedule: seconds from applying a binding to its object on the provider.
+async fn samples(
+    (consumer, provider): (&Client, &Client),
+    s: &Schedule,
+    (first, count): (u64, u64),
+    period: Duration,
+) -> Vec<f64> {
+    let crds = Api::<CustomResourceDefinition>::all(consumer.clone());
+    let mut out = Vec::new();
+    for i in first..first + count {
+        // Spread the applies over the schedule's cycle (schema's period; golden-ratio steps),
+        // so the wait for the next run is uniform, as for a person applying at any moment.
+        let phase = (i as f64 * 0.618_034).fract();
+        let cycle = period * u32::try_from(s.schema_every).expect("ticks");
+        tokio::time::sleep(cycle.mul_f64(phase)).await;
+        let plural = format!("w{i}s");
+        let api = format!("{plural}.{GROUP}");
+        let cb: kbind::api::core::ClusterBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("fs-{i}")},
+            "spec": {"connectionRef": {"name": "fs"}, "apis": [{"name": api}]}}))
+        .expect("binding");
+        let applied = Instant::now();
+        Api::<kbind::api::core::ClusterBinding>::all(consumer.clone())
+            .create(&PostParams::default(), &cb)
+            .await
+            .expect("binding");
+        let limit = period * 12;
+        until("the consumer CRD", limit, || async {
+            let c = crds.get_opt(&api).await.ok().flatten()?;
+            let ok = c
+                .status?
+                .conditions?
+                .iter()
+                .any(|x| x.type_ == "Established" && x.status == "True");
+            ok.then_some(())
+        })
+        .await;
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(GROUP, "v1", &format!("K{plural}")),
+            &plural,
+        );
+        let obj = DynamicObject::new("o", &ar).data(json!({"spec": {"n": i}}));
+        // The API is served a moment after Established: retried, as kubectl apply would be.
+        until("creating the object", limit, || async {
+            Api::<DynamicObject>::namespaced_with(consumer.clone(), NS, &ar)
+                .create(&PostParams::default(), &obj)
+                .await
+                .ok()
+        })
+        .await;
+        let theirs = Api::<DynamicObject>::namespaced_with(provider.clone(), NS, &ar);
+        until("the object on the provider", limit, || async {
+            theirs.get_opt("o").await.ok().flatten()
+        })
+        .await;
+        let took = applied.elapsed().as_secs_f64();
+        println!(
+            "  {:<6} sample {i:>2}: {took:6.1} s ({:.2} periods)",
+            s.name,
+            took / period.as_secs_f64()
+        );
+        out.push(took);
+    }
+    out
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[at.min(v.len() - 1)]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    kbind::install_crypto_provider();
+    let period = Duration::from_secs(number("BENCH_PERIOD", 10));
+    let count = number("BENCH_SAMPLES", 8);
+    let idle = number("BENCH_IDLE_TICKS", 10);
+    let others = number("BENCH_CONNECTIONS", 10);
+    let consumer_path = env("KBIND_TEST_CONSUMER_KUBECONFIG");
+    let consumer = client(&consumer_path).await;
+    let provider = client(&env("KBIND_TEST_PROVIDER_KUBECONFIG")).await;
+    common::install_crds(&consumer, &kbind::crds::kbind_crds()).await;
+    for c in [&consumer, &provider] {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
+        let _ = Api::<Namespace>::all(c.clone())
+            .create(&PostParams::default(), &ns)
+            .await;
+    }
+    let plurals: Vec<String> = (0..2 * count).map(|i| format!("w{i}s")).collect();
+    let exported: Vec<CustomResourceDefinition> = plurals.iter().map(|p| crd(p)).collect();
+    common::install_crds(&provider, &exported).await;
+    let kc = std::fs::read_to_string(env("KBIND_TEST_PROVIDER_KUBECONFIG")).expect("kubeconfig");
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "provider", "namespace": NS},
+        "stringData": {"kubeconfig": kc}}))
+        .expect("secret");
+    Api::<Secret>::namespaced(consumer.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let connections = Api::<kbind::api::core::Connection>::all(consumer.clone());
+    for name in std::iter::once("fs".to_string()).chain((0..others).map(|i| format!("idle-{i}"))) {
+        let c: kbind::api::core::Connection = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"kubeconfigSecretRef": {"namespace": NS, "name": "provider"}, "schema": {"source": "CRD"}}}))
+        .expect("connection");
+        connections
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("connection");
+    }
+    // Every Connection Ready before the first sample.
+    pass(&consumer_path, "schema", &[]);
+
+    let ticks = period.as_secs() * 5;
+    let schedules = [
+        Schedule {
+            name: "before",
+            schema_every: 5,
+            schema_flags: Vec::new(),
+        },
+        Schedule {
+            name: "after",
+            schema_every: 1,
+            schema_flags: vec!["--full-sweep-every".into(), format!("{ticks}s")],
+        },
+    ];
+    println!(
+        "time to first sync: tick {} s standing for 1 min; {count} samples per schedule; {others} other Connections",
+        period.as_secs()
+    );
+    let mut rows = Vec::new();
+    for (k, s) in schedules.iter().enumerate() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let t = ticker(consumer_path.clone(), s, period, stop.clone());
+        let took = samples((&consumer, &provider), s, (k as u64 * count, count), period).await;
+        tokio::time::sleep(period * u32::try_from(idle).expect("ticks")).await;
+        stop.store(true, Ordering::SeqCst);
+        let per_tick = t.join().expect("ticker");
+        // The unchanged cost: the last `idle` ticks (nothing applied any more).
+        let quiet: Vec<_> = per_tick.iter().rev().take(idle as usize).collect();
+        let hour = |f: &dyn Fn(&(Cost, Cost)) -> u64| {
+            quiet.iter().map(|c| f(c)).sum::<u64>() as f64 * 60.0 / quiet.len().max(1) as f64
+        };
+        let scale = 60.0 / period.as_secs_f64();
+        rows.push((
+            s.name,
+            percentile(&took, 0.5) * scale,
+            percentile(&took, 0.95) * scale,
+            took.iter().cloned().fold(0.0, f64::max) * scale,
+            hour(&|c| c.0.requests),
+            hour(&|c| c.0.writes),
+            hour(&|c| c.1.requests),
+            hour(&|c| c.1.writes),
+        ));
+    }
+    println!(
+        "{:<7} {:>9} {:>9} {:>9} | unchanged per hour: {:>15} {:>13} {:>15} {:>13}",
+        "",
+        "p50",
+        "p95",
+        "max",
+        "schema requests",
+        "schema writes",
+        "resync requests",
+        "resync writes"
+    );
+    for r in &rows {
+        println!(
+            "{:<7} {:>8.0}s {:>8.0}s {:>8.0}s | {:>35.0} {:>13.0} {:>15.0} {:>13.0}",
+            r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7
+        );
+    }
+    let (b, a) = (&rows[0], &rows[1]);
+    println!(
+        "after/before: p95 {:.2}x; unchanged requests {:.2}x, writes {:.2}x (both passes)",
+        a.2 / b.2,
+        (a.4 + a.6) / (b.4 + b.6),
+        (a.5 + a.7) / (b.5 + b.7)
+    );
+}
