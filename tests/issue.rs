@@ -1347,12 +1347,28 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     );
     assert_eq!(ix.run(&[])["data_writes"], 0);
 
-    // G deleted: the namespace it held is free, and the Grant that waited for it is issued.
+    // G deleted: the namespace it held is free, but holds G's consumer's objects: the Grant
+    // that waited for it gets it once a person approves (docs/issue.md "Read isolation").
     Api::<Grant>::all(p.clone())
         .delete(&g, &Default::default())
         .await
         .unwrap();
     ix.run(&[]);
+    ix.run(&[]);
+    assert_eq!(
+        ready(&ix.get_grant(&taken).await).1,
+        "HandoverApprovalRequired"
+    );
+    Api::<Grant>::all(p.clone())
+        .patch(
+            &taken,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": fx.ns}}}),
+            ),
+        )
+        .await
+        .unwrap();
     ix.run(&[]);
     assert_eq!(
         ready(&ix.get_grant(&taken).await),
@@ -1802,5 +1818,101 @@ async fn an_identity_writes_no_subresource_but_status() {
         .delete(&g, &Default::default())
         .await
         .unwrap();
+    ix.run(&[]);
+}
+
+/// A namespace passes to the next Grant naming it only with a person's approval when it holds
+/// another consumer's objects (revoking a Grant never deletes provider data, and the next
+/// consumer would read them): `Ready=False HandoverApprovalRequired` naming one such object and
+/// the annotation to set, over two runs with nothing issued; then the annotation lets it pass.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_approval() {
+    let ix = Ix::new("handover").await;
+    let p = ix.fx.provider.clone();
+    let group = ix.fx.group.clone();
+    let (widgets, export) = ix.widgets_export().await;
+    let grants = Api::<Grant>::all(p.clone());
+    let ns = support::namespace(&p, "handed").await;
+    let (y, x) = (format!("{}-y", ix.fx.label), format!("{}-x", ix.fx.label));
+    ix.grant_in(&y, &export, "1h", &[&ns]).await;
+    ix.run(&[]);
+    assert_eq!(
+        ready(&ix.get_grant(&y).await),
+        ("True".into(), "Issued".into())
+    );
+    // What Y's consumer synced (written here as the admin, labelled as resync labels it).
+    api_of(&p, &group, "widgets", Some(&ns))
+        .create(
+            &PostParams::default(),
+            &widget(&group, "left", Some("uid-y")),
+        )
+        .await
+        .unwrap();
+    ix.grant_in(&x, &export, "1h", &[&ns]).await;
+    ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&x).await).1, "NamespaceTaken");
+
+    // Y goes (revoked by the next run, holding the namespace until it is gone); its consumer's
+    // object stays (provider data). X does not get the namespace.
+    grants.delete(&y, &Default::default()).await.unwrap();
+    let s = ix.run(&[]);
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
+    let role = format!("kbind-grant-{x}");
+    let roles = Api::<Role>::namespaced(p.clone(), &ns);
+    for round in 1..=2 {
+        let s = ix.run(&[]);
+        let st = ix.get_grant(&x).await;
+        let c = st
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "HandoverApprovalRequired"),
+            "round {round}: {s}"
+        );
+        assert!(
+            c.message.contains(&format!("{widgets} {ns}/left"))
+                && c.message
+                    .contains(&format!("iam.kbind.io/approve-handover={ns}")),
+            "{}",
+            c.message
+        );
+        assert!(
+            roles.get_opt(&role).await.unwrap().is_none(),
+            "round {round}"
+        );
+        if round == 2 {
+            assert_eq!(s["data_writes"], 0, "{s}");
+        }
+    }
+
+    // A person lets it pass.
+    grants
+        .patch(
+            &x,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": ns}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    ix.run(&[]);
+    assert_eq!(
+        ready(&ix.get_grant(&x).await),
+        ("True".into(), "Issued".into())
+    );
+    assert!(roles.get_opt(&role).await.unwrap().is_some());
+    let s = ix.run(&[]);
+    assert_eq!(s["data_writes"], 0, "{s}");
+    grants.delete(&x, &Default::default()).await.unwrap();
     ix.run(&[]);
 }

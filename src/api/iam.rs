@@ -15,6 +15,10 @@ pub const GRANT_KEY: &str = "iam.kbind.io/grant";
 /// Annotation on a Grant: a consumer cluster UID a person approves for its pin although
 /// provider objects already carry it (docs/issue.md "Confinement").
 pub const APPROVE_CONSUMER_CLUSTER: &str = "iam.kbind.io/approve-consumer-cluster";
+/// Annotation on a Grant: the namespaces and cluster-scoped APIs (comma-separated) a person
+/// lets it take over although they hold another consumer's objects (docs/issue.md "Read
+/// isolation").
+pub const APPROVE_HANDOVER: &str = "iam.kbind.io/approve-handover";
 /// Annotation on the issued Secret: when its token expires (RFC 3339).
 pub const EXPIRES_AT: &str = "iam.kbind.io/expires-at";
 /// Annotation on the issued Secret: the ServiceAccount UID its token was issued for.

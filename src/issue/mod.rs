@@ -184,6 +184,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
         tenancy: &obs.tenancy,
         namespaces: &obs.namespaces,
         in_use: &obs.in_use,
+        handover: &obs.handover,
         cfg: &cfg,
     };
     let live: BTreeSet<String> = obs.grants.iter().map(ResourceExt::name_any).collect();

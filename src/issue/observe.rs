@@ -38,6 +38,9 @@ pub struct Observed {
     /// Every consumer cluster pinned, to the Grant pinning it, over every Grant (selected or
     /// not): a run with `--selector` must not pin to one Grant what another holds.
     pub pinned: BTreeMap<String, String>,
+    /// Per Grant, the namespaces and cluster-scoped APIs it would newly hold that hold another
+    /// consumer's objects, not approved (see [`handover`]).
+    pub handover: BTreeMap<String, Vec<(String, String)>>,
     pub exports: Vec<Export>,
     pub catalog: Catalog,
     /// What is issued, by Grant name (including Grants that no longer exist).
@@ -361,10 +364,12 @@ pub async fn observe(
         })
         .collect();
     let in_use = in_use(client, (&grants, &owners), &issued, &catalog, &tenancy).await?;
+    let handover = handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await?;
     Ok(Observed {
         grants,
         in_use,
         pinned,
+        handover,
         tenancy,
         namespaces,
         exports,
@@ -447,3 +452,103 @@ async fn in_use(
 
 /// Per UID, the Grants whose provider objects carry it, each with one such object.
 pub type InUse = BTreeMap<String, Vec<(String, String)>>;
+
+/// What each live Grant would newly hold (a namespace without its Role yet; an exclusive
+/// cluster-scoped API not yet in `status.grantedAPIs`) that holds objects labelled with another
+/// consumer cluster (any, for a Grant not pinned yet), unless the Grant's
+/// `iam.kbind.io/approve-handover` names it: one such object each. Revoking a Grant never
+/// deletes provider data, so the next Grant holding its namespace would read what its consumer
+/// left (docs/issue.md "Read isolation"). One labelled LIST of at most one item per exported
+/// API and new holding; none once held.
+async fn handover(
+    client: &Client,
+    grants: &[Grant],
+    issued: &BTreeMap<String, Issued>,
+    (catalog, tenancy): (&Catalog, &super::plan::Tenancy),
+    namespaces: &BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<(String, String)>>, IssueError> {
+    use crate::api::keys::CONSUMER_CLUSTER;
+    let mut out = BTreeMap::new();
+    for g in grants
+        .iter()
+        .filter(|g| g.metadata.deletion_timestamp.is_none())
+    {
+        let Some(name) = g.metadata.name.as_deref() else {
+            continue;
+        };
+        let Ok(resolved) = super::plan::resolve(&g.spec, catalog) else {
+            continue;
+        };
+        let approved: BTreeSet<&str> = g
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::api::iam::APPROVE_HANDOVER))
+            .map(|v| v.split(',').map(str::trim).collect())
+            .unwrap_or_default();
+        let status = g.status.as_ref();
+        let selector = match status.and_then(|s| s.consumer_cluster.as_deref()) {
+            Some(pin) => format!("{CONSUMER_CLUSTER},{CONSUMER_CLUSTER}!={pin}"),
+            None => CONSUMER_CLUSTER.to_string(),
+        };
+        let held = issued.get(name);
+        let mut holdings: Vec<(String, Option<&str>, Vec<&ResolvedApi>)> = Vec::new();
+        for ns in &g.spec.namespaces {
+            let new = tenancy.namespace_owner.get(ns).map(String::as_str) == Some(name)
+                && namespaces.contains(ns)
+                && !held.is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.clone())))
+                && !approved.contains(ns.as_str());
+            if new {
+                let apis = resolved.apis.iter().filter(|a| a.namespaced).collect();
+                holdings.push((format!("namespace {ns}"), Some(ns), apis));
+            }
+        }
+        for a in resolved.apis.iter().filter(|a| !a.namespaced) {
+            let exclusive = tenancy
+                .cluster_grantees
+                .get(&a.name)
+                .is_some_and(|h| h.len() == 1 && h[0] == name);
+            let granted = status.is_some_and(|s| s.granted_apis.contains(&a.name));
+            if exclusive && !granted && !approved.contains(a.name.as_str()) {
+                holdings.push((format!("API {}", a.name), None, vec![a]));
+            }
+        }
+        for (what, ns, apis) in holdings {
+            for a in apis.into_iter().filter(|a| !a.version.is_empty()) {
+                let ar = kube::api::ApiResource::from_gvk_with_plural(
+                    &kube::api::GroupVersionKind::gvk(&a.group, &a.version, ""),
+                    &a.plural,
+                );
+                let api: Api<kube::api::DynamicObject> = match ns {
+                    Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                    None => Api::all_with(client.clone(), &ar),
+                };
+                let found = api
+                    .list_metadata(&ListParams::default().labels(&selector).limit(1))
+                    .await
+                    .map_err(listed(
+                        &format!("{} labelled with another consumer cluster", a.name),
+                        ns,
+                    ))?;
+                if let Some(o) = found.items.first() {
+                    let at = o
+                        .metadata
+                        .namespace
+                        .as_ref()
+                        .map(|n| format!("{n}/"))
+                        .unwrap_or_default();
+                    let example = format!(
+                        "{} {at}{}",
+                        a.name,
+                        o.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    out.entry(name.to_string())
+                        .or_insert_with(Vec::new)
+                        .push((what, example));
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -22,6 +22,7 @@ pub const NAMESPACES_REQUIRED: &str = "NamespacesRequired";
 pub const NAMESPACE_TAKEN: &str = "NamespaceTaken";
 pub const NAMESPACE_RESERVED: &str = "NamespaceReserved";
 pub const CLUSTER_SCOPED_API_TAKEN: &str = "ClusterScopedAPITaken";
+pub const HANDOVER_APPROVAL_REQUIRED: &str = "HandoverApprovalRequired";
 pub const ISSUE_FAILED: &str = "IssueFailed";
 pub const ISSUED: &str = "Issued";
 
@@ -304,9 +305,10 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
 /// nothing, and the issuer deletes it so the consumer's next heartbeat writes a fresh one
 /// (docs/issue.md "Confinement").
 pub fn stale(h: &Heartbeat, grant_created: Option<Timestamp>) -> bool {
-    // Same second counts as older (timestamps are whole seconds): a rightful heartbeat comes
-    // at least one issuer run after its Grant.
-    grant_created.is_some_and(|g| h.created <= g)
+    // Strictly older: timestamps are whole seconds, and a heartbeat in its Grant's second is
+    // the new consumer's (a holder of the earlier Grant's token has none that works any more:
+    // revocation deletes the ServiceAccount first, and one the earlier Grant owns is replaced).
+    grant_created.is_some_and(|g| h.created < g)
 }
 
 /// The UIDs an unpinned Grant's heartbeats name: what the issuer checks provider objects for.
@@ -361,6 +363,9 @@ pub struct Provider<'a> {
     pub namespaces: &'a BTreeSet<String>,
     /// Per UID, the Grants whose provider objects carry it (unpinned Grants' heartbeats only).
     pub in_use: &'a BTreeMap<String, Vec<(String, String)>>,
+    /// Per Grant, what it would newly hold although it holds another consumer's objects, and
+    /// no person approved: `(namespace or API, one such object)`.
+    pub handover: &'a BTreeMap<String, Vec<(String, String)>>,
     pub cfg: &'a Config,
 }
 
@@ -384,6 +389,16 @@ pub fn plan_grant(
     let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
     let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
+    if let Some((what, example)) = p.handover.get(grant).and_then(|h| h.first()) {
+        let name = what.split_once(' ').map_or(what.as_str(), |(_, n)| n);
+        return Err(Blocked {
+            reason: HANDOVER_APPROVAL_REQUIRED,
+            message: format!(
+                "{what} holds another consumer's objects (such as {example}), which this Grant's consumer would read: revoking a Grant never deletes provider data. Empty it, or let this Grant have it: kubectl annotate grant {grant} {}={name}",
+                crate::api::iam::APPROVE_HANDOVER
+            ),
+        });
+    }
     let pin = pin(&PinInputs {
         grant,
         recorded: recorded_pin,

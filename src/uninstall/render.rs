@@ -136,8 +136,10 @@ fn unrevoked_text(out: &mut String, not_yet: bool, u: &Unrevoked) {
         out,
         "    WARNING: {}: its ServiceAccount, Role and RoleBinding (namespace {ns}), \
          ClusterRole, ClusterRoleBinding (with --confinement per-grant, the \
-         ValidatingAdmissionPolicy and its binding), and the kubeconfig Secret (namespace {ns}), all named {name}, stay, and its token keeps working \
-         {until}. Revoke by hand:",
+         ValidatingAdmissionPolicy and its binding), and the kubeconfig Secret (namespace {ns}), all named {name}, \
+         stay until the cluster's garbage collector removes them once the Grant is gone (each \
+         names it as owner; not the policy, nor objects issued before 0.3, nor where no \
+         collector runs), and its token keeps working until then, at most {until}. Revoke by hand:",
         if not_yet {
             "releasing skips revocation"
         } else {

@@ -132,7 +132,7 @@ fn a_grant_is_released_by_the_issuers_manager_and_says_how_to_revoke_by_hand() {
         ),
         "{text}"
     );
-    assert!(text.contains("its token keeps working until it expires. Revoke by hand:\n      kubectl delete serviceaccount,secret -n kbind-grants kbind-grant-g --ignore-not-found\n"), "{text}");
+    assert!(text.contains("stay until the cluster's garbage collector removes them once the Grant is gone (each names it as owner; not the policy, nor objects issued before 0.3, nor where no collector runs), and its token keeps working until then, at most until it expires. Revoke by hand:\n      kubectl delete serviceaccount,secret -n kbind-grants kbind-grant-g --ignore-not-found\n"), "{text}");
     let j: serde_json::Value =
         serde_json::from_str(&render(&r, Some(OutputFormat::Json), false)).unwrap();
     assert_eq!(

@@ -199,6 +199,7 @@ pub fn is_isolation(reason: &str) -> bool {
         NAMESPACE_TAKEN,
         NAMESPACE_RESERVED,
         CLUSTER_SCOPED_API_TAKEN,
+        super::HANDOVER_APPROVAL_REQUIRED,
     ]
     .contains(&reason)
 }

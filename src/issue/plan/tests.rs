@@ -47,6 +47,7 @@ fn plan_alone(
         tenancy: &tenancy,
         namespaces: &BTreeSet::new(),
         in_use: &BTreeMap::new(),
+        handover: &BTreeMap::new(),
         cfg: c,
     };
     plan_grant(G, s, pin, None, issued, &BTreeMap::new(), &p)
@@ -269,14 +270,15 @@ fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
         tenancy: &tenancy,
         namespaces: &BTreeSet::new(),
         in_use: &BTreeMap::new(),
+        handover: &BTreeMap::new(),
         cfg: &c,
     };
     let g = GrantRef {
         created: Some(t(100)),
         ..G
     };
-    // Before the Grant, or in its second (timestamps are whole seconds): an earlier Grant's.
-    for at in [99, 100] {
+    // Before the Grant: an earlier Grant's.
+    for at in [90, 99] {
         let issued = Issued {
             leases: vec![lease(at, "kbind-grant-g", Some("thief"))],
             ..Default::default()
@@ -286,9 +288,9 @@ fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
         assert_eq!(plan.stale_leases, ["kbind-grant-g"], "{at}");
         assert!(candidates(g, &issued.leases).is_empty(), "{at}");
     }
-    // Created after: the consumer's own.
+    // Created in the Grant's second (whole seconds) or after: the consumer's own.
     let issued = Issued {
-        leases: vec![lease(101, "kbind-grant-g", Some("mine"))],
+        leases: vec![lease(100, "kbind-grant-g", Some("mine"))],
         ..Default::default()
     };
     let plan = plan_grant(g, &s, None, None, &issued, &BTreeMap::new(), &p).unwrap();
@@ -323,6 +325,58 @@ fn a_heartbeat_older_than_its_grant_pins_nothing_and_goes() {
     };
     let plan = plan_grant(g, &s, None, None, &own, &BTreeMap::new(), &p).unwrap();
     assert!(!plan.stale_identity);
+}
+
+/// A namespace (or exclusive cluster-scoped API) this Grant would newly hold that holds another
+/// consumer's objects blocks it, saying how to let it pass; nothing new is issued meanwhile.
+#[test]
+fn a_handover_of_another_consumers_objects_needs_a_person() {
+    let c = cfg(0);
+    let cat = catalog();
+    let s = spec(Some("widgets"), None);
+    let tenancy = tenancy(
+        &[GrantView {
+            name: "g",
+            created: None,
+            spec: &s,
+        }],
+        &cat,
+    );
+    let handover: BTreeMap<String, Vec<(String, String)>> = [(
+        "g".to_string(),
+        vec![(
+            "namespace team-a".to_string(),
+            "widgets.example.org team-a/w".to_string(),
+        )],
+    )]
+    .into();
+    let p = Provider {
+        catalog: &cat,
+        tenancy: &tenancy,
+        namespaces: &BTreeSet::new(),
+        in_use: &BTreeMap::new(),
+        handover: &handover,
+        cfg: &c,
+    };
+    let b = plan_grant(G, &s, None, None, &Issued::default(), &BTreeMap::new(), &p).unwrap_err();
+    assert_eq!(b.reason, HANDOVER_APPROVAL_REQUIRED);
+    assert!(
+        b.message.contains("namespace team-a holds another consumer's objects (such as widgets.example.org team-a/w)")
+            && b.message.contains("kubectl annotate grant g iam.kbind.io/approve-handover=team-a"),
+        "{}",
+        b.message
+    );
+    assert!(is_isolation(b.reason));
+    // Never issued: reducing creates nothing.
+    assert_eq!(reduce(G, &s, &Issued::default(), &p), Reduction::default());
+    // Another Grant's handover is not this one's.
+    let elsewhere: BTreeMap<String, Vec<(String, String)>> =
+        [("h".to_string(), handover["g"].clone())].into();
+    let p = Provider {
+        handover: &elsewhere,
+        ..p
+    };
+    assert!(plan_grant(G, &s, None, None, &Issued::default(), &BTreeMap::new(), &p).is_ok());
 }
 
 #[test]
@@ -907,6 +961,7 @@ fn a_grant_refused_for_isolation_only_loses_rbac() {
         tenancy: &ten,
         namespaces: &BTreeSet::new(),
         in_use: &none,
+        handover: &BTreeMap::new(),
         cfg: &c,
     };
     assert_eq!(
