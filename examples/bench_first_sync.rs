@@ -269,24 +269,32 @@ async fn main() {
         "time to first sync: tick {} s standing for 1 min; {count} samples per schedule; {others} other Connections",
         period.as_secs()
     );
-    let mut rows = Vec::new();
+    let mut took_by = Vec::new();
     for (k, s) in schedules.iter().enumerate() {
         let stop = Arc::new(AtomicBool::new(false));
         let t = ticker(consumer_path.clone(), s, period, stop.clone());
         let took = samples((&consumer, &provider), s, (k as u64 * count, count), period).await;
+        stop.store(true, Ordering::SeqCst);
+        t.join().expect("ticker");
+        took_by.push(took);
+    }
+    // The unchanged cost, each schedule over the same settled world (every sample's binding
+    // in place): `idle` ticks with nothing changing.
+    let mut rows = Vec::new();
+    for (s, took) in schedules.iter().zip(&took_by) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let t = ticker(consumer_path.clone(), s, period, stop.clone());
         tokio::time::sleep(period * u32::try_from(idle).expect("ticks")).await;
         stop.store(true, Ordering::SeqCst);
-        let per_tick = t.join().expect("ticker");
-        // The unchanged cost: the last `idle` ticks (nothing applied any more).
-        let quiet: Vec<_> = per_tick.iter().rev().take(idle as usize).collect();
+        let quiet = t.join().expect("ticker");
         let hour = |f: &dyn Fn(&(Cost, Cost)) -> u64| {
-            quiet.iter().map(|c| f(c)).sum::<u64>() as f64 * 60.0 / quiet.len().max(1) as f64
+            quiet.iter().map(f).sum::<u64>() as f64 * 60.0 / quiet.len().max(1) as f64
         };
         let scale = 60.0 / period.as_secs_f64();
         rows.push((
             s.name,
-            percentile(&took, 0.5) * scale,
-            percentile(&took, 0.95) * scale,
+            percentile(took, 0.5) * scale,
+            percentile(took, 0.95) * scale,
             took.iter().cloned().fold(0.0, f64::max) * scale,
             hour(&|c| c.0.requests),
             hour(&|c| c.0.writes),
