@@ -460,11 +460,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         ),
         200
     );
-    Api::<Grant>::all(p.clone())
-        .delete(&b, &Default::default())
-        .await
-        .unwrap();
-    ix.run(&[]);
+    ix.revoke(&[&b]).await;
 }
 
 #[tokio::test]
@@ -1732,10 +1728,7 @@ async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
         );
         assert!(c.message.contains(&g), "{}", c.message);
     }
-    for gr in [&g, &h] {
-        grants.delete(gr, &Default::default()).await.unwrap();
-    }
-    ix.run(&[]);
+    ix.revoke(&[&g, &h]).await;
 }
 
 /// A subresource written with a request object (here `serviceaccounts/token`, which an Export's
@@ -1814,11 +1807,7 @@ async fn an_identity_writes_no_subresource_but_status() {
         )
         .await
         .expect("a labelled widget of its own");
-    Api::<Grant>::all(p.clone())
-        .delete(&g, &Default::default())
-        .await
-        .unwrap();
-    ix.run(&[]);
+    ix.revoke(&[&g]).await;
 }
 
 /// A namespace passes to the next Grant naming it only with a person's approval when it holds

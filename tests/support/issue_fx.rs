@@ -216,6 +216,17 @@ impl Ix {
         ]
     }
 
+    /// Delete `grants` and run the issuer, which revokes them; its summary.
+    pub async fn revoke(&self, grants: &[&str]) -> Value {
+        for g in grants {
+            Api::<Grant>::all(self.fx.provider.clone())
+                .delete(g, &Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete Grant {g}: {e}"));
+        }
+        self.run(&[])
+    }
+
     pub async fn get_grant(&self, name: &str) -> Grant {
         Api::<Grant>::all(self.fx.provider.clone())
             .get(name)
