@@ -1902,6 +1902,23 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     assert!(roles.get_opt(&role).await.unwrap().is_some());
     let s = ix.run(&[]);
     assert_eq!(s["data_writes"], 0, "{s}");
-    grants.delete(&x, &Default::default()).await.unwrap();
-    ix.run(&[]);
+
+    // An unlabelled object (a copy handed over with deletion-policy Orphan keeps its data and
+    // loses the label) blocks a hand-over too.
+    let orphaned = support::namespace(&p, "orphaned").await;
+    api_of(&p, &group, "widgets", Some(&orphaned))
+        .create(&PostParams::default(), &widget(&group, "kept", None))
+        .await
+        .unwrap();
+    let z = format!("{}-z", ix.fx.label);
+    ix.grant_in(&z, &export, "1h", &[&orphaned]).await;
+    for round in 1..=2 {
+        ix.run(&[]);
+        assert_eq!(
+            ready(&ix.get_grant(&z).await).1,
+            "HandoverApprovalRequired",
+            "round {round}"
+        );
+    }
+    ix.revoke(&[&x, &z]).await;
 }

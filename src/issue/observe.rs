@@ -436,6 +436,8 @@ async fn in_use(
                         .get(&a.name)
                         .and_then(|h| h.first()),
                 };
+                // Objects no Grant holds (left by a revoked one) are no reason yet: see
+                // docs/issue.md "Confinement", left open.
                 let Some(owner) = owner.filter(|o| names.contains(o.as_str())) else {
                     continue;
                 };
@@ -487,19 +489,31 @@ async fn handover(
             .map(|v| v.split(',').map(str::trim).collect())
             .unwrap_or_default();
         let status = g.status.as_ref();
+        // Any object but this Grant's own consumer's: an unlabelled one too (a copy handed
+        // over with deletion-policy Orphan keeps its data and loses the label).
         let selector = match status.and_then(|s| s.consumer_cluster.as_deref()) {
-            Some(pin) => format!("{CONSUMER_CLUSTER},{CONSUMER_CLUSTER}!={pin}"),
-            None => CONSUMER_CLUSTER.to_string(),
+            Some(pin) => format!("{CONSUMER_CLUSTER}!={pin}"),
+            None => String::new(),
         };
+        let granted = |api: &str| status.is_some_and(|s| s.granted_apis.iter().any(|g| g == api));
         let held = issued.get(name);
         let mut holdings: Vec<(String, Option<&str>, Vec<&ResolvedApi>)> = Vec::new();
         for ns in &g.spec.namespaces {
-            let new = tenancy.namespace_owner.get(ns).map(String::as_str) == Some(name)
+            let mine = tenancy.namespace_owner.get(ns).map(String::as_str) == Some(name)
                 && namespaces.contains(ns)
-                && !held.is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.clone())))
                 && !approved.contains(ns.as_str());
-            if new {
-                let apis = resolved.apis.iter().filter(|a| a.namespaced).collect();
+            if !mine {
+                continue;
+            }
+            // A namespace not held yet: every API; one held: the APIs newly granted there.
+            let held_here =
+                held.is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.clone())));
+            let apis: Vec<&ResolvedApi> = resolved
+                .apis
+                .iter()
+                .filter(|a| a.namespaced && !(held_here && granted(&a.name)))
+                .collect();
+            if !apis.is_empty() {
                 holdings.push((format!("namespace {ns}"), Some(ns), apis));
             }
         }
@@ -508,8 +522,7 @@ async fn handover(
                 .cluster_grantees
                 .get(&a.name)
                 .is_some_and(|h| h.len() == 1 && h[0] == name);
-            let granted = status.is_some_and(|s| s.granted_apis.contains(&a.name));
-            if exclusive && !granted && !approved.contains(a.name.as_str()) {
+            if exclusive && !granted(&a.name) && !approved.contains(a.name.as_str()) {
                 holdings.push((format!("API {}", a.name), None, vec![a]));
             }
         }
@@ -523,13 +536,14 @@ async fn handover(
                     Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
                     None => Api::all_with(client.clone(), &ar),
                 };
-                let found = api
-                    .list_metadata(&ListParams::default().labels(&selector).limit(1))
-                    .await
-                    .map_err(listed(
-                        &format!("{} labelled with another consumer cluster", a.name),
-                        ns,
-                    ))?;
+                let lp = match selector.as_str() {
+                    "" => ListParams::default(),
+                    s => ListParams::default().labels(s),
+                };
+                let found = api.list_metadata(&lp.limit(1)).await.map_err(listed(
+                    &format!("{} labelled with another consumer cluster", a.name),
+                    ns,
+                ))?;
                 if let Some(o) = found.items.first() {
                     let at = o
                         .metadata
