@@ -455,13 +455,14 @@ async fn in_use(
 /// Per UID, the Grants whose provider objects carry it, each with one such object.
 pub type InUse = BTreeMap<String, Vec<(String, String)>>;
 
-/// What each live Grant would newly hold (a namespace without its Role yet; an exclusive
-/// cluster-scoped API not yet in `status.grantedAPIs`) that holds objects labelled with another
-/// consumer cluster (any, for a Grant not pinned yet), unless the Grant's
+/// What each live Grant would newly hold (every namespaced API of a namespace without its Role
+/// yet; in a namespace it holds, each API not yet in `status.grantedAPIs`; an exclusive
+/// cluster-scoped API not yet there) that holds an object not labelled with the Grant's pin
+/// (another consumer's, or unlabelled; any object while unpinned), unless the Grant's
 /// `iam.kbind.io/approve-handover` names it: one such object each. Revoking a Grant never
 /// deletes provider data, so the next Grant holding its namespace would read what its consumer
-/// left (docs/issue.md "Read isolation"). One labelled LIST of at most one item per exported
-/// API and new holding; none once held.
+/// left (docs/issue.md "Read isolation"). One LIST of at most one item per exported API and
+/// new holding; none once held.
 async fn handover(
     client: &Client,
     grants: &[Grant],
