@@ -843,7 +843,9 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
     use k8s_openapi::api::events::v1::Event;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kbind::api::core::ClusterBinding;
-    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    use kube::api::{
+        Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    };
     use serde_json::json;
     use support::fx::{Fx, cond};
 
@@ -905,18 +907,28 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
         .await
         .expect("a consumer object");
 
-    // The provider withdraws both exports.
+    // The provider withdraws both exports by deleting their CRDs. A finalizer holds gadgets
+    // in Terminating (as a provider's own cleanup may, for as long as it takes): a CRD being
+    // deleted is withdrawn too, whether or not kcp has finished deleting widgets.
     let provider_crds = Api::<CustomResourceDefinition>::all(kcp.client(&prov).await);
+    let hold = json!({"metadata": {"finalizers": ["kbind.test/hold"]}});
+    provider_crds
+        .patch(&gadgets, &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold gadgets");
     for name in [&widgets, &gadgets] {
         provider_crds
             .delete(name, &Default::default())
             .await
             .expect("delete the provider CRD");
     }
-    within(60, "the provider CRDs gone", || async {
+    within(60, "the provider CRDs deleting", || async {
+        let deleting = |c: Option<CustomResourceDefinition>| {
+            c.is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        };
         let w = provider_crds.get_opt(&widgets).await.ok()?;
-        let g = provider_crds.get_opt(&gadgets).await.ok()?;
-        (w.is_none() && g.is_none()).then_some(())
+        let g = provider_crds.get_opt(&gadgets).await.ok()??;
+        (deleting(w) && g.metadata.deletion_timestamp.is_some()).then_some(())
     })
     .await;
     // One empty discovery may be a flapping label: nothing said yet.
@@ -1010,6 +1022,19 @@ async fn a_provider_withdrawing_every_export_never_deletes_consumer_objects() {
     // Emptied, a CRD that outlived its binding is the person's to delete; a run changes nothing.
     let s = fx.run(&[]);
     assert_eq!(s["data_writes"], 0, "{s}");
+    assert!(
+        provider_crds
+            .get_opt(&gadgets)
+            .await
+            .expect("read")
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some()),
+        "gadgets was held in Terminating throughout"
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    provider_crds
+        .patch(&gadgets, &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("release gadgets");
 }
 
 /// A run killed right after its first write on real kcp (the first core binding opened) is

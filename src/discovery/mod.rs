@@ -76,6 +76,8 @@ pub const MAX_EXPORT_BYTES: usize = 48 << 20;
 pub const MAX_EXPORTS: usize = 2000;
 
 /// Provider CRDs labelled `core.kbind.io/exported=true` (exact value) with a served version.
+/// A CRD being deleted is withdrawn: the provider refuses new objects of it, and its deletion
+/// may wait on finalizers for as long as they take (docs/schema.md, step 4).
 async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
     let api: Api<raw::RawCrd> = Api::all(provider.clone());
     let mut lp = ListParams::default()
@@ -105,7 +107,11 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
             }
             Err(e) => return Err(error("listing exported provider CRDs", &e)),
         };
-        for item in &page.items {
+        for item in page
+            .items
+            .iter()
+            .filter(|i| i.metadata.deletion_timestamp.is_none())
+        {
             let name = item.metadata.name.clone().unwrap_or_default();
             match item.decode() {
                 Ok(crd) => match from_provider_crd(&crd) {
@@ -168,6 +174,7 @@ async fn one_by_one(
             .await
             .map(|o| o.map(|item| item.decode()))
         {
+            Ok(Some(Ok(crd))) if crd.metadata.deletion_timestamp.is_some() => {}
             Ok(Some(Ok(crd))) => match from_provider_crd(&crd) {
                 Some(e) => d.exports.push(e),
                 None => d.skipped.push((name, "no served version".into())),

@@ -1,4 +1,5 @@
-//! A provider CRD as a LIST page carries it, decoded no further than its JSON text and name.
+//! A provider CRD as a LIST page carries it, decoded no further than its JSON text, name and
+//! deletion timestamp.
 //! A page is then held at its own size, and each CRD is decoded (some 50 times its JSON size)
 //! one at a time (docs/performance.md "Memory against hostile answers").
 
@@ -10,7 +11,7 @@ use kube::core::ClusterResourceScope;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-/// One provider CRD: its name and its JSON text.
+/// One provider CRD: its name, whether it is being deleted, and its JSON text.
 #[derive(Clone, Debug)]
 pub struct RawCrd {
     pub metadata: ObjectMeta,
@@ -26,9 +27,12 @@ impl RawCrd {
 impl<'de> Deserialize<'de> for RawCrd {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
         struct Name {
             #[serde(default)]
             name: Option<String>,
+            #[serde(default)]
+            deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
         }
         #[derive(Deserialize)]
         struct Head {
@@ -40,6 +44,7 @@ impl<'de> Deserialize<'de> for RawCrd {
         Ok(Self {
             metadata: ObjectMeta {
                 name: head.metadata.name,
+                deletion_timestamp: head.metadata.deletion_timestamp,
                 ..Default::default()
             },
             text,
@@ -76,11 +81,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_page_item_keeps_its_text_and_name_only() {
+    fn a_page_item_keeps_its_text_name_and_deletion_only() {
         let text = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.example.org","uid":"u"},"spec":{"group":"example.org","names":{"plural":"widgets","kind":"Widget"},"scope":"Namespaced","versions":[]}}"#;
         let r: RawCrd = serde_json::from_str(text).unwrap();
         assert_eq!(r.metadata.name.as_deref(), Some("widgets.example.org"));
         assert!(r.metadata.uid.is_none());
+        assert!(r.metadata.deletion_timestamp.is_none());
+        let deleting: RawCrd = serde_json::from_str(&text.replace(
+            r#""uid":"u""#,
+            r#""uid":"u","deletionTimestamp":"2026-12-04T10:00:00Z""#,
+        ))
+        .unwrap();
+        assert!(deleting.metadata.deletion_timestamp.is_some());
         assert_eq!(r.text.get(), text);
         assert_eq!(r.decode().unwrap().spec.names.plural, "widgets");
         let list: kube::core::ObjectList<RawCrd> = serde_json::from_str(&format!(
