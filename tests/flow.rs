@@ -35,8 +35,8 @@ fn kubeconfig_of(s: &Secret) -> String {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
-    let _pin = support::consumer_pin_lock();
     let ix = Ix::new("flow").await;
+    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
     let fx = &ix.fx;
     let admin = fx.env.provider.to_str().unwrap().to_string();
 

@@ -174,7 +174,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         status_code(
             wa.create(
                 &PostParams::default(),
-                &widget(&group, "early", Some("uid-a")),
+                &widget(&group, "early", Some(&*ix.uid("a"))),
             )
             .await,
         )
@@ -186,28 +186,28 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
     let lb = Api::<Lease>::namespaced(cb.clone(), &ix.ns);
     assert_eq!(
         status_code(
-            la.create(&PostParams::default(), &heartbeat("uid-x", &b))
+            la.create(&PostParams::default(), &heartbeat(&ix.uid("x"), &b))
                 .await
         ),
         403,
         "another Grant's heartbeat"
     );
     // Its own Grant's label under another name (the squat of #28 item 6): refused.
-    let mut squat = heartbeat("uid-b", &a);
+    let mut squat = heartbeat(&ix.uid("b"), &a);
     squat.metadata.name = Some("consumer-uid-b".into());
     assert_eq!(
         status_code(la.create(&PostParams::default(), &squat).await),
         403,
         "a heartbeat not named after its Grant"
     );
-    la.create(&PostParams::default(), &heartbeat("uid-a", &a))
+    la.create(&PostParams::default(), &heartbeat(&ix.uid("a"), &a))
         .await
         .unwrap();
-    lb.create(&PostParams::default(), &heartbeat("uid-b", &b))
+    lb.create(&PostParams::default(), &heartbeat(&ix.uid("b"), &b))
         .await
         .unwrap();
     // B may not take over A's heartbeat.
-    let mut stolen = heartbeat("uid-a", &b);
+    let mut stolen = heartbeat(&ix.uid("a"), &b);
     stolen.metadata.name = Some(format!("kbind-grant-{a}"));
     stolen.metadata.resource_version = None;
     assert_eq!(
@@ -232,7 +232,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             .unwrap()
             .consumer_cluster
             .as_deref(),
-        Some("uid-a")
+        Some(&*ix.uid("a"))
     );
     assert_eq!(
         ix.get_grant(&b)
@@ -241,7 +241,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             .unwrap()
             .consumer_cluster
             .as_deref(),
-        Some("uid-b")
+        Some(&*ix.uid("b"))
     );
 
     // The pin stays, even for whoever may write status (the issuer): neither removing status
@@ -258,7 +258,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         422,
         "status removed under a pin"
     );
-    let moved = json!({"status": {"consumerCluster": "uid-b"}});
+    let moved = json!({"status": {"consumerCluster": ix.uid("b")}});
     assert_eq!(
         status_code(
             grants
@@ -273,7 +273,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         status_code(
             wa.create(
                 &PostParams::default(),
-                &widget(&group, "mine", Some("uid-a")),
+                &widget(&group, "mine", Some(&*ix.uid("a"))),
             )
             .await,
         )
@@ -283,7 +283,7 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
         status_code(
             wa.create(
                 &PostParams::default(),
-                &widget(&group, "theirs", Some("uid-b"))
+                &widget(&group, "theirs", Some(&*ix.uid("b")))
             )
             .await
         ),
@@ -295,14 +295,14 @@ async fn a_grant_is_issued_confined_reissued_and_revoked() {
             api_of(&cb, &group, "widgets", Some(&b))
                 .create(
                     &PostParams::default(),
-                    &widget(&group, "forged", Some("uid-a"))
+                    &widget(&group, "forged", Some(&*ix.uid("a")))
                 )
                 .await
         ),
         403
     );
     let wb = api_of(&cb, &group, "widgets", Some(&a));
-    let mut steal = widget(&group, "mine", Some("uid-b"));
+    let mut steal = widget(&group, "mine", Some(&*ix.uid("b")));
     steal.metadata.resource_version = None;
     assert_eq!(
         status_code(
@@ -727,8 +727,8 @@ fn the_issuer_role_holds_no_escalate_bind_or_wildcard() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
-    let _pin = support::consumer_pin_lock();
     let ix = Ix::new("issuee2e").await;
+    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
     let fx = &ix.fx;
     let (widgets, export) = ix.widgets_export().await;
     let g = format!("{}-g", fx.label);
@@ -1090,8 +1090,8 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
-    let _pin = support::consumer_pin_lock();
     let ix = Ix::new("isolate").await;
+    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
     let fx = &ix.fx;
     let p = fx.provider.clone();
     let (widgets, export) = ix.widgets_export().await;
@@ -1384,9 +1384,11 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
     ix.run(&[]);
 }
 
-/// A heartbeat naming a consumer cluster whose objects already exist on the provider (left by
-/// a deleted Grant, or written under another credential) pins nothing until a person approves
-/// that UID on the Grant; run after run it says so and writes nothing (#28 item 6).
+/// A heartbeat naming a consumer cluster whose objects already exist on the provider (held by
+/// another Grant, or left in a namespace no Grant holds by a revoked one) pins nothing until a
+/// person approves that UID on the Grant; run after run it says so and writes nothing (#28
+/// item 6). Pinned unapproved to the UID of objects no Grant holds, a consumer would write
+/// them, and read them once its Grant is given their namespace, with no hand-over to approve.
 #[tokio::test]
 #[cfg_attr(
     not(feature = "servers"),
@@ -1408,25 +1410,45 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
                     "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}))
         .unwrap();
     support::apply_crds(&p, &[unserved]).await;
-    // Grant h holds namespace `left`, where objects of consumer cluster uid-old are.
+    // Grant h holds namespace `left` (handed over with a person's approval), where objects of
+    // consumer cluster uid-old are. Namespace `gone` holds objects of uid-gone, and no Grant
+    // holds it (its Grant was revoked; provider data stays).
     let left = support::namespace(&p, "left").await;
+    let gone = support::namespace(&p, "gone").await;
     let h = format!("{}-h", ix.fx.label);
     ix.grant_in(&h, &export, "1h", &[&left]).await;
-    api_of(&p, &group, "widgets", Some(&left))
-        .create(
-            &PostParams::default(),
-            &widget(&group, "old", Some("uid-old")),
+    Api::<Grant>::all(p.clone())
+        .patch(
+            &h,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": left}}}),
+            ),
         )
         .await
         .unwrap();
+    for (ns, uid) in [(&left, ix.uid("old")), (&gone, ix.uid("gone"))] {
+        api_of(&p, &group, "widgets", Some(ns))
+            .create(
+                &PostParams::default(),
+                &widget(&group, "old", Some(uid.as_str())),
+            )
+            .await
+            .unwrap();
+    }
     let g = format!("{}-g", ix.fx.label);
+    let k = format!("{}-k", ix.fx.label);
     ix.grant(&g, &export, "1h").await;
+    ix.grant(&k, &export, "1h").await;
     ix.run(&[]);
-    let cg = client_of(&ix.kubeconfig(&g).await).await;
-    Api::<Lease>::namespaced(cg, &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-old", &g))
-        .await
-        .unwrap();
+    assert_eq!(ready(&ix.get_grant(&h).await).0, "True", "h holds {left}");
+    for (grant, uid) in [(&g, ix.uid("old")), (&k, ix.uid("gone"))] {
+        let c = client_of(&ix.kubeconfig(grant).await).await;
+        Api::<Lease>::namespaced(c, &ix.ns)
+            .create(&PostParams::default(), &heartbeat(&uid, grant))
+            .await
+            .unwrap();
+    }
     let pinned = |st: &Grant| {
         let c = st
             .status
@@ -1453,7 +1475,22 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             "{message}"
         );
         assert!(
-            message.contains("iam.kbind.io/approve-consumer-cluster=uid-old"),
+            message.contains(&format!(
+                "iam.kbind.io/approve-consumer-cluster={}",
+                ix.uid("old")
+            )),
+            "{message}"
+        );
+        assert!(st.status.unwrap().consumer_cluster.is_none());
+        let st = ix.get_grant(&k).await;
+        let (status, reason, message) = pinned(&st);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ApprovalRequired"),
+            "round {round}: {message}"
+        );
+        assert!(
+            message.contains(&format!("{widgets} {gone}/old, which no Grant holds alone")),
             "{message}"
         );
         assert!(st.status.unwrap().consumer_cluster.is_none());
@@ -1463,17 +1500,21 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         }
     }
     // Approving another UID changes nothing; approving this one pins it.
-    for (uid, want) in [("uid-other", "ApprovalRequired"), ("uid-old", "Pinned")] {
+    for (grant, uid, want) in [
+        (&g, ix.uid("other"), "ApprovalRequired"),
+        (&g, ix.uid("old"), "Pinned"),
+        (&k, ix.uid("gone"), "Pinned"),
+    ] {
         Api::<Grant>::all(p.clone())
             .patch(
-                &g,
+                grant,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"annotations": {"iam.kbind.io/approve-consumer-cluster": uid}}})),
             )
             .await
             .unwrap();
         ix.run(&[]);
-        let st = ix.get_grant(&g).await;
+        let st = ix.get_grant(grant).await;
         assert_eq!(pinned(&st).1, want, "{uid}");
     }
     assert_eq!(
@@ -1483,9 +1524,9 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             .unwrap()
             .consumer_cluster
             .as_deref(),
-        Some("uid-old")
+        Some(&*ix.uid("old"))
     );
-    for gr in [&g, &h] {
+    for gr in [&g, &h, &k] {
         Api::<Grant>::all(p.clone())
             .delete(gr, &Default::default())
             .await
@@ -1632,11 +1673,14 @@ async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
     ix.run(&[]);
     let thief = client_of(&ix.kubeconfig(&g).await).await;
     Api::<Lease>::namespaced(thief, &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-thief", &g))
+        .create(&PostParams::default(), &heartbeat(&ix.uid("thief"), &g))
         .await
         .unwrap();
     ix.run(&[]);
-    assert_eq!(pin(&ix.get_grant(&g).await).as_deref(), Some("uid-thief"));
+    assert_eq!(
+        pin(&ix.get_grant(&g).await).as_deref(),
+        Some(&*ix.uid("thief"))
+    );
 
     // Deleted and re-created: revocation took the heartbeat; the new Grant waits for its own.
     grants.delete(&g, &Default::default()).await.unwrap();
@@ -1653,7 +1697,7 @@ async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
     // pins nothing from it, and the issuer deletes it.
     let thief = client_of(&ix.kubeconfig(&g).await).await;
     Api::<Lease>::namespaced(thief, &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-thief", &g))
+        .create(&PostParams::default(), &heartbeat(&ix.uid("thief"), &g))
         .await
         .unwrap();
     grants
@@ -1679,11 +1723,14 @@ async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
     // The rightful consumer's heartbeat pins.
     let mine = client_of(&ix.kubeconfig(&g).await).await;
     Api::<Lease>::namespaced(mine, &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-mine", &g))
+        .create(&PostParams::default(), &heartbeat(&ix.uid("mine"), &g))
         .await
         .unwrap();
     ix.run(&[]);
-    assert_eq!(pin(&ix.get_grant(&g).await).as_deref(), Some("uid-mine"));
+    assert_eq!(
+        pin(&ix.get_grant(&g).await).as_deref(),
+        Some(&*ix.uid("mine"))
+    );
 
     // Another Grant, selected alone, whose heartbeat names g's cluster: taken, even though g
     // is not selected.
@@ -1706,7 +1753,7 @@ async fn a_re_created_grant_is_pinned_only_from_its_own_heartbeat() {
     assert_eq!(code, 0, "{s}\n{err}");
     let other = client_of(&ix.kubeconfig(&h).await).await;
     Api::<Lease>::namespaced(other, &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-mine", &h))
+        .create(&PostParams::default(), &heartbeat(&ix.uid("mine"), &h))
         .await
         .unwrap();
     for round in 1..=2 {
@@ -1760,14 +1807,14 @@ async fn an_identity_writes_no_subresource_but_status() {
     ix.run(&[]);
     let c = client_of(&ix.kubeconfig(&g).await).await;
     Api::<Lease>::namespaced(c.clone(), &ix.ns)
-        .create(&PostParams::default(), &heartbeat("uid-sub", &g))
+        .create(&PostParams::default(), &heartbeat(&ix.uid("sub"), &g))
         .await
         .unwrap();
     ix.run(&[]);
     let st = ix.get_grant(&g).await;
     assert_eq!(
         st.status.and_then(|s| s.consumer_cluster).as_deref(),
-        Some("uid-sub")
+        Some(&*ix.uid("sub"))
     );
     // The Grant's namespace has its `default` ServiceAccount (the controller makes it).
     let accounts = Api::<ServiceAccount>::namespaced(p.clone(), &g);
@@ -1781,7 +1828,7 @@ async fn an_identity_writes_no_subresource_but_status() {
     }
     assert!(made, "namespace {g} has its default ServiceAccount");
     let tr: TokenRequest = serde_json::from_value(json!({
-        "metadata": {"labels": {"core.kbind.io/consumer-cluster": "uid-sub"}},
+        "metadata": {"labels": {"core.kbind.io/consumer-cluster": ix.uid("sub")}},
         "spec": {"audiences": [], "expirationSeconds": 600}}))
     .unwrap();
     for round in 1..=2 {
@@ -1803,7 +1850,7 @@ async fn an_identity_writes_no_subresource_but_status() {
     api_of(&c, &ix.fx.group, "widgets", Some(&g))
         .create(
             &PostParams::default(),
-            &widget(&ix.fx.group, "w", Some("uid-sub")),
+            &widget(&ix.fx.group, "w", Some(&*ix.uid("sub"))),
         )
         .await
         .expect("a labelled widget of its own");
@@ -1837,7 +1884,7 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     api_of(&p, &group, "widgets", Some(&ns))
         .create(
             &PostParams::default(),
-            &widget(&group, "left", Some("uid-y")),
+            &widget(&group, "left", Some(&*ix.uid("y"))),
         )
         .await
         .unwrap();

@@ -34,7 +34,7 @@ pub struct Observed {
     /// The provider's namespaces.
     pub namespaces: BTreeSet<String>,
     /// Of the UIDs unpinned Grants' heartbeats name, those other Grants' objects carry.
-    pub in_use: InUse,
+    pub in_use: super::plan::InUse,
     /// Every consumer cluster pinned, to the Grant pinning it, over every Grant (selected or
     /// not): a run with `--selector` must not pin to one Grant what another holds.
     pub pinned: BTreeMap<String, String>,
@@ -352,10 +352,6 @@ pub async fn observe(
             });
         }
     }
-    let owners: BTreeSet<&str> = everyone
-        .iter()
-        .filter_map(|g| g.metadata.name.as_deref())
-        .collect();
     let pinned = everyone
         .iter()
         .filter_map(|g| {
@@ -363,7 +359,7 @@ pub async fn observe(
             Some((uid, g.metadata.name.clone()?))
         })
         .collect();
-    let in_use = in_use(client, (&grants, &owners), &issued, &catalog, &tenancy).await?;
+    let in_use = in_use(client, (&grants, &everyone), &issued, &catalog, &tenancy).await?;
     let handover = handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await?;
     Ok(Observed {
         grants,
@@ -379,18 +375,17 @@ pub async fn observe(
 }
 
 /// Of the UIDs the heartbeats of unpinned Grants name, those already carried
-/// (`core.kbind.io/consumer-cluster`) by another Grant's provider objects: in a namespace a
-/// Grant of this run holds, or of a cluster-scoped API one holds. Each with its owner and one
-/// such object; a Grant pins such a UID only with a person's approval (docs/issue.md
-/// "Confinement"). Only while a Grant waits for its pin: per UID, one labelled metadata LIST per
-/// exported API.
+/// (`core.kbind.io/consumer-cluster`) by provider objects, each with who holds them
+/// ([`holder`]) and one such object; a Grant pins such a UID only where it alone holds them,
+/// else with a person's approval (docs/issue.md "Confinement"). Only while a Grant waits for
+/// its pin: per UID, one labelled metadata LIST per exported API.
 async fn in_use(
     client: &Client,
-    (grants, names): (&[Grant], &BTreeSet<&str>),
+    (grants, everyone): (&[Grant], &[Grant]),
     issued: &BTreeMap<String, Issued>,
     catalog: &Catalog,
     tenancy: &super::plan::Tenancy,
-) -> Result<InUse, IssueError> {
+) -> Result<super::plan::InUse, IssueError> {
     let mut uids = BTreeSet::new();
     for g in grants {
         let (Some(name), None) = (
@@ -410,7 +405,7 @@ async fn in_use(
             uids.extend(super::plan::candidates(grant, &i.leases));
         }
     }
-    let mut out = InUse::new();
+    let mut out = super::plan::InUse::new();
     for uid in uids {
         // An exported CRD serving no version holds no object anyone can read or write.
         for a in catalog.exported.values().filter(|a| !a.version.is_empty()) {
@@ -429,22 +424,11 @@ async fn in_use(
                 None,
             ))?;
             for (ns, name) in found {
-                let owner = match &ns {
-                    Some(ns) => tenancy.namespace_owner.get(ns),
-                    None => tenancy
-                        .cluster_grantees
-                        .get(&a.name)
-                        .and_then(|h| h.first()),
-                };
-                // Objects no Grant holds (left by a revoked one) are no reason yet: see
-                // docs/issue.md "Confinement", left open.
-                let Some(owner) = owner.filter(|o| names.contains(o.as_str())) else {
-                    continue;
-                };
+                let owner = holder(everyone, issued, tenancy, &a.name, ns.as_deref());
                 let at = ns.map(|n| format!("{n}/")).unwrap_or_default();
                 let seen = out.entry(uid.clone()).or_default();
-                if !seen.iter().any(|(o, _)| o == owner) {
-                    seen.push((owner.clone(), format!("{} {at}{name}", a.name)));
+                if !seen.iter().any(|(o, _)| o.as_deref() == owner) {
+                    seen.push((owner.map(String::from), format!("{} {at}{name}", a.name)));
                 }
             }
         }
@@ -452,8 +436,42 @@ async fn in_use(
     Ok(out)
 }
 
-/// Per UID, the Grants whose provider objects carry it, each with one such object.
-pub type InUse = BTreeMap<String, Vec<(String, String)>>;
+/// The one Grant holding where an object of `api` lives: in namespace `ns`, the Grant with its
+/// Role there and `api` in its `status.grantedAPIs`; cluster-scoped, the Grant holding `api`
+/// alone (granted, and no other Grant reaching it). `None` otherwise: objects left by a revoked
+/// Grant, or of a shared cluster-scoped API, are no consumer's own (docs/issue.md
+/// "Confinement").
+fn holder<'a>(
+    everyone: &'a [Grant],
+    issued: &BTreeMap<String, Issued>,
+    tenancy: &super::plan::Tenancy,
+    api: &str,
+    ns: Option<&str>,
+) -> Option<&'a str> {
+    let granted = |g: &Grant| {
+        g.metadata.deletion_timestamp.is_none()
+            && g.status
+                .as_ref()
+                .is_some_and(|s| s.granted_apis.iter().any(|a| a == api))
+    };
+    let mut holders = everyone.iter().filter(|g| granted(g)).filter_map(|g| {
+        let name = g.metadata.name.as_deref()?;
+        let here = match ns {
+            Some(ns) => issued
+                .get(name)
+                .is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.to_string()))),
+            None => tenancy
+                .cluster_grantees
+                .get(api)
+                .is_some_and(|h| h.len() == 1 && h[0] == name),
+        };
+        here.then_some(name)
+    });
+    match (holders.next(), holders.next()) {
+        (Some(one), None) => Some(one),
+        _ => None,
+    }
+}
 
 /// What each live Grant would newly hold (every namespaced API of a namespace without its Role
 /// yet; in a namespace it holds, each API not yet in `status.grantedAPIs`; an exclusive

@@ -242,6 +242,10 @@ pub fn valid_uid(uid: &str) -> bool {
         && uid.as_bytes()[uid.len() - 1].is_ascii_alphanumeric()
 }
 
+/// Per UID, who holds the provider objects carrying it: the one Grant holding where they live,
+/// or `None` when no Grant holds it alone; each with one such object (`<api> <ns>/<name>`).
+pub type InUse = BTreeMap<String, Vec<(Option<String>, String)>>;
+
 /// What the pin of one Grant is decided from.
 pub struct PinInputs<'a> {
     pub grant: &'a str,
@@ -250,16 +254,16 @@ pub struct PinInputs<'a> {
     pub leases: &'a [Heartbeat],
     /// UIDs pinned by other Grants, to the Grant holding each.
     pub others: &'a BTreeMap<String, String>,
-    /// Per UID, the Grants whose provider objects carry it, each with one such object
-    /// (`<api> <ns>/<name>`).
-    pub in_use: &'a BTreeMap<String, Vec<(String, String)>>,
+    pub in_use: &'a InUse,
     /// The Grant's `iam.kbind.io/approve-consumer-cluster` annotation.
     pub approved: Option<&'a str>,
 }
 
 /// The pin: kept once recorded; else the oldest heartbeat Lease of this Grant naming a UID no
-/// other Grant holds and no provider object carries unless a person approved it (trust on
-/// first use, docs/issue.md "Confinement").
+/// other Grant holds and no provider object carries (but where this Grant alone holds it)
+/// unless a person approved it (trust on first use, docs/issue.md "Confinement"). Objects no
+/// Grant holds count too: left by a revoked Grant, they would be the pinned consumer's to
+/// write, and to read once its Grant is given their namespace, with no hand-over to approve.
 pub fn pin(i: &PinInputs<'_>) -> Pin {
     if let Some(uid) = i.recorded.filter(|u| valid_uid(u)) {
         return Pin::Pinned {
@@ -281,14 +285,18 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
             });
             continue;
         }
-        let theirs = i
-            .in_use
-            .get(uid)
-            .and_then(|v| v.iter().find(|(owner, _)| owner != i.grant));
+        let theirs = i.in_use.get(uid).and_then(|v| {
+            v.iter()
+                .find(|(owner, _)| owner.as_deref() != Some(i.grant))
+        });
         if let Some((owner, example)) = theirs.filter(|_| i.approved != Some(uid)) {
+            let whose = match owner {
+                Some(owner) => format!("of Grant {owner}"),
+                None => "which no Grant holds alone".to_string(),
+            };
             refused.get_or_insert(Pin::NeedsApproval {
                 uid: uid.to_string(),
-                example: format!("{example}, of Grant {owner}"),
+                example: format!("{example}, {whose}"),
             });
             continue;
         }
@@ -362,7 +370,7 @@ pub struct Provider<'a> {
     /// The provider's namespaces now.
     pub namespaces: &'a BTreeSet<String>,
     /// Per UID, the Grants whose provider objects carry it (unpinned Grants' heartbeats only).
-    pub in_use: &'a BTreeMap<String, Vec<(String, String)>>,
+    pub in_use: &'a InUse,
     /// Per Grant, what it would newly hold although it holds another consumer's objects, and
     /// no person approved: `(namespace or API, one such object)`.
     pub handover: &'a BTreeMap<String, Vec<(String, String)>>,

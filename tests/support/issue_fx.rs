@@ -68,6 +68,14 @@ impl Ix {
     }
 
     /// Run the issuer as the admin; returns the summary.
+    /// A consumer cluster UID for a heartbeat or an object's label, this test's own: the
+    /// issuer checks every exported API for objects labelled with a UID before pinning it, so
+    /// two tests (or two runs on one set of servers) naming the same UID would meet each
+    /// other's objects.
+    pub fn uid(&self, s: &str) -> String {
+        format!("{}-{s}", self.fx.label)
+    }
+
     pub fn run(&self, extra: &[&str]) -> Value {
         let admin = self.fx.env.provider.to_str().unwrap().to_string();
         let (code, s, err) = super::kbind(&self.args(&admin, extra));

@@ -451,6 +451,50 @@ pub fn consumer_pin_lock() -> std::fs::File {
     lock_file("consumer-pin.lock", true)
 }
 
+/// [`consumer_pin_lock`], then the provider copies earlier pinning tests left behind (labelled
+/// with the suite's one consumer cluster, in namespaces their revoked Grants held) deleted:
+/// objects no Grant holds make the next pin of that cluster wait for a person's approval
+/// (docs/issue.md "Confinement"), as they would for a user.
+pub async fn pin_consumer_cluster(provider: &Client, consumer: &Client) -> std::fs::File {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+    let lock = consumer_pin_lock();
+    let uid = Api::<Namespace>::all(consumer.clone())
+        .get("kube-system")
+        .await
+        .expect("the consumer's kube-system")
+        .metadata
+        .uid
+        .expect("its UID");
+    let exported = Api::<CustomResourceDefinition>::all(provider.clone())
+        .list(&ListParams::default().labels("core.kbind.io/exported=true"))
+        .await
+        .expect("exported CRDs");
+    let labelled = ListParams::default().labels(&format!("core.kbind.io/consumer-cluster={uid}"));
+    for crd in exported.items {
+        let Some(v) = crd.spec.versions.iter().find(|v| v.served) else {
+            continue;
+        };
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&crd.spec.group, &v.name, &crd.spec.names.kind),
+            &crd.spec.names.plural,
+        );
+        let all = Api::<DynamicObject>::all_with(provider.clone(), &ar);
+        // A CRD established moments ago may not be served yet: nothing of it to clear.
+        let Ok(copies) = all.list_metadata(&labelled).await else {
+            continue;
+        };
+        for o in copies.items {
+            let name = o.metadata.name.unwrap_or_default();
+            let api = match o.metadata.namespace.as_deref() {
+                Some(ns) => Api::<DynamicObject>::namespaced_with(provider.clone(), ns, &ar),
+                None => all.clone(),
+            };
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+    lock
+}
+
 /// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
 /// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
 /// exports must stay its own over a long run holds it shared. A file lock in the servers'

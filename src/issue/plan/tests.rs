@@ -382,7 +382,7 @@ fn a_handover_of_another_consumers_objects_needs_a_person() {
 #[test]
 fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     let none: BTreeMap<String, String> = BTreeMap::new();
-    let free: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let free = InUse::new();
     let pinned = |uid: &str| Pin::Pinned {
         uid: uid.into(),
         new: true,
@@ -395,11 +395,7 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
         // Another Grant's name: never this Grant's heartbeat, whatever its label says.
         lease(0, "kbind-grant-other", Some("zzz")),
     ];
-    let at = |recorded,
-              leases: &[Heartbeat],
-              others,
-              in_use: &BTreeMap<String, Vec<(String, String)>>,
-              approved| {
+    let at = |recorded, leases: &[Heartbeat], others, in_use: &InUse, approved| {
         pin(&PinInputs {
             grant: "g",
             recorded,
@@ -440,9 +436,9 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
         }
     );
     // A UID provider objects already carry: only with a person's approval of that UID.
-    let in_use: BTreeMap<String, Vec<(String, String)>> = [(
+    let in_use: InUse = [(
         "ccc".to_string(),
-        vec![("h".to_string(), "widgets.example.org a/w".to_string())],
+        vec![(Some("h".to_string()), "widgets.example.org a/w".to_string())],
     )]
     .into();
     let needs = Pin::NeedsApproval {
@@ -452,13 +448,39 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     assert_eq!(at(None, &own, &none, &in_use, None), needs);
     assert_eq!(at(None, &own, &none, &in_use, Some("other-uid")), needs);
     assert_eq!(at(None, &own, &none, &in_use, Some("ccc")), pinned("ccc"));
-    // Objects in this Grant's own namespaces are no reason.
-    let own_objects: BTreeMap<String, Vec<(String, String)>> = [(
+    // Objects no Grant holds alone (left by a revoked Grant) too.
+    let left: InUse = [(
         "ccc".to_string(),
-        vec![("g".to_string(), "widgets.example.org g/w".to_string())],
+        vec![(None, "widgets.example.org gone/w".to_string())],
+    )]
+    .into();
+    assert_eq!(
+        at(None, &own, &none, &left, None),
+        Pin::NeedsApproval {
+            uid: "ccc".into(),
+            example: "widgets.example.org gone/w, which no Grant holds alone".into(),
+        }
+    );
+    assert_eq!(at(None, &own, &none, &left, Some("ccc")), pinned("ccc"));
+    // Objects where this Grant alone holds them are no reason; besides others', they are.
+    let own_objects: InUse = [(
+        "ccc".to_string(),
+        vec![(Some("g".to_string()), "widgets.example.org g/w".to_string())],
     )]
     .into();
     assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
+    let mixed: InUse = [(
+        "ccc".to_string(),
+        vec![
+            (Some("g".to_string()), "widgets.example.org g/w".to_string()),
+            (None, "widgets.example.org gone/w".to_string()),
+        ],
+    )]
+    .into();
+    assert!(matches!(
+        at(None, &own, &none, &mixed, None),
+        Pin::NeedsApproval { .. }
+    ));
     let none_in_use = BTreeMap::new();
     assert_eq!(at(None, &[], &none, &none_in_use, None), Pin::Waiting);
     assert_eq!(candidates(G, &own), vec!["ccc".to_string()]);
