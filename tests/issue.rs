@@ -1967,5 +1967,70 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
             "round {round}"
         );
     }
-    ix.revoke(&[&x, &z]).await;
+
+    // What an Export's `spec.permissions` reach in the namespace counts too (a ConfigMap the
+    // previous consumer wrote there); what every namespace holds from its creation does not.
+    let reach = format!("{}-cm", ix.fx.label);
+    ix.export(
+        &reach,
+        &[&widgets],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]),
+    )
+    .await;
+    let (kept, clean) = (
+        support::namespace(&p, "kept").await,
+        support::namespace(&p, "clean").await,
+    );
+    let configmaps =
+        |ns: &str| Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(p.clone(), ns);
+    support::eventually("kube-root-ca.crt in both namespaces", || async {
+        for ns in [&kept, &clean] {
+            configmaps(ns).get_opt("kube-root-ca.crt").await.ok()??;
+        }
+        Some(())
+    })
+    .await;
+    let settings: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"db": "x"}}))
+            .unwrap();
+    configmaps(&kept)
+        .create(&PostParams::default(), &settings)
+        .await
+        .unwrap();
+    let (w, v) = (format!("{}-w", ix.fx.label), format!("{}-v", ix.fx.label));
+    ix.grant_in(&w, &reach, "1h", &[&kept]).await;
+    ix.grant_in(&v, &reach, "1h", &[&clean]).await;
+    for round in 1..=2 {
+        ix.run(&[]);
+        let st = ix.get_grant(&w).await;
+        let c = st
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
+        assert!(
+            c.message.contains(&format!("configmaps {kept}/settings")),
+            "{}",
+            c.message
+        );
+        assert_eq!(
+            ready(&ix.get_grant(&v).await),
+            ("True".into(), "Issued".into()),
+            "round {round}"
+        );
+    }
+    configmaps(&kept)
+        .delete("settings", &Default::default())
+        .await
+        .unwrap();
+    ix.run(&[]);
+    assert_eq!(
+        ready(&ix.get_grant(&w).await),
+        ("True".into(), "Issued".into()),
+        "emptied, the namespace passes"
+    );
+    ix.revoke(&[&x, &z, &w, &v]).await;
 }

@@ -20,8 +20,11 @@ use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HA
 use crate::api::keys::EXPORTED;
 use crate::pass::list;
 
+mod handover;
+
 use super::IssueError;
 use super::args::Confinement;
+use super::plan::handover::Finding;
 use super::plan::{Catalog, Heartbeat, Issued, SecretObs};
 use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
@@ -39,8 +42,8 @@ pub struct Observed {
     /// not): a run with `--selector` must not pin to one Grant what another holds.
     pub pinned: BTreeMap<String, String>,
     /// Per Grant, the namespaces and cluster-scoped APIs it would newly hold that hold another
-    /// consumer's objects, not approved (see [`handover`]).
-    pub handover: BTreeMap<String, Vec<(String, String)>>,
+    /// consumer's objects, or could not be looked at, not approved (see [`handover::handover`]).
+    pub handover: BTreeMap<String, Vec<(String, Finding)>>,
     pub exports: Vec<Export>,
     pub catalog: Catalog,
     /// What is issued, by Grant name (including Grants that no longer exist).
@@ -360,7 +363,8 @@ pub async fn observe(
         })
         .collect();
     let in_use = in_use(client, (&grants, &everyone), &issued, &catalog, &tenancy).await?;
-    let handover = handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await?;
+    let handover =
+        handover::handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await;
     Ok(Observed {
         grants,
         in_use,
@@ -471,117 +475,4 @@ fn holder<'a>(
         (Some(one), None) => Some(one),
         _ => None,
     }
-}
-
-/// What each live Grant would newly hold (every namespaced API of a namespace without its Role
-/// yet; in a namespace it holds, each API not yet in `status.grantedAPIs`; an exclusive
-/// cluster-scoped API not yet there) that holds an object not labelled with the Grant's pin
-/// (another consumer's, or unlabelled; any object while unpinned), unless the Grant's
-/// `iam.kbind.io/approve-handover` names it: one such object each. Revoking a Grant never
-/// deletes provider data, so the next Grant holding its namespace would read what its consumer
-/// left (docs/issue.md "Read isolation"). One LIST of at most one item per exported API and
-/// new holding; none once held.
-async fn handover(
-    client: &Client,
-    grants: &[Grant],
-    issued: &BTreeMap<String, Issued>,
-    (catalog, tenancy): (&Catalog, &super::plan::Tenancy),
-    namespaces: &BTreeSet<String>,
-) -> Result<BTreeMap<String, Vec<(String, String)>>, IssueError> {
-    use crate::api::keys::CONSUMER_CLUSTER;
-    let mut out = BTreeMap::new();
-    for g in grants
-        .iter()
-        .filter(|g| g.metadata.deletion_timestamp.is_none())
-    {
-        let Some(name) = g.metadata.name.as_deref() else {
-            continue;
-        };
-        let Ok(resolved) = super::plan::resolve(&g.spec, catalog) else {
-            continue;
-        };
-        let approved: BTreeSet<&str> = g
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::api::iam::APPROVE_HANDOVER))
-            .map(|v| v.split(',').map(str::trim).collect())
-            .unwrap_or_default();
-        let status = g.status.as_ref();
-        // Any object but this Grant's own consumer's: an unlabelled one too (a copy handed
-        // over with deletion-policy Orphan keeps its data and loses the label).
-        let selector = match status.and_then(|s| s.consumer_cluster.as_deref()) {
-            Some(pin) => format!("{CONSUMER_CLUSTER}!={pin}"),
-            None => String::new(),
-        };
-        let granted = |api: &str| status.is_some_and(|s| s.granted_apis.iter().any(|g| g == api));
-        let held = issued.get(name);
-        let mut holdings: Vec<(String, Option<&str>, Vec<&ResolvedApi>)> = Vec::new();
-        for ns in &g.spec.namespaces {
-            let mine = tenancy.namespace_owner.get(ns).map(String::as_str) == Some(name)
-                && namespaces.contains(ns)
-                && !approved.contains(ns.as_str());
-            if !mine {
-                continue;
-            }
-            // A namespace not held yet: every API; one held: the APIs newly granted there.
-            let held_here =
-                held.is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.clone())));
-            let apis: Vec<&ResolvedApi> = resolved
-                .apis
-                .iter()
-                .filter(|a| a.namespaced && !(held_here && granted(&a.name)))
-                .collect();
-            if !apis.is_empty() {
-                holdings.push((format!("namespace {ns}"), Some(ns), apis));
-            }
-        }
-        for a in resolved.apis.iter().filter(|a| !a.namespaced) {
-            let exclusive = tenancy
-                .cluster_grantees
-                .get(&a.name)
-                .is_some_and(|h| h.len() == 1 && h[0] == name);
-            if exclusive && !granted(&a.name) && !approved.contains(a.name.as_str()) {
-                holdings.push((format!("API {}", a.name), None, vec![a]));
-            }
-        }
-        for (what, ns, apis) in holdings {
-            for a in apis.into_iter().filter(|a| !a.version.is_empty()) {
-                let ar = kube::api::ApiResource::from_gvk_with_plural(
-                    &kube::api::GroupVersionKind::gvk(&a.group, &a.version, ""),
-                    &a.plural,
-                );
-                let api: Api<kube::api::DynamicObject> = match ns {
-                    Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                    None => Api::all_with(client.clone(), &ar),
-                };
-                let lp = match selector.as_str() {
-                    "" => ListParams::default(),
-                    s => ListParams::default().labels(s),
-                };
-                let found = api.list_metadata(&lp.limit(1)).await.map_err(listed(
-                    &format!("{} labelled with another consumer cluster", a.name),
-                    ns,
-                ))?;
-                if let Some(o) = found.items.first() {
-                    let at = o
-                        .metadata
-                        .namespace
-                        .as_ref()
-                        .map(|n| format!("{n}/"))
-                        .unwrap_or_default();
-                    let example = format!(
-                        "{} {at}{}",
-                        a.name,
-                        o.metadata.name.as_deref().unwrap_or_default()
-                    );
-                    out.entry(name.to_string())
-                        .or_insert_with(Vec::new)
-                        .push((what, example));
-                    break;
-                }
-            }
-        }
-    }
-    Ok(out)
 }

@@ -373,7 +373,7 @@ pub struct Provider<'a> {
     pub in_use: &'a InUse,
     /// Per Grant, what it would newly hold although it holds another consumer's objects, and
     /// no person approved: `(namespace or API, one such object)`.
-    pub handover: &'a BTreeMap<String, Vec<(String, String)>>,
+    pub handover: &'a BTreeMap<String, Vec<(String, handover::Finding)>>,
     pub cfg: &'a Config,
 }
 
@@ -397,14 +397,10 @@ pub fn plan_grant(
     let resolved = resolve(spec, p.catalog)?;
     let ttl = token_ttl(spec)?;
     let shared = isolation(grant, &resolved, p.tenancy, p.cfg)?;
-    if let Some((what, example)) = p.handover.get(grant).and_then(|h| h.first()) {
-        let name = what.split_once(' ').map_or(what.as_str(), |(_, n)| n);
+    if let Some((what, finding)) = p.handover.get(grant).and_then(|h| h.first()) {
         return Err(Blocked {
             reason: HANDOVER_APPROVAL_REQUIRED,
-            message: format!(
-                "{what} holds another consumer's objects (such as {example}), which this Grant's consumer would read: revoking a Grant never deletes provider data. Empty it, or let this Grant have it: kubectl annotate grant {grant} {}={name}",
-                crate::api::iam::APPROVE_HANDOVER
-            ),
+            message: handover::message(grant, what, finding, crate::api::iam::APPROVE_HANDOVER),
         });
     }
     let pin = pin(&PinInputs {
@@ -479,6 +475,7 @@ pub fn revoke(issued: &Issued) -> Vec<Slot> {
     slots
 }
 
+pub mod handover;
 mod isolation;
 pub use isolation::{GrantView, Reduction, Tenancy, is_isolation, isolation, reduce, tenancy};
 

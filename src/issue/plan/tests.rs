@@ -342,11 +342,11 @@ fn a_handover_of_another_consumers_objects_needs_a_person() {
         }],
         &cat,
     );
-    let handover: BTreeMap<String, Vec<(String, String)>> = [(
+    let handover: BTreeMap<String, Vec<(String, handover::Finding)>> = [(
         "g".to_string(),
         vec![(
             "namespace team-a".to_string(),
-            "widgets.example.org team-a/w".to_string(),
+            handover::Finding::Object("widgets.example.org team-a/w".to_string()),
         )],
     )]
     .into();
@@ -370,7 +370,7 @@ fn a_handover_of_another_consumers_objects_needs_a_person() {
     // Never issued: reducing creates nothing.
     assert_eq!(reduce(G, &s, &Issued::default(), &p), Reduction::default());
     // Another Grant's handover is not this one's.
-    let elsewhere: BTreeMap<String, Vec<(String, String)>> =
+    let elsewhere: BTreeMap<String, Vec<(String, handover::Finding)>> =
         [("h".to_string(), handover["g"].clone())].into();
     let p = Provider {
         handover: &elsewhere,
