@@ -2153,3 +2153,83 @@ async fn a_connection_two_runs_in_a_row_died_on_is_skipped_and_the_rest_sync() {
             .count();
     assert_eq!(events, 1, "said once");
 }
+
+/// #31 item 10: `kbind schema` and `kbind resync` fire at the same CronJob tick. A binding
+/// created since the last tick is set up by schema while resync already runs; with
+/// `--first-sync-window` (the shipped CronJob's 30s) resync follows it and its first object,
+/// created once its CRD is Established, reaches the provider in that same run, not a period
+/// later. The next run finds the binding synced: it follows nothing and writes 0. A new binding
+/// that is never set up holds a run no longer than its window; without the flag (a one-off
+/// run) there is no window.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_new_binding_syncs_in_the_run_that_sees_it_set_up() {
+    let fx = Fx::new("firstsync").await;
+    let (api, conn) = fx.exported("widgets", "Namespaced").await;
+    fx.run(&[]);
+    assert_eq!(
+        cond(&fx.conn(&conn).await.status.unwrap().conditions, "Ready").0,
+        "True"
+    );
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&fx.group, "v1", "Widget"),
+        "widgets",
+    );
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": fx.ns}})).unwrap();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.provider.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    fx.cluster_binding("cb", &conn, &[&api]).await;
+
+    // The tick: resync starts, schema a moment after; the object as soon as its CRD is there.
+    let consumer_crds = Api::all(fx.consumer.clone());
+    let objects: Api<DynamicObject> = Api::namespaced_with(fx.consumer.clone(), &fx.ns, &ar);
+    let resync = fx.pass_async("resync", &["--first-sync-window=30s"]);
+    let schema_then_object = async {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        fx.pass_async("schema", &[]).await;
+        support::wait_established(&consumer_crds, &api).await;
+        let mut o = DynamicObject::new("first", &ar).data(json!({"spec": {"size": 1}}));
+        o.metadata.namespace = Some(fx.ns.clone());
+        objects.create(&PostParams::default(), &o).await.unwrap();
+    };
+    let (s, ()) = tokio::join!(resync, schema_then_object);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    assert!(
+        s["counts"]["firstSyncLooks"].as_i64().unwrap_or(0) >= 1,
+        "{s}"
+    );
+    let provider: Api<DynamicObject> = Api::namespaced_with(fx.provider.clone(), &fx.ns, &ar);
+    let copy = provider.get_opt("first").await.unwrap();
+    assert!(
+        copy.is_some(),
+        "the first object went up in the run that saw it set up: {s}"
+    );
+    assert_eq!(copy.unwrap().data["spec"]["size"], 1);
+
+    // The next runs: the binding was synced, so nothing is followed and nothing written.
+    for _ in 0..2 {
+        let s = fx.pass("resync", &["--first-sync-window=30s"]);
+        assert_eq!(s["data_writes"], 0, "{s}");
+        assert!(s["counts"].get("firstSyncLooks").is_none(), "{s}");
+    }
+
+    // A new binding never set up (its API not exported) holds a run for its window only.
+    fx.cluster_binding("never", &conn, &[&format!("nothings.{}", fx.group)])
+        .await;
+    let s = fx.pass("resync", &["--first-sync-window=6s"]);
+    assert_eq!(s["outcome"], "completed", "{s}");
+    assert!(
+        s["counts"]["firstSyncLooks"].as_i64().unwrap_or(0) >= 1,
+        "{s}"
+    );
+    let took = s["duration_seconds"].as_f64().unwrap_or(f64::MAX);
+    assert!(took < 6.0 + 10.0, "the window ends on time: {took} s");
+    // Without the flag, a run (a one-off, by an operator) has no window.
+    let s = fx.pass("resync", &[]);
+    assert!(s["counts"].get("firstSyncLooks").is_none(), "{s}");
+}

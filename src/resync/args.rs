@@ -17,4 +17,13 @@ pub struct ResyncArgs {
     /// to the provider (docs/resync.md "Deletion").
     #[arg(long, env = "KBIND_PROVIDER_DELETION_WAIT", default_value = "30m", value_parser = crate::pass::args::parse_duration)]
     pub provider_deletion_wait: std::time::Duration,
+    /// How long a run keeps following bindings that are new (created in the last few minutes
+    /// and never synced), once it has gone over everything: every 2 s it looks again, syncs each
+    /// of their APIs as soon as `kbind schema` (running at the same tick) has installed its CRD,
+    /// and keeps syncing it for a few seconds after, so a new binding's first objects go up in
+    /// the run that sees it set up, not a CronJob period later (docs/resync.md "First sync").
+    /// Never past `--deadline`. 0: off (the default, so a one-off run ends when its work does);
+    /// the shipped CronJob sets 30s.
+    #[arg(long, env = "KBIND_FIRST_SYNC_WINDOW", default_value = "0s", value_parser = crate::pass::args::parse_duration)]
+    pub first_sync_window: std::time::Duration,
 }

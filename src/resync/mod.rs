@@ -10,6 +10,7 @@
 mod apply;
 pub mod args;
 mod doc;
+mod first_sync;
 mod observe;
 pub mod plan;
 mod record;
@@ -53,6 +54,7 @@ pub struct BindingRef {
     pub deleting: bool,
     pub has_cleanup: bool,
     pub uid: String,
+    pub created: Option<Timestamp>,
     pub generation: Option<i64>,
     pub status: BindingStatus,
 }
@@ -128,82 +130,59 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
     run.waited_out = Timestamp::now()
         .as_second()
         .saturating_sub(i64::try_from(args.provider_deletion_wait.as_secs()).unwrap_or(i64::MAX));
-    let policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
-    // The consumer's own identity, read now: copies are marked with it, so a Connection status
-    // claiming another (forged, or restored onto another cluster) must not be trusted.
-    let local = connection::cluster_uid(&client).await;
-    let mut providers: HashMap<String, Option<Provider>> = HashMap::new();
+    let mut reach = Reach {
+        connections: seen.connections,
+        policy: CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace()),
+        // The consumer's own identity, read now: copies are marked with it, so a Connection
+        // status claiming another (forged, or restored onto another cluster) must not be
+        // trusted.
+        local: connection::cluster_uid(&client).await,
+        providers: HashMap::new(),
+    };
     let mut stopped = None;
     for api in &apis {
-        if stopped.is_some() {
-            break;
-        }
-        let Some(conn) = seen
-            .connections
-            .iter()
-            .find(|c| c.name_any() == api.connection)
-        else {
-            continue;
-        };
-        if !run
-            .bindings
-            .iter()
-            .any(|b| b.apis.contains(&api.name) && run.selected.contains(&b.key))
-        {
-            continue;
-        }
-        // Only what the provider exports: a consumer CRD hand-labelled managed is not a
-        // reason to write to the provider (docs/resync.md "Per bound API").
-        let exported = conn
-            .status
-            .as_ref()
-            .is_some_and(|s| s.exported_apis.iter().any(|e| e.name == api.name));
-        if !exported {
-            tracing::info!(api = %api.name, connection = %api.connection, "not among the Connection's exportedAPIs; not syncing");
-            run.summary.count("apisSkippedNotExported", 1);
-            continue;
-        }
-        // Poison isolation (src/pass/poison.rs): a Connection two runs in a row died on is
-        // skipped until it changes; the others keep syncing.
-        let item = crate::pass::poison::item("Connection", None, &api.connection);
-        let generation = conn.metadata.generation.unwrap_or(0);
-        if ctx.poison.check(&item, generation) == crate::pass::poison::Verdict::Quarantined {
-            run.quarantined(conn, &item, generation).await;
-            continue;
-        }
-        ctx.poison.enter(&item, generation).await;
-        if !providers.contains_key(&api.connection) {
-            let p = observe::connect(&ctx, &client, conn, &policy, &local, &mut run.writes).await;
-            providers.insert(api.connection.clone(), p);
-        }
-        let Some(Some(provider)) = providers.get(&api.connection) else {
-            ctx.poison.leave(&item);
-            run.summary.count("apisSkippedConnectionNotReady", 1);
-            continue;
-        };
         let start_after = cursor
             .as_ref()
             .filter(|(a, _)| a == &api.name)
             .map(|(_, k)| k.as_str())
             .filter(|k| !k.is_empty());
-        let s = ApiSync {
-            ctx: &ctx,
-            client: &client,
-            provider,
-            api,
-        };
-        if let Err(why) = run.sync_api(&s, start_after).await {
+        if let Err(why) = run.step(&mut reach, api, start_after).await {
             stopped = Some(why);
+            break;
         }
-        ctx.poison.leave(&item);
+    }
+    if stopped.is_none() && !args.first_sync_window.is_zero() {
+        let window = first_sync::Window::new(args.first_sync_window);
+        match window
+            .follow(&mut run, &mut reach, args.selector.as_deref())
+            .await
+        {
+            Ok(Some(now)) => apis = now,
+            Ok(None) => {}
+            Err(why) => stopped = Some(why),
+        }
     }
     if args.selector.is_none() {
         // A deleted Connection leaves the quarantine record.
-        let names: Vec<String> = seen.connections.iter().map(ResourceExt::name_any).collect();
+        let names: Vec<String> = reach
+            .connections
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
         ctx.poison
             .forget_absent("Connection", names.iter().map(String::as_str));
     }
-    run.finish(&client, &apis, &providers, stopped).await
+    run.finish(&client, &apis, &reach.providers, stopped).await
+}
+
+/// How a run reaches providers: the consumer's Connections, the credential rules, the
+/// consumer's own identity, and each Connection's provider once connected (`None`: not usable
+/// this run).
+struct Reach {
+    connections: Vec<crate::api::core::Connection>,
+    policy: CredentialPolicy,
+    local: Result<String, connection::IdentityError>,
+    providers: HashMap<String, Option<Provider>>,
 }
 
 /// Resume where the last budget-limited run stopped (`<api>|<namespace>/<name>`): its API first
@@ -249,6 +228,77 @@ impl<'a> Run<'a> {
 }
 
 impl Run<'_> {
+    /// Sync one bound API through its Connection, if a selected binding lists it and the
+    /// provider exports it. `Err` when the budget ran out.
+    async fn step(
+        &mut self,
+        reach: &mut Reach,
+        api: &BoundApi,
+        start_after: Option<&str>,
+    ) -> Result<(), crate::pass::budget::Exhausted> {
+        let ctx = self.ctx;
+        let Some(conn) = reach
+            .connections
+            .iter()
+            .find(|c| c.name_any() == api.connection)
+        else {
+            return Ok(());
+        };
+        if !self
+            .bindings
+            .iter()
+            .any(|b| b.apis.contains(&api.name) && self.selected.contains(&b.key))
+        {
+            return Ok(());
+        }
+        // Only what the provider exports: a consumer CRD hand-labelled managed is not a
+        // reason to write to the provider (docs/resync.md "Per bound API").
+        let exported = conn
+            .status
+            .as_ref()
+            .is_some_and(|s| s.exported_apis.iter().any(|e| e.name == api.name));
+        if !exported {
+            tracing::info!(api = %api.name, connection = %api.connection, "not among the Connection's exportedAPIs; not syncing");
+            self.summary.count("apisSkippedNotExported", 1);
+            return Ok(());
+        }
+        // Poison isolation (src/pass/poison.rs): a Connection two runs in a row died on is
+        // skipped until it changes; the others keep syncing.
+        let item = crate::pass::poison::item("Connection", None, &api.connection);
+        let generation = conn.metadata.generation.unwrap_or(0);
+        if ctx.poison.check(&item, generation) == crate::pass::poison::Verdict::Quarantined {
+            self.quarantined(conn, &item, generation).await;
+            return Ok(());
+        }
+        ctx.poison.enter(&item, generation).await;
+        if !reach.providers.contains_key(&api.connection) {
+            let p = observe::connect(
+                ctx,
+                &ctx.client,
+                conn,
+                &reach.policy,
+                &reach.local,
+                &mut self.writes,
+            )
+            .await;
+            reach.providers.insert(api.connection.clone(), p);
+        }
+        let Some(Some(provider)) = reach.providers.get(&api.connection) else {
+            ctx.poison.leave(&item);
+            self.summary.count("apisSkippedConnectionNotReady", 1);
+            return Ok(());
+        };
+        let s = ApiSync {
+            ctx,
+            client: &ctx.client,
+            provider,
+            api,
+        };
+        let result = self.sync_api(&s, start_after).await;
+        ctx.poison.leave(&item);
+        result
+    }
+
     /// A quarantined Connection's API is skipped. Resync keeps no condition of its own on a
     /// Connection: the run whose takeover quarantined it says so with a Warning Event.
     async fn quarantined(

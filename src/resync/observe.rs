@@ -127,6 +127,7 @@ impl From<crate::bindings::ObservedBinding> for BindingRef {
             orphans: b.orphans,
             deleting: b.deleting,
             uid: b.uid,
+            created: b.created,
             generation: b.generation,
             status: b.status,
         }

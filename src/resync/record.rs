@@ -155,6 +155,7 @@ mod tests {
             deleting: false,
             has_cleanup: false,
             uid: "u".into(),
+            created: None,
             generation: Some(1),
             status: BindingStatus {
                 conditions,

@@ -450,6 +450,7 @@ static FALLBACK: std::sync::LazyLock<BindingRef> = std::sync::LazyLock::new(|| B
     deleting: false,
     has_cleanup: false,
     uid: String::new(),
+    created: None,
     generation: None,
     status: BindingStatus::default(),
 });

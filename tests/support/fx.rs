@@ -217,6 +217,16 @@ impl Fx {
         support::outcome(cmd.output().expect("run kbind"))
     }
 
+    /// [`Fx::pass`] without blocking the test's runtime: for a pass that runs while the test
+    /// does something else (the other pass of the same CronJob tick).
+    pub async fn pass_async(&self, name: &str, extra: &[&str]) -> Value {
+        let args = self.args(name, extra);
+        let (code, summary, stderr) =
+            support::kbind_async(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        assert_eq!(code, 0, "kbind {name} failed: {summary}\n{stderr}");
+        summary
+    }
+
     /// Run pass `name` like [`Fx::pass`], whatever its exit code: (code, summary, stderr).
     pub fn try_pass(&self, name: &str, extra: &[&str]) -> (i32, Value, String) {
         support::kbind(
