@@ -1436,13 +1436,41 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             .await
             .unwrap();
     }
+    // Namespace `handed` holds what uid-prev's consumer left; Grant m, younger than it, is
+    // handed the namespace with a person's approval: the objects are still no pin of m's.
+    let handed = support::namespace(&p, "handed").await;
+    api_of(&p, &group, "widgets", Some(&handed))
+        .create(
+            &PostParams::default(),
+            &widget(&group, "old", Some(&*ix.uid("prev"))),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = format!("{}-m", ix.fx.label);
+    ix.grant_in(&m, &export, "1h", &[&handed]).await;
+    Api::<Grant>::all(p.clone())
+        .patch(
+            &m,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": handed}}}),
+            ),
+        )
+        .await
+        .unwrap();
     let g = format!("{}-g", ix.fx.label);
     let k = format!("{}-k", ix.fx.label);
     ix.grant(&g, &export, "1h").await;
     ix.grant(&k, &export, "1h").await;
     ix.run(&[]);
     assert_eq!(ready(&ix.get_grant(&h).await).0, "True", "h holds {left}");
-    for (grant, uid) in [(&g, ix.uid("old")), (&k, ix.uid("gone"))] {
+    assert_eq!(ready(&ix.get_grant(&m).await).0, "True", "m holds {handed}");
+    for (grant, uid) in [
+        (&g, ix.uid("old")),
+        (&k, ix.uid("gone")),
+        (&m, ix.uid("prev")),
+    ] {
         let c = client_of(&ix.kubeconfig(grant).await).await;
         Api::<Lease>::namespaced(c, &ix.ns)
             .create(&PostParams::default(), &heartbeat(&uid, grant))
@@ -1494,6 +1522,18 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             "{message}"
         );
         assert!(st.status.unwrap().consumer_cluster.is_none());
+        let st = ix.get_grant(&m).await;
+        let (status, reason, message) = pinned(&st);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ApprovalRequired"),
+            "round {round}: {message}"
+        );
+        assert!(
+            message.contains(&format!("{widgets} {handed}/old"))
+                && message.contains("older than the Grant holding it"),
+            "{message}"
+        );
         if round == 2 {
             assert_eq!(s["data_writes"], 0, "{s}");
             assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
@@ -1504,6 +1544,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         (&g, ix.uid("other"), "ApprovalRequired"),
         (&g, ix.uid("old"), "Pinned"),
         (&k, ix.uid("gone"), "Pinned"),
+        (&m, ix.uid("prev"), "Pinned"),
     ] {
         Api::<Grant>::all(p.clone())
             .patch(
@@ -1526,7 +1567,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             .as_deref(),
         Some(&*ix.uid("old"))
     );
-    for gr in [&g, &h, &k] {
+    for gr in [&g, &h, &k, &m] {
         Api::<Grant>::all(p.clone())
             .delete(gr, &Default::default())
             .await
@@ -2032,5 +2073,65 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
         ("True".into(), "Issued".into()),
         "emptied, the namespace passes"
     );
-    ix.revoke(&[&x, &z, &w, &v]).await;
+    // A pinned Grant newly given a namespace holding objects labelled with its own pin but
+    // older than the Grant (left by an earlier consumer of that UID, a kube-system UID being no
+    // secret): not its own, so the same approval.
+    let inherit = support::namespace(&p, "inherit").await;
+    let q = format!("{}-q", ix.fx.label);
+    api_of(&p, &group, "widgets", Some(&inherit))
+        .create(
+            &PostParams::default(),
+            &widget(&group, "before", Some(&*ix.uid("q"))),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let home = support::namespace(&p, "home").await;
+    ix.grant_in(&q, &export, "1h", &[&home]).await;
+    ix.run(&[]);
+    let cq = client_of(&ix.kubeconfig(&q).await).await;
+    Api::<Lease>::namespaced(cq, &ix.ns)
+        .create(&PostParams::default(), &heartbeat(&ix.uid("q"), &q))
+        .await
+        .unwrap();
+    // Its UID's objects elsewhere make the pin wait for a person, who approves it.
+    grants
+        .patch(
+            &q,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"iam.kbind.io/approve-consumer-cluster": ix.uid("q")}}})),
+        )
+        .await
+        .unwrap();
+    ix.run(&[]);
+    assert_eq!(
+        ix.get_grant(&q).await.status.unwrap().consumer_cluster,
+        Some(ix.uid("q"))
+    );
+    grants
+        .patch(
+            &q,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"namespaces": [home, inherit]}})),
+        )
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        ix.run(&[]);
+        let st = ix.get_grant(&q).await;
+        let c = st
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
+        assert!(
+            c.message.contains(&format!("{widgets} {inherit}/before")),
+            "{}",
+            c.message
+        );
+    }
+    ix.revoke(&[&x, &z, &w, &v, &q]).await;
 }

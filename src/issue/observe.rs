@@ -19,13 +19,14 @@ use crate::api::catalog::{Collection, Export};
 use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HASH};
 use crate::api::keys::EXPORTED;
 use crate::pass::list;
+use crate::scrub::scrub;
 
 mod handover;
 
 use super::IssueError;
 use super::args::Confinement;
 use super::plan::handover::Finding;
-use super::plan::{Catalog, Heartbeat, Issued, SecretObs};
+use super::plan::{Catalog, Heartbeat, Holder, Issued, SecretObs};
 use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
 /// Everything one run works from.
@@ -81,6 +82,45 @@ where
         .collect())
 }
 
+/// LIST the metadata of every object of kind `K` labelled with a Grant and named after it, as
+/// (grant, metadata cut down to what [`note`] reads). Roles and RoleBindings are listed in
+/// every namespace, where tenants may create labelled objects too: each is reduced as its page
+/// arrives, so their number and size cannot push the issuer past its memory limit.
+async fn labelled_meta<K>(
+    api: Api<K>,
+    what: &str,
+    ns: Option<&str>,
+) -> Result<Vec<(String, ObjectMeta)>, IssueError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let lp = ListParams::default().labels(GRANT_KEY);
+    let items = list::map_metadata(&api, &lp, |o| {
+        let m = o.metadata;
+        let g = m.labels.as_ref()?.get(GRANT_KEY)?.clone();
+        // Only the object of the expected name counts (anything else labelled is not ours).
+        if m.name.as_deref() != Some(&super::render::object_name(&g)) {
+            return None;
+        }
+        let hash = spec_hash(&m);
+        let kept = ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            owner_references: m
+                .owner_references
+                .map(|o| o.into_iter().filter(|r| r.kind == "Grant").take(1).collect()),
+            // The issuer writes 24 hex digits; anything past 64 is not one it wrote.
+            annotations: (hash.len() <= 64).then(|| [(SPEC_HASH.to_string(), hash)].into()),
+            ..Default::default()
+        };
+        Some((g, kept))
+    })
+    .await
+    .map_err(listed(what, ns))?;
+    Ok(items.into_iter().flatten().collect())
+}
+
 /// What keeps the shipped policies confining issued identities from being in force, one line
 /// each (docs/issue.md "Confinement"); empty when both are.
 pub async fn confinement_gaps(c: &Client) -> Result<Vec<String>, IssueError> {
@@ -117,28 +157,23 @@ fn spec_hash(meta: &ObjectMeta) -> String {
 
 /// Record each object of `kind` (or, outside the grants namespace `ns`, of `tenant`: the
 /// per-namespace kind) under its Grant.
-fn note<K: Resource>(
+fn note(
     issued: &mut BTreeMap<String, Issued>,
     (kind, tenant): (Kind, Kind),
     ns: &str,
-    items: Vec<(String, K)>,
+    items: Vec<(String, ObjectMeta)>,
 ) {
     for (g, o) in items {
-        // Only the object of the expected name counts (anything else labelled is not ours).
-        if o.meta().name.as_deref() != Some(&super::render::object_name(&g)) {
-            continue;
-        }
-        let slot = match o.meta().namespace.as_deref() {
+        let slot = match o.namespace.as_deref() {
             Some(n) if n != ns && tenant.per_tenant_namespace() => (tenant, n.to_string()),
             Some(n) if n != ns => continue,
             _ => (kind, String::new()),
         };
         let entry = issued.entry(g).or_default();
-        entry.hashes.insert(slot, spec_hash(o.meta()));
+        entry.hashes.insert(slot, spec_hash(&o));
         if kind == Kind::ServiceAccount {
-            entry.sa_uid = o.meta().uid.clone();
+            entry.sa_uid = o.uid.clone();
             entry.sa_owner = o
-                .meta()
                 .owner_references
                 .iter()
                 .flatten()
@@ -265,7 +300,7 @@ pub async fn observe(
         &mut issued,
         one(Kind::ServiceAccount),
         ns,
-        labelled(
+        labelled_meta(
             Api::<ServiceAccount>::namespaced(c.clone(), ns),
             "ServiceAccounts",
             Some(ns),
@@ -278,25 +313,25 @@ pub async fn observe(
         &mut issued,
         (Kind::Role, Kind::TenantRole),
         ns,
-        labelled(Api::<Role>::all(c.clone()), "Roles", None).await?,
+        labelled_meta(Api::<Role>::all(c.clone()), "Roles", None).await?,
     );
     note(
         &mut issued,
         (Kind::RoleBinding, Kind::TenantRoleBinding),
         ns,
-        labelled(Api::<RoleBinding>::all(c.clone()), "RoleBindings", None).await?,
+        labelled_meta(Api::<RoleBinding>::all(c.clone()), "RoleBindings", None).await?,
     );
     note(
         &mut issued,
         one(Kind::ClusterRole),
         ns,
-        labelled(Api::<ClusterRole>::all(c.clone()), "ClusterRoles", None).await?,
+        labelled_meta(Api::<ClusterRole>::all(c.clone()), "ClusterRoles", None).await?,
     );
     note(
         &mut issued,
         one(Kind::ClusterRoleBinding),
         ns,
-        labelled(
+        labelled_meta(
             Api::<ClusterRoleBinding>::all(c.clone()),
             "ClusterRoleBindings",
             None,
@@ -310,7 +345,7 @@ pub async fn observe(
             &mut issued,
             one(Kind::Policy),
             ns,
-            labelled(
+            labelled_meta(
                 Api::<ValidatingAdmissionPolicy>::all(c.clone()),
                 "ValidatingAdmissionPolicies",
                 None,
@@ -321,7 +356,7 @@ pub async fn observe(
             &mut issued,
             one(Kind::PolicyBinding),
             ns,
-            labelled(
+            labelled_meta(
                 Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
                 "ValidatingAdmissionPolicyBindings",
                 None,
@@ -420,19 +455,31 @@ async fn in_use(
             let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
             let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
             let found = list::map_metadata(&api, &lp, |m| {
-                (m.metadata.namespace, m.metadata.name.unwrap_or_default())
+                (
+                    m.metadata.namespace,
+                    m.metadata.name.unwrap_or_default(),
+                    m.metadata.creation_timestamp.map(|t| t.0),
+                )
             })
-            .await
-            .map_err(listed(
-                &format!("{} labelled with a consumer cluster", a.name),
-                None,
-            ))?;
-            for (ns, name) in found {
-                let owner = holder(everyone, issued, tenancy, &a.name, ns.as_deref());
-                let at = ns.map(|n| format!("{n}/")).unwrap_or_default();
-                let seen = out.entry(uid.clone()).or_default();
-                if !seen.iter().any(|(o, _)| o.as_deref() == owner) {
-                    seen.push((owner.map(String::from), format!("{} {at}{name}", a.name)));
+            .await;
+            let seen = out.entry(uid.clone()).or_default();
+            // A failed LIST makes this UID wait for a person, not every Grant of the run.
+            let found = match found {
+                Ok(found) => found,
+                Err(e) => {
+                    let why = format!("listing {}: {}", a.name, scrub(&e.to_string()));
+                    if !seen.iter().any(|(h, _)| *h == Holder::Unchecked) {
+                        seen.push((Holder::Unchecked, why));
+                    }
+                    continue;
+                }
+            };
+            for (ns, name, created) in found {
+                let at = (a.name.as_str(), ns.as_deref(), created);
+                let owner = holder(everyone, issued, tenancy, at);
+                let place = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
+                if !seen.iter().any(|(o, _)| *o == owner) {
+                    seen.push((owner, format!("{} {place}{name}", a.name)));
                 }
             }
         }
@@ -440,18 +487,18 @@ async fn in_use(
     Ok(out)
 }
 
-/// The one Grant holding where an object of `api` lives: in namespace `ns`, the Grant with its
-/// Role there and `api` in its `status.grantedAPIs`; cluster-scoped, the Grant holding `api`
-/// alone (granted, and no other Grant reaching it). `None` otherwise: objects left by a revoked
-/// Grant, or of a shared cluster-scoped API, are no consumer's own (docs/issue.md
-/// "Confinement").
-fn holder<'a>(
-    everyone: &'a [Grant],
+/// Who holds an object of `api` in namespace `ns` (none: cluster-scoped) created at `created`:
+/// in a namespace, the Grant with its Role there and `api` in its `status.grantedAPIs`;
+/// cluster-scoped, the Grant holding `api` alone (granted, and no other Grant reaching it); and
+/// only when that Grant is not younger than the object (one handed over to it was not written
+/// through it). [`Holder::Nobody`] otherwise: objects left by a revoked Grant, or of a shared
+/// cluster-scoped API, are no consumer's own (docs/issue.md "Confinement").
+fn holder(
+    everyone: &[Grant],
     issued: &BTreeMap<String, Issued>,
     tenancy: &super::plan::Tenancy,
-    api: &str,
-    ns: Option<&str>,
-) -> Option<&'a str> {
+    (api, ns, created): (&str, Option<&str>, Option<Timestamp>),
+) -> Holder {
     let granted = |g: &Grant| {
         g.metadata.deletion_timestamp.is_none()
             && g.status
@@ -471,8 +518,16 @@ fn holder<'a>(
         };
         here.then_some(name)
     });
-    match (holders.next(), holders.next()) {
-        (Some(one), None) => Some(one),
-        _ => None,
+    let (Some(one), None) = (holders.next(), holders.next()) else {
+        return Holder::Nobody;
+    };
+    let grant_created = everyone
+        .iter()
+        .find(|g| g.metadata.name.as_deref() == Some(one))
+        .and_then(|g| g.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0);
+    match (grant_created, created) {
+        (Some(g), Some(o)) if g <= o => Holder::Grant(one.to_string()),
+        _ => Holder::Nobody,
     }
 }

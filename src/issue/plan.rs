@@ -193,9 +193,10 @@ pub enum Pin {
     Waiting,
     /// Its only candidates are pinned by other Grants.
     Taken { uid: String, by: String },
-    /// Another Grant's provider objects already carry this UID: pinned only once a person
-    /// approves it on the Grant (`iam.kbind.io/approve-consumer-cluster`).
-    NeedsApproval { uid: String, example: String },
+    /// Provider objects this Grant does not hold already carry this UID, or the issuer could
+    /// not look (`why` says which): pinned only once a person approves it on the Grant
+    /// (`iam.kbind.io/approve-consumer-cluster`).
+    NeedsApproval { uid: String, why: String },
 }
 
 impl Pin {
@@ -242,9 +243,21 @@ pub fn valid_uid(uid: &str) -> bool {
         && uid.as_bytes()[uid.len() - 1].is_ascii_alphanumeric()
 }
 
-/// Per UID, who holds the provider objects carrying it: the one Grant holding where they live,
-/// or `None` when no Grant holds it alone; each with one such object (`<api> <ns>/<name>`).
-pub type InUse = BTreeMap<String, Vec<(Option<String>, String)>>;
+/// Who holds provider objects carrying a consumer cluster UID (docs/issue.md "Confinement").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// The one Grant holding where they live, since before they were created.
+    Grant(String),
+    /// No Grant alone: left by a revoked Grant, of a shared cluster-scoped API, or older than
+    /// the Grant now holding their place (handed over to it, not written through it).
+    Nobody,
+    /// The issuer could not look (a LIST refused or failed).
+    Unchecked,
+}
+
+/// Per UID, who holds the provider objects carrying it, each with one such object
+/// (`<api> <ns>/<name>`; for [`Holder::Unchecked`], what could not be listed and why).
+pub type InUse = BTreeMap<String, Vec<(Holder, String)>>;
 
 /// What the pin of one Grant is decided from.
 pub struct PinInputs<'a> {
@@ -287,16 +300,23 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
         }
         let theirs = i.in_use.get(uid).and_then(|v| {
             v.iter()
-                .find(|(owner, _)| owner.as_deref() != Some(i.grant))
+                .find(|(h, _)| !matches!(h, Holder::Grant(g) if g == i.grant))
         });
-        if let Some((owner, example)) = theirs.filter(|_| i.approved != Some(uid)) {
-            let whose = match owner {
-                Some(owner) => format!("of Grant {owner}"),
-                None => "which no Grant holds alone".to_string(),
+        if let Some((holder, example)) = theirs.filter(|_| i.approved != Some(uid)) {
+            let why = match holder {
+                Holder::Grant(g) => format!(
+                    "its objects already exist on the provider (such as {example}, of Grant {g})"
+                ),
+                Holder::Nobody => format!(
+                    "its objects already exist on the provider (such as {example}, which no Grant holds alone or which is older than the Grant holding it)"
+                ),
+                Holder::Unchecked => {
+                    format!("the issuer could not look for its objects ({example})")
+                }
             };
             refused.get_or_insert(Pin::NeedsApproval {
                 uid: uid.to_string(),
-                example: format!("{example}, {whose}"),
+                why,
             });
             continue;
         }

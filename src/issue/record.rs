@@ -78,11 +78,11 @@ pub fn grant_status(
                 "ConsumerClusterTaken",
                 format!("the heartbeat names consumer cluster {uid}, which Grant {by} already holds; nothing is pinned"),
             ),
-            Pin::NeedsApproval { uid, example } => (
+            Pin::NeedsApproval { uid, why } => (
                 ConditionStatus::False,
                 "ApprovalRequired",
                 format!(
-                    "the heartbeat names consumer cluster {uid}, whose objects already exist on the provider (e.g. {example}), written under another Grant or credential; nothing is pinned. If this Grant's consumer is that cluster, approve it: annotate the Grant {}={uid}",
+                    "the heartbeat names consumer cluster {uid}, but {why}; nothing is pinned. If this Grant's consumer is that cluster, approve it: annotate the Grant {}={uid}",
                     crate::api::iam::APPROVE_CONSUMER_CLUSTER
                 ),
             ),

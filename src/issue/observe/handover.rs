@@ -5,16 +5,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::discovery::ApiGroup;
 use kube::{Api, Client};
 
 use crate::api::iam::{APPROVE_HANDOVER, Grant};
 use crate::api::keys::CONSUMER_CLUSTER;
-use crate::pass::StatusCode;
+use crate::pass::{StatusCode, list};
 use crate::scrub::scrub;
 
-use super::super::plan::handover::{Finding, Look, Target, looks, namespace_defaults};
+use super::super::plan::handover::{Finding, Look, Target, counts, looks, namespace_defaults};
 use super::super::plan::{Catalog, Issued, Tenancy, resolve};
 use super::super::render::Kind;
 
@@ -63,9 +64,12 @@ pub async fn handover(
                 .get(api)
                 .is_some_and(|h| h.len() == 1 && h[0] == name)
         };
-        let pin = status.and_then(|s| s.consumer_cluster.as_deref());
+        let whose = Whose {
+            pin: status.and_then(|s| s.consumer_cluster.as_deref()),
+            created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        };
         for look in looks(&resolved, &owned, &held, &granted, &exclusive, &approved) {
-            if let Some(f) = look_at(client, &look, pin, &mut groups).await {
+            if let Some(f) = look_at(client, &look, whose, &mut groups).await {
                 out.entry(name.to_string())
                     .or_insert_with(Vec::new)
                     .push((look.what, f));
@@ -79,7 +83,7 @@ pub async fn handover(
 async fn look_at(
     client: &Client,
     look: &Look,
-    pin: Option<&str>,
+    whose: Whose<'_>,
     groups: &mut BTreeMap<String, Option<ApiGroup>>,
 ) -> Option<Finding> {
     let ns = look.namespace.as_deref();
@@ -123,7 +127,7 @@ async fn look_at(
             } => namespace_defaults(group, resource),
             _ => &[],
         };
-        match first(&api, pin, skip, names).await {
+        match first(&api, whose, skip, names).await {
             Ok(Some(obj)) => {
                 let at = ns.map(|n| format!("{n}/")).unwrap_or_default();
                 return Some(Finding::Object(format!("{what} {at}{obj}")));
@@ -140,46 +144,62 @@ async fn look_at(
     None
 }
 
-/// One object of `api` not labelled with the Grant's pin (any object while unpinned; an
-/// unlabelled one too: a copy handed over with deletion-policy Orphan keeps its data and loses
-/// the label), but those named in `skip`; of `names` only (read by name), when the rule names
-/// some.
+/// The Grant a look is for: its pin and creation time ([`counts`]).
+#[derive(Clone, Copy)]
+struct Whose<'a> {
+    pin: Option<&'a str>,
+    created: Option<Timestamp>,
+}
+
+/// One object of `api` that [`counts`] as another consumer's, but those named in `skip`; of
+/// `names` only (read by name), when the rule names some. Pinned, first one LIST of at most one
+/// object not labelled with the pin, then the pin's own objects (metadata, paged) for one older
+/// than the Grant.
 async fn first(
     api: &Api<DynamicObject>,
-    pin: Option<&str>,
+    whose: Whose<'_>,
     skip: &[&str],
     names: &[String],
 ) -> Result<Option<String>, kube::Error> {
-    if names.is_empty() {
-        let mut lp = ListParams::default().limit(1);
-        if let Some(pin) = pin {
-            lp = lp.labels(&format!("{CONSUMER_CLUSTER}!={pin}"));
+    let mine = |o: &kube::core::ObjectMeta| {
+        let label = o.labels.as_ref().and_then(|l| l.get(CONSUMER_CLUSTER));
+        let created = o.creation_timestamp.as_ref().map(|t| t.0);
+        !counts(whose.pin, whose.created, label.map(String::as_str), created)
+    };
+    if !names.is_empty() {
+        for n in names.iter().filter(|n| !skip.contains(&n.as_str())) {
+            if let Some(o) = api.get_metadata_opt(n).await?
+                && !mine(&o.metadata)
+            {
+                return Ok(o.metadata.name);
+            }
         }
-        let fields: Vec<String> = skip.iter().map(|n| format!("metadata.name!={n}")).collect();
-        if !fields.is_empty() {
-            lp = lp.fields(&fields.join(","));
-        }
-        let found = api.list_metadata(&lp).await?;
+        return Ok(None);
+    }
+    let fields: Vec<String> = skip.iter().map(|n| format!("metadata.name!={n}")).collect();
+    let base = match fields.is_empty() {
+        true => ListParams::default(),
+        false => ListParams::default().fields(&fields.join(",")),
+    };
+    let Some(pin) = whose.pin else {
+        let found = api.list_metadata(&base.limit(1)).await?;
         return Ok(found.items.into_iter().next().and_then(|o| o.metadata.name));
+    };
+    let others = base.clone().labels(&format!("{CONSUMER_CLUSTER}!={pin}"));
+    let found = api.list_metadata(&others.limit(1)).await?;
+    if let Some(o) = found.items.into_iter().next() {
+        return Ok(o.metadata.name);
     }
-    for n in names.iter().filter(|n| !skip.contains(&n.as_str())) {
-        let Some(o) = api.get_metadata_opt(n).await? else {
-            continue;
-        };
-        let label = o
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(CONSUMER_CLUSTER));
-        if pin.is_none() || label.map(String::as_str) != pin {
-            return Ok(o.metadata.name);
-        }
-    }
-    Ok(None)
+    let own = base.labels(&format!("{CONSUMER_CLUSTER}={pin}"));
+    let older = list::map_metadata(api, &own, |o| {
+        (!mine(&o.metadata)).then_some(o.metadata.name)
+    })
+    .await?;
+    Ok(older.into_iter().flatten().flatten().next())
 }
 
-/// The resource `group`/`resource` as served (the group's preferred version), read once per
-/// group and run; `None` when not served.
+/// The resource `group`/`resource` as served (at its most stable version), the group read once
+/// per run; `None` when not served.
 async fn discovered(
     client: &Client,
     group: &str,
@@ -200,8 +220,9 @@ async fn discovered(
         };
         groups.insert(group.to_string(), g);
     }
+    // Any version serving it: a resource may be served at a version the group does not prefer.
     Ok(groups.get(group).and_then(Option::as_ref).and_then(|g| {
-        g.recommended_resources()
+        g.resources_by_stability()
             .into_iter()
             .find(|(ar, _)| ar.plural == resource)
             .map(|(ar, _)| ar)

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::jiff::Timestamp;
 
 use super::render::{Resolved, ResolvedApi};
 
@@ -96,11 +97,54 @@ pub fn looks(
     out
 }
 
+/// What a Pod can be made to mount or run as in its namespace, so what creating workloads
+/// reaches besides the workloads themselves.
+const MOUNTABLE: [&str; 4] = [
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+    "serviceaccounts",
+];
+
+/// Whether a rule lets its holder create or change workloads (Pods, or what makes Pods).
+fn runs_workloads(r: &PolicyRule) -> bool {
+    const WORKLOADS: [(&str, &str); 8] = [
+        ("", "pods"),
+        ("", "replicationcontrollers"),
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("apps", "statefulsets"),
+        ("apps", "daemonsets"),
+        ("batch", "jobs"),
+        ("batch", "cronjobs"),
+    ];
+    let writes = r
+        .verbs
+        .iter()
+        .any(|v| matches!(v.as_str(), "create" | "update" | "patch" | "*"));
+    writes
+        && r.api_groups.iter().flatten().any(|g| {
+            r.resources.iter().flatten().any(|res| {
+                let base = res.split('/').next().unwrap_or_default();
+                WORKLOADS.contains(&(g.as_str(), base))
+            })
+        })
+}
+
 /// The resources an Export's resource rules reach in a Grant's namespaces, each once. Any verb
 /// counts: a write answers with the object it wrote. A subresource counts as its resource (the
-/// logs of a pod are the pod's).
+/// logs of a pod are the pod's). A rule that creates or changes workloads reaches what a Pod
+/// can mount or run as there (Secrets, ConfigMaps, PersistentVolumeClaims, ServiceAccounts)
+/// too.
 pub fn permission_targets(rules: &[PolicyRule]) -> Vec<Target> {
     let mut out: Vec<Target> = Vec::new();
+    if rules.iter().any(runs_workloads) {
+        out.extend(MOUNTABLE.iter().map(|r| Target::Permission {
+            group: String::new(),
+            resource: (*r).to_string(),
+            names: Vec::new(),
+        }));
+    }
     for r in rules
         .iter()
         .filter(|r| r.non_resource_urls.as_ref().is_none_or(Vec::is_empty))
@@ -127,6 +171,30 @@ pub fn permission_targets(rules: &[PolicyRule]) -> Vec<Target> {
         }
     }
     out
+}
+
+/// Whether an object found where a Grant would newly hold counts as another consumer's: any
+/// object while the Grant is unpinned; else one not labelled with its pin (an unlabelled one
+/// too: a copy handed over with deletion-policy Orphan keeps its data and loses the label),
+/// or labelled with it but older than the Grant: the Grant's identity never reached this place,
+/// so such an object was left by an earlier consumer of that UID (a revoked Grant), not
+/// written through this one.
+pub fn counts(
+    pin: Option<&str>,
+    grant_created: Option<Timestamp>,
+    label: Option<&str>,
+    created: Option<Timestamp>,
+) -> bool {
+    let Some(pin) = pin else {
+        return true;
+    };
+    if label != Some(pin) {
+        return true;
+    }
+    match (grant_created, created) {
+        (Some(g), Some(o)) => o < g,
+        _ => true,
+    }
 }
 
 /// Objects every namespace holds from its creation, nobody's to hand over: the cluster's CA
@@ -191,6 +259,35 @@ mod tests {
         };
         let t = permission_targets(&r);
         assert_eq!(t.len(), 5, "{t:?}");
+        // Creating workloads reaches what a Pod mounts or runs as.
+        let w = permission_targets(&rules(json!([
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
+        ])));
+        let names: Vec<String> = w
+            .iter()
+            .map(|t| match t {
+                Target::Permission { resource, .. } => resource.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "secrets",
+                "configmaps",
+                "persistentvolumeclaims",
+                "serviceaccounts",
+                "deployments"
+            ]
+        );
+        let read_only = permission_targets(&rules(json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        ])));
+        assert_eq!(
+            read_only.len(),
+            1,
+            "reading pods mounts nothing: {read_only:?}"
+        );
         assert_eq!(t[0], p("", "secrets", &[]));
         assert_eq!(t[1], p("", "configmaps", &[]));
         assert_eq!(t[2], p("", "pods", &[]), "a subresource is its resource's");
@@ -240,6 +337,28 @@ mod tests {
         let l = looks(&resolved, &owned, &held, &|_| false, &|_| false, &approved);
         let whats: Vec<&str> = l.iter().map(|l| l.what.as_str()).collect();
         assert_eq!(whats, ["namespace c"]);
+    }
+
+    #[test]
+    fn an_object_counts_unless_written_under_the_pin_since_the_grant() {
+        let t = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let grant = t(0);
+        assert!(counts(None, grant, Some("u"), t(10)), "unpinned: anything");
+        assert!(counts(Some("u"), grant, Some("v"), t(10)), "another's");
+        assert!(counts(Some("u"), grant, None, t(10)), "unlabelled");
+        assert!(
+            counts(Some("u"), grant, Some("u"), t(-10)),
+            "left before the Grant"
+        );
+        assert!(!counts(Some("u"), grant, Some("u"), t(10)), "its own");
+        assert!(
+            !counts(Some("u"), grant, Some("u"), t(0)),
+            "its own, same second"
+        );
+        assert!(
+            counts(Some("u"), None, Some("u"), t(10)),
+            "no creation time: counts"
+        );
     }
 
     #[test]

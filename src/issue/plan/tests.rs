@@ -438,12 +438,15 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     // A UID provider objects already carry: only with a person's approval of that UID.
     let in_use: InUse = [(
         "ccc".to_string(),
-        vec![(Some("h".to_string()), "widgets.example.org a/w".to_string())],
+        vec![(
+            Holder::Grant("h".into()),
+            "widgets.example.org a/w".to_string(),
+        )],
     )]
     .into();
     let needs = Pin::NeedsApproval {
         uid: "ccc".into(),
-        example: "widgets.example.org a/w, of Grant h".into(),
+        why: "its objects already exist on the provider (such as widgets.example.org a/w, of Grant h)".into(),
     };
     assert_eq!(at(None, &own, &none, &in_use, None), needs);
     assert_eq!(at(None, &own, &none, &in_use, Some("other-uid")), needs);
@@ -451,29 +454,57 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     // Objects no Grant holds alone (left by a revoked Grant) too.
     let left: InUse = [(
         "ccc".to_string(),
-        vec![(None, "widgets.example.org gone/w".to_string())],
+        vec![(Holder::Nobody, "widgets.example.org gone/w".to_string())],
     )]
     .into();
     assert_eq!(
         at(None, &own, &none, &left, None),
         Pin::NeedsApproval {
             uid: "ccc".into(),
-            example: "widgets.example.org gone/w, which no Grant holds alone".into(),
+            why: "its objects already exist on the provider (such as widgets.example.org gone/w, which no Grant holds alone or which is older than the Grant holding it)".into(),
         }
     );
     assert_eq!(at(None, &own, &none, &left, Some("ccc")), pinned("ccc"));
+    // Where the issuer could not look: the same approval, saying so.
+    let unchecked: InUse = [(
+        "ccc".to_string(),
+        vec![(
+            Holder::Unchecked,
+            "listing widgets.example.org: forbidden".to_string(),
+        )],
+    )]
+    .into();
+    assert_eq!(
+        at(None, &own, &none, &unchecked, None),
+        Pin::NeedsApproval {
+            uid: "ccc".into(),
+            why:
+                "the issuer could not look for its objects (listing widgets.example.org: forbidden)"
+                    .into(),
+        }
+    );
+    assert_eq!(
+        at(None, &own, &none, &unchecked, Some("ccc")),
+        pinned("ccc")
+    );
     // Objects where this Grant alone holds them are no reason; besides others', they are.
     let own_objects: InUse = [(
         "ccc".to_string(),
-        vec![(Some("g".to_string()), "widgets.example.org g/w".to_string())],
+        vec![(
+            Holder::Grant("g".into()),
+            "widgets.example.org g/w".to_string(),
+        )],
     )]
     .into();
     assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
     let mixed: InUse = [(
         "ccc".to_string(),
         vec![
-            (Some("g".to_string()), "widgets.example.org g/w".to_string()),
-            (None, "widgets.example.org gone/w".to_string()),
+            (
+                Holder::Grant("g".into()),
+                "widgets.example.org g/w".to_string(),
+            ),
+            (Holder::Nobody, "widgets.example.org gone/w".to_string()),
         ],
     )]
     .into();
