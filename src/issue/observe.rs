@@ -107,9 +107,12 @@ where
             name: m.name,
             namespace: m.namespace,
             uid: m.uid,
-            owner_references: m
-                .owner_references
-                .map(|o| o.into_iter().filter(|r| r.kind == "Grant").take(1).collect()),
+            owner_references: m.owner_references.map(|o| {
+                o.into_iter()
+                    .filter(|r| r.kind == "Grant")
+                    .take(1)
+                    .collect()
+            }),
             // The issuer writes 24 hex digits; anything past 64 is not one it wrote.
             annotations: (hash.len() <= 64).then(|| [(SPEC_HASH.to_string(), hash)].into()),
             ..Default::default()
