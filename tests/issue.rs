@@ -1531,7 +1531,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         );
         assert!(
             message.contains(&format!("{widgets} {handed}/old"))
-                && message.contains("older than the Grant holding it"),
+                && message.contains("handed over to this Grant, which wrote none of them"),
             "{message}"
         );
         if round == 2 {

@@ -10,6 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, Resource};
@@ -107,10 +108,17 @@ where
             name: m.name,
             namespace: m.namespace,
             uid: m.uid,
+            // Only the owning Grant's UID is read (a ServiceAccount's): every other field of a
+            // reference, and a UID past 64 characters, is no Grant's and could be huge.
             owner_references: m.owner_references.map(|o| {
                 o.into_iter()
-                    .filter(|r| r.kind == "Grant")
+                    .filter(|r| r.kind == "Grant" && r.uid.len() <= 64)
                     .take(1)
+                    .map(|r| OwnerReference {
+                        kind: r.kind,
+                        uid: r.uid,
+                        ..Default::default()
+                    })
                     .collect()
             }),
             // The issuer writes 24 hex digits; anything past 64 is not one it wrote.
@@ -417,9 +425,9 @@ pub async fn observe(
 }
 
 /// Of the UIDs the heartbeats of unpinned Grants name, those already carried
-/// (`core.kbind.io/consumer-cluster`) by provider objects, each with who holds them
-/// ([`holder`]) and one such object; a Grant pins such a UID only where it alone holds them,
-/// else with a person's approval (docs/issue.md "Confinement"). Only while a Grant waits for
+/// (`core.kbind.io/consumer-cluster`) by provider objects, each with who holds their place
+/// ([`holder`]) and one such object: an unpinned Grant's identity can have written none of
+/// them, so such a UID pins only with a person's approval (docs/issue.md "Confinement"). Only while a Grant waits for
 /// its pin: per UID, one labelled metadata LIST per exported API.
 async fn in_use(
     client: &Client,
@@ -458,11 +466,7 @@ async fn in_use(
             let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
             let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
             let found = list::map_metadata(&api, &lp, |m| {
-                (
-                    m.metadata.namespace,
-                    m.metadata.name.unwrap_or_default(),
-                    m.metadata.creation_timestamp.map(|t| t.0),
-                )
+                (m.metadata.namespace, m.metadata.name.unwrap_or_default())
             })
             .await;
             let seen = out.entry(uid.clone()).or_default();
@@ -477,9 +481,8 @@ async fn in_use(
                     continue;
                 }
             };
-            for (ns, name, created) in found {
-                let at = (a.name.as_str(), ns.as_deref(), created);
-                let owner = holder(everyone, issued, tenancy, at);
+            for (ns, name) in found {
+                let owner = holder(everyone, issued, tenancy, (&a.name, ns.as_deref()));
                 let place = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
                 if !seen.iter().any(|(o, _)| *o == owner) {
                     seen.push((owner, format!("{} {place}{name}", a.name)));
@@ -490,17 +493,17 @@ async fn in_use(
     Ok(out)
 }
 
-/// Who holds an object of `api` in namespace `ns` (none: cluster-scoped) created at `created`:
-/// in a namespace, the Grant with its Role there and `api` in its `status.grantedAPIs`;
-/// cluster-scoped, the Grant holding `api` alone (granted, and no other Grant reaching it); and
-/// only when that Grant is not younger than the object (one handed over to it was not written
-/// through it). [`Holder::Nobody`] otherwise: objects left by a revoked Grant, or of a shared
-/// cluster-scoped API, are no consumer's own (docs/issue.md "Confinement").
+/// Who holds the place of an object of `api` in namespace `ns` (none: cluster-scoped): in a
+/// namespace, the Grant with its Role there and `api` in its `status.grantedAPIs`;
+/// cluster-scoped, the Grant holding `api` alone (granted, and no other Grant reaching it).
+/// [`Holder::Nobody`] otherwise: objects left by a revoked Grant, or of a shared cluster-scoped
+/// API. Only said in the message: an unpinned Grant can have written none of them, wherever
+/// they are (docs/issue.md "Confinement").
 fn holder(
     everyone: &[Grant],
     issued: &BTreeMap<String, Issued>,
     tenancy: &super::plan::Tenancy,
-    (api, ns, created): (&str, Option<&str>, Option<Timestamp>),
+    (api, ns): (&str, Option<&str>),
 ) -> Holder {
     let granted = |g: &Grant| {
         g.metadata.deletion_timestamp.is_none()
@@ -521,16 +524,8 @@ fn holder(
         };
         here.then_some(name)
     });
-    let (Some(one), None) = (holders.next(), holders.next()) else {
-        return Holder::Nobody;
-    };
-    let grant_created = everyone
-        .iter()
-        .find(|g| g.metadata.name.as_deref() == Some(one))
-        .and_then(|g| g.metadata.creation_timestamp.as_ref())
-        .map(|t| t.0);
-    match (grant_created, created) {
-        (Some(g), Some(o)) if g <= o => Holder::Grant(one.to_string()),
+    match (holders.next(), holders.next()) {
+        (Some(one), None) => Holder::Grant(one.to_string()),
         _ => Holder::Nobody,
     }
 }

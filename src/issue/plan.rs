@@ -246,10 +246,9 @@ pub fn valid_uid(uid: &str) -> bool {
 /// Who holds provider objects carrying a consumer cluster UID (docs/issue.md "Confinement").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Holder {
-    /// The one Grant holding where they live, since before they were created.
+    /// The one Grant holding where they live.
     Grant(String),
-    /// No Grant alone: left by a revoked Grant, of a shared cluster-scoped API, or older than
-    /// the Grant now holding their place (handed over to it, not written through it).
+    /// No Grant alone: left by a revoked Grant, or of a shared cluster-scoped API.
     Nobody,
     /// The issuer could not look (a LIST refused or failed).
     Unchecked,
@@ -273,10 +272,11 @@ pub struct PinInputs<'a> {
 }
 
 /// The pin: kept once recorded; else the oldest heartbeat Lease of this Grant naming a UID no
-/// other Grant holds and no provider object carries (but where this Grant alone holds it)
-/// unless a person approved it (trust on first use, docs/issue.md "Confinement"). Objects no
-/// Grant holds count too: left by a revoked Grant, they would be the pinned consumer's to
-/// write, and to read once its Grant is given their namespace, with no hand-over to approve.
+/// other Grant holds and no provider object carries, unless a person approved it (trust on
+/// first use, docs/issue.md "Confinement"). Objects anywhere count, a revoked Grant's left
+/// where no Grant holds them and those handed over to this Grant too: pinned, the consumer
+/// would write them, and read them once its Grant is given their place, with no hand-over to
+/// approve.
 pub fn pin(i: &PinInputs<'_>) -> Pin {
     if let Some(uid) = i.recorded.filter(|u| valid_uid(u)) {
         return Pin::Pinned {
@@ -298,17 +298,24 @@ pub fn pin(i: &PinInputs<'_>) -> Pin {
             });
             continue;
         }
+        // Any object carrying it: before its pin a Grant's identity writes nothing, so none
+        // is this Grant's doing, wherever it is. An object found says more than a LIST that
+        // failed (the approval must not look like one for a glitch).
         let theirs = i.in_use.get(uid).and_then(|v| {
             v.iter()
-                .find(|(h, _)| !matches!(h, Holder::Grant(g) if g == i.grant))
+                .find(|(h, _)| *h != Holder::Unchecked)
+                .or_else(|| v.first())
         });
         if let Some((holder, example)) = theirs.filter(|_| i.approved != Some(uid)) {
             let why = match holder {
+                Holder::Grant(g) if g == i.grant => format!(
+                    "its objects already exist on the provider (such as {example}, handed over to this Grant, which wrote none of them: it writes nothing before its pin)"
+                ),
                 Holder::Grant(g) => format!(
                     "its objects already exist on the provider (such as {example}, of Grant {g})"
                 ),
                 Holder::Nobody => format!(
-                    "its objects already exist on the provider (such as {example}, which no Grant holds alone or which is older than the Grant holding it)"
+                    "its objects already exist on the provider (such as {example}, which no Grant holds alone)"
                 ),
                 Holder::Unchecked => {
                     format!("the issuer could not look for its objects ({example})")

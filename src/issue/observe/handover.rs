@@ -12,6 +12,7 @@ use kube::{Api, Client};
 
 use crate::api::iam::{APPROVE_HANDOVER, Grant};
 use crate::api::keys::CONSUMER_CLUSTER;
+use crate::issue::record::CONSUMER_PINNED;
 use crate::pass::{StatusCode, list};
 use crate::scrub::scrub;
 
@@ -64,9 +65,16 @@ pub async fn handover(
                 .get(api)
                 .is_some_and(|h| h.len() == 1 && h[0] == name)
         };
+        // When the Grant was pinned: `ConsumerPinned` turned True then and stays so.
+        let pinned = status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == CONSUMER_PINNED && c.status == "True")
+                .map(|c| c.last_transition_time.0)
+        });
         let whose = Whose {
             pin: status.and_then(|s| s.consumer_cluster.as_deref()),
-            created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            pinned,
         };
         for look in looks(&resolved, &owned, &held, &granted, &exclusive, &approved) {
             if let Some(f) = look_at(client, &look, whose, &mut groups).await {
@@ -144,17 +152,17 @@ async fn look_at(
     None
 }
 
-/// The Grant a look is for: its pin and creation time ([`counts`]).
+/// The Grant a look is for: its pin and when it was pinned ([`counts`]).
 #[derive(Clone, Copy)]
 struct Whose<'a> {
     pin: Option<&'a str>,
-    created: Option<Timestamp>,
+    pinned: Option<Timestamp>,
 }
 
 /// One object of `api` that [`counts`] as another consumer's, but those named in `skip`; of
 /// `names` only (read by name), when the rule names some. Pinned, first one LIST of at most one
-/// object not labelled with the pin, then the pin's own objects (metadata, paged) for one older
-/// than the Grant.
+/// object not labelled with the pin, then the pin's own objects (metadata, paged) for one not
+/// younger than the pin.
 async fn first(
     api: &Api<DynamicObject>,
     whose: Whose<'_>,
@@ -164,10 +172,11 @@ async fn first(
     let mine = |o: &kube::core::ObjectMeta| {
         let label = o.labels.as_ref().and_then(|l| l.get(CONSUMER_CLUSTER));
         let created = o.creation_timestamp.as_ref().map(|t| t.0);
-        !counts(whose.pin, whose.created, label.map(String::as_str), created)
+        !counts(whose.pin, whose.pinned, label.map(String::as_str), created)
     };
     if !names.is_empty() {
-        for n in names.iter().filter(|n| !skip.contains(&n.as_str())) {
+        let skipped = |n: &str| skip.contains(&format!("metadata.name!={n}").as_str());
+        for n in names.iter().filter(|n| !skipped(n)) {
             if let Some(o) = api.get_metadata_opt(n).await?
                 && !mine(&o.metadata)
             {
@@ -176,10 +185,9 @@ async fn first(
         }
         return Ok(None);
     }
-    let fields: Vec<String> = skip.iter().map(|n| format!("metadata.name!={n}")).collect();
-    let base = match fields.is_empty() {
+    let base = match skip.is_empty() {
         true => ListParams::default(),
-        false => ListParams::default().fields(&fields.join(",")),
+        false => ListParams::default().fields(&skip.join(",")),
     };
     let Some(pin) = whose.pin else {
         let found = api.list_metadata(&base.limit(1)).await?;
@@ -198,8 +206,8 @@ async fn first(
     Ok(older.into_iter().flatten().flatten().next())
 }
 
-/// The resource `group`/`resource` as served (at its most stable version), the group read once
-/// per run; `None` when not served.
+/// The resource `group`/`resource` as served, the group read once per run; `None` when the
+/// group is not served.
 async fn discovered(
     client: &Client,
     group: &str,
@@ -220,11 +228,24 @@ async fn discovered(
         };
         groups.insert(group.to_string(), g);
     }
-    // Any version serving it: a resource may be served at a version the group does not prefer.
-    Ok(groups.get(group).and_then(Option::as_ref).and_then(|g| {
-        g.resources_by_stability()
+    let Some(g) = groups.get(group).and_then(Option::as_ref) else {
+        return Ok(None);
+    };
+    // Any version serving it, the preferred first: a resource may be served at a version the
+    // group does not prefer, and two of a group's resources may share a kind.
+    let preferred = g.preferred_version_or_latest().to_string();
+    let versions = std::iter::once(preferred.as_str()).chain(g.versions());
+    for v in versions {
+        if let Some((ar, _)) = g
+            .versioned_resources(v)
             .into_iter()
             .find(|(ar, _)| ar.plural == resource)
-            .map(|(ar, _)| ar)
-    }))
+        {
+            return Ok(Some(ar));
+        }
+    }
+    // The group is served but not this resource: fail closed, a person decides.
+    Err(format!(
+        "API group {group:?} serves no resource {resource:?}"
+    ))
 }

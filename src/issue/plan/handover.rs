@@ -106,17 +106,29 @@ const MOUNTABLE: [&str; 4] = [
     "serviceaccounts",
 ];
 
-/// Whether a rule lets its holder create or change workloads (Pods, or what makes Pods).
+/// Whether a rule lets its holder create or change what may run Pods: a write on anything but
+/// the built-in resources known to start none. Fails closed: a CRD may start Pods (a workflow,
+/// a pipeline run, a virtual machine), and those mount what the namespace holds.
 fn runs_workloads(r: &PolicyRule) -> bool {
-    const WORKLOADS: [(&str, &str); 8] = [
-        ("", "pods"),
-        ("", "replicationcontrollers"),
-        ("apps", "deployments"),
-        ("apps", "replicasets"),
-        ("apps", "statefulsets"),
-        ("apps", "daemonsets"),
-        ("batch", "jobs"),
-        ("batch", "cronjobs"),
+    const POD_FREE_GROUPS: [&str; 7] = [
+        "rbac.authorization.k8s.io",
+        "networking.k8s.io",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "discovery.k8s.io",
+        "policy",
+        "autoscaling",
+    ];
+    const POD_FREE_CORE: [&str; 9] = [
+        "configmaps",
+        "secrets",
+        "services",
+        "endpoints",
+        "events",
+        "persistentvolumeclaims",
+        "serviceaccounts",
+        "limitranges",
+        "resourcequotas",
     ];
     let writes = r
         .verbs
@@ -126,7 +138,11 @@ fn runs_workloads(r: &PolicyRule) -> bool {
         && r.api_groups.iter().flatten().any(|g| {
             r.resources.iter().flatten().any(|res| {
                 let base = res.split('/').next().unwrap_or_default();
-                WORKLOADS.contains(&(g.as_str(), base))
+                let pod_free = match g.as_str() {
+                    "" => POD_FREE_CORE.contains(&base),
+                    g => POD_FREE_GROUPS.contains(&g),
+                };
+                !pod_free
             })
         })
 }
@@ -176,12 +192,13 @@ pub fn permission_targets(rules: &[PolicyRule]) -> Vec<Target> {
 /// Whether an object found where a Grant would newly hold counts as another consumer's: any
 /// object while the Grant is unpinned; else one not labelled with its pin (an unlabelled one
 /// too: a copy handed over with deletion-policy Orphan keeps its data and loses the label),
-/// or labelled with it but older than the Grant: the Grant's identity never reached this place,
-/// so such an object was left by an earlier consumer of that UID (a revoked Grant), not
-/// written through this one.
+/// or labelled with it but not strictly younger than the pin (`pinned`: when the Grant was
+/// pinned, `None` when unknown): before its pin a Grant's identity writes nothing, so such an
+/// object was left by an earlier consumer of that UID (a revoked Grant), not written through
+/// this one.
 pub fn counts(
     pin: Option<&str>,
-    grant_created: Option<Timestamp>,
+    pinned: Option<Timestamp>,
     label: Option<&str>,
     created: Option<Timestamp>,
 ) -> bool {
@@ -191,18 +208,31 @@ pub fn counts(
     if label != Some(pin) {
         return true;
     }
-    match (grant_created, created) {
-        (Some(g), Some(o)) => o < g,
+    match (pinned, created) {
+        (Some(p), Some(o)) => o <= p,
         _ => true,
     }
 }
 
-/// Objects every namespace holds from its creation, nobody's to hand over: the cluster's CA
-/// bundle and the default ServiceAccount.
+/// Objects a namespace holds from its creation, nobody's to hand over, as field selectors:
+/// the cluster's CA bundles (OpenShift adds its service CA), the ServiceAccounts the cluster
+/// makes (OpenShift adds `builder` and `deployer`), and the token and pull Secrets made for
+/// them (before Kubernetes 1.24, and on OpenShift).
 pub fn namespace_defaults(group: &str, resource: &str) -> &'static [&'static str] {
     match (group, resource) {
-        ("", "configmaps") => &["kube-root-ca.crt"],
-        ("", "serviceaccounts") => &["default"],
+        ("", "configmaps") => &[
+            "metadata.name!=kube-root-ca.crt",
+            "metadata.name!=openshift-service-ca.crt",
+        ],
+        ("", "serviceaccounts") => &[
+            "metadata.name!=default",
+            "metadata.name!=builder",
+            "metadata.name!=deployer",
+        ],
+        ("", "secrets") => &[
+            "type!=kubernetes.io/service-account-token",
+            "type!=kubernetes.io/dockercfg",
+        ],
         _ => &[],
     }
 }
@@ -288,6 +318,17 @@ mod tests {
             1,
             "reading pods mounts nothing: {read_only:?}"
         );
+        // Writing what is known to start no Pod adds nothing; writing a CRD's objects does
+        // (it may start Pods).
+        let pod_free = permission_targets(&rules(json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": ["*"]},
+        ])));
+        assert_eq!(pod_free.len(), 2, "{pod_free:?}");
+        let crd = permission_targets(&rules(json!([
+            {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]},
+        ])));
+        assert_eq!(crd.len(), 5, "{crd:?}");
         assert_eq!(t[0], p("", "secrets", &[]));
         assert_eq!(t[1], p("", "configmaps", &[]));
         assert_eq!(t[2], p("", "pods", &[]), "a subresource is its resource's");
@@ -340,24 +381,24 @@ mod tests {
     }
 
     #[test]
-    fn an_object_counts_unless_written_under_the_pin_since_the_grant() {
+    fn an_object_counts_unless_written_under_the_pin_after_it_was_set() {
         let t = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
-        let grant = t(0);
-        assert!(counts(None, grant, Some("u"), t(10)), "unpinned: anything");
-        assert!(counts(Some("u"), grant, Some("v"), t(10)), "another's");
-        assert!(counts(Some("u"), grant, None, t(10)), "unlabelled");
+        let pinned = t(0);
+        assert!(counts(None, pinned, Some("u"), t(10)), "unpinned: anything");
+        assert!(counts(Some("u"), pinned, Some("v"), t(10)), "another's");
+        assert!(counts(Some("u"), pinned, None, t(10)), "unlabelled");
         assert!(
-            counts(Some("u"), grant, Some("u"), t(-10)),
-            "left before the Grant"
+            counts(Some("u"), pinned, Some("u"), t(-10)),
+            "left before the pin"
         );
-        assert!(!counts(Some("u"), grant, Some("u"), t(10)), "its own");
         assert!(
-            !counts(Some("u"), grant, Some("u"), t(0)),
-            "its own, same second"
+            counts(Some("u"), pinned, Some("u"), t(0)),
+            "the pin's second: not its own"
         );
+        assert!(!counts(Some("u"), pinned, Some("u"), t(10)), "its own");
         assert!(
             counts(Some("u"), None, Some("u"), t(10)),
-            "no creation time: counts"
+            "pin time unknown: counts"
         );
     }
 

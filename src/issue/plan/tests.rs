@@ -461,7 +461,7 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
         at(None, &own, &none, &left, None),
         Pin::NeedsApproval {
             uid: "ccc".into(),
-            why: "its objects already exist on the provider (such as widgets.example.org gone/w, which no Grant holds alone or which is older than the Grant holding it)".into(),
+            why: "its objects already exist on the provider (such as widgets.example.org gone/w, which no Grant holds alone)".into(),
         }
     );
     assert_eq!(at(None, &own, &none, &left, Some("ccc")), pinned("ccc"));
@@ -487,7 +487,8 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
         at(None, &own, &none, &unchecked, Some("ccc")),
         pinned("ccc")
     );
-    // Objects where this Grant alone holds them are no reason; besides others', they are.
+    // Objects where this Grant holds them too: handed over to it, it wrote none (an unpinned
+    // identity writes nothing).
     let own_objects: InUse = [(
         "ccc".to_string(),
         vec![(
@@ -496,13 +497,20 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
         )],
     )]
     .into();
-    assert_eq!(at(None, &own, &none, &own_objects, None), pinned("ccc"));
+    assert_eq!(
+        at(None, &own, &none, &own_objects, None),
+        Pin::NeedsApproval {
+            uid: "ccc".into(),
+            why: "its objects already exist on the provider (such as widgets.example.org g/w, handed over to this Grant, which wrote none of them: it writes nothing before its pin)".into(),
+        }
+    );
+    // An object found is named before a LIST that failed.
     let mixed: InUse = [(
         "ccc".to_string(),
         vec![
             (
-                Holder::Grant("g".into()),
-                "widgets.example.org g/w".to_string(),
+                Holder::Unchecked,
+                "listing a.example.org: forbidden".to_string(),
             ),
             (Holder::Nobody, "widgets.example.org gone/w".to_string()),
         ],
@@ -510,7 +518,7 @@ fn the_pin_is_first_use_unique_approved_when_in_use_and_never_moves() {
     .into();
     assert!(matches!(
         at(None, &own, &none, &mixed, None),
-        Pin::NeedsApproval { .. }
+        Pin::NeedsApproval { why, .. } if why.contains("gone/w")
     ));
     let none_in_use = BTreeMap::new();
     assert_eq!(at(None, &[], &none, &none_in_use, None), Pin::Waiting);
