@@ -18,7 +18,9 @@ use kbind::api::iam::Grant;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::issue_fx::{Ix, api_of, client_of, ready, status_code, token_of, until_code, widget};
+use support::issue_fx::{
+    Ix, api_of, client_of, ready, ready_condition, status_code, token_of, until_code, widget,
+};
 
 /// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`: named after the
 /// Grant, the consumer cluster in a label.
@@ -1124,15 +1126,7 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         assert_eq!(ready(&ix.get_grant(&h).await).0, "True");
         let t = ix.get_grant(&taken).await;
         assert_eq!(ready(&t).1, "NamespaceTaken", "round {round}");
-        let msg = t
-            .status
-            .unwrap()
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .unwrap()
-            .message
-            .clone();
+        let msg = ready_condition(&t).message;
         assert!(
             msg.contains(&format!("namespace {} belongs to Grant {g}", fx.ns)),
             "{msg}"
@@ -1943,13 +1937,7 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     for round in 1..=2 {
         let s = ix.run(&[]);
         let st = ix.get_grant(&x).await;
-        let c = st
-            .status
-            .unwrap()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")
-            .unwrap();
+        let c = ready_condition(&st);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", "HandoverApprovalRequired"),
@@ -2044,13 +2032,7 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     for round in 1..=2 {
         ix.run(&[]);
         let st = ix.get_grant(&w).await;
-        let c = st
-            .status
-            .unwrap()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")
-            .unwrap();
+        let c = ready_condition(&st);
         assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
         assert!(
             c.message.contains(&format!("configmaps {kept}/settings")),
@@ -2119,13 +2101,7 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     for round in 1..=2 {
         ix.run(&[]);
         let st = ix.get_grant(&q).await;
-        let c = st
-            .status
-            .unwrap()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")
-            .unwrap();
+        let c = ready_condition(&st);
         assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
         assert!(
             c.message.contains(&format!("{widgets} {inherit}/before")),

@@ -337,6 +337,15 @@ where
     panic!("{what}: wanted {want}, last got {last}");
 }
 
+/// The Grant's `Ready` condition, whole (its message too).
+pub fn ready_condition(g: &Grant) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    g.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .expect("a Ready condition")
+}
+
 pub fn ready(g: &Grant) -> (String, String) {
     let c = g
         .status
