@@ -2026,9 +2026,26 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
         .create(&PostParams::default(), &settings)
         .await
         .unwrap();
-    let (w, v) = (format!("{}-w", ix.fx.label), format!("{}-v", ix.fx.label));
+    // A name every namespace may hold from its creation hides nothing labelled: another
+    // consumer's ConfigMap of that name counts.
+    let named = support::namespace(&p, "named").await;
+    let labelled: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "openshift-service-ca.crt",
+            "labels": {"core.kbind.io/consumer-cluster": ix.uid("other")}},
+        "data": {"key": "x"}}))
+    .unwrap();
+    configmaps(&named)
+        .create(&PostParams::default(), &labelled)
+        .await
+        .unwrap();
+    let (w, v, u) = (
+        format!("{}-w", ix.fx.label),
+        format!("{}-v", ix.fx.label),
+        format!("{}-u", ix.fx.label),
+    );
     ix.grant_in(&w, &reach, "1h", &[&kept]).await;
     ix.grant_in(&v, &reach, "1h", &[&clean]).await;
+    ix.grant_in(&u, &reach, "1h", &[&named]).await;
     for round in 1..=2 {
         ix.run(&[]);
         let st = ix.get_grant(&w).await;
@@ -2043,6 +2060,14 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
             ready(&ix.get_grant(&v).await),
             ("True".into(), "Issued".into()),
             "round {round}"
+        );
+        let c = ready_condition(&ix.get_grant(&u).await);
+        assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
+        assert!(
+            c.message
+                .contains(&format!("configmaps {named}/openshift-service-ca.crt")),
+            "{}",
+            c.message
         );
     }
     configmaps(&kept)
@@ -2109,5 +2134,5 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
             c.message
         );
     }
-    ix.revoke(&[&x, &z, &w, &v, &q]).await;
+    ix.revoke(&[&x, &z, &w, &v, &q, &u]).await;
 }

@@ -159,10 +159,10 @@ struct Whose<'a> {
     pinned: Option<Timestamp>,
 }
 
-/// One object of `api` that [`counts`] as another consumer's, but those named in `skip`; of
-/// `names` only (read by name), when the rule names some. Pinned, first one LIST of at most one
-/// object not labelled with the pin, then the pin's own objects (metadata, paged) for one not
-/// younger than the pin.
+/// One object of `api` that [`counts`] as another consumer's, but unlabelled ones `skip`
+/// excludes; of `names` only (read by name), when the rule names some. One LIST of at most one
+/// unlabelled object, one of at most one labelled with another consumer cluster (any, while
+/// unpinned), then the pin's own objects (metadata, paged) for one not younger than the pin.
 async fn first(
     api: &Api<DynamicObject>,
     whose: Whose<'_>,
@@ -174,10 +174,20 @@ async fn first(
         let created = o.creation_timestamp.as_ref().map(|t| t.0);
         !counts(whose.pin, whose.pinned, label.map(String::as_str), created)
     };
+    // What a namespace holds from its creation is skipped only unlabelled: an object labelled
+    // with a consumer cluster is a consumer's, whatever its name or type.
+    let skipped = |o: &kube::core::ObjectMeta| {
+        let name = o.name.as_deref().unwrap_or_default();
+        let labelled = o
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(CONSUMER_CLUSTER));
+        !labelled && skip.contains(&format!("metadata.name!={name}").as_str())
+    };
     if !names.is_empty() {
-        let skipped = |n: &str| skip.contains(&format!("metadata.name!={n}").as_str());
-        for n in names.iter().filter(|n| !skipped(n)) {
+        for n in names {
             if let Some(o) = api.get_metadata_opt(n).await?
+                && !skipped(&o.metadata)
                 && !mine(&o.metadata)
             {
                 return Ok(o.metadata.name);
@@ -185,20 +195,24 @@ async fn first(
         }
         return Ok(None);
     }
-    let base = match skip.is_empty() {
-        true => ListParams::default(),
-        false => ListParams::default().fields(&skip.join(",")),
-    };
-    let Some(pin) = whose.pin else {
-        let found = api.list_metadata(&base.limit(1)).await?;
-        return Ok(found.items.into_iter().next().and_then(|o| o.metadata.name));
-    };
-    let others = base.clone().labels(&format!("{CONSUMER_CLUSTER}!={pin}"));
-    let found = api.list_metadata(&others.limit(1)).await?;
-    if let Some(o) = found.items.into_iter().next() {
-        return Ok(o.metadata.name);
+    let mut unlabelled = ListParams::default().labels(&format!("!{CONSUMER_CLUSTER}"));
+    if !skip.is_empty() {
+        unlabelled = unlabelled.fields(&skip.join(","));
     }
-    let own = base.labels(&format!("{CONSUMER_CLUSTER}={pin}"));
+    let others = match whose.pin {
+        None => CONSUMER_CLUSTER.to_string(),
+        Some(pin) => format!("{CONSUMER_CLUSTER},{CONSUMER_CLUSTER}!={pin}"),
+    };
+    for lp in [unlabelled, ListParams::default().labels(&others)] {
+        let found = api.list_metadata(&lp.limit(1)).await?;
+        if let Some(o) = found.items.into_iter().next() {
+            return Ok(o.metadata.name);
+        }
+    }
+    let Some(pin) = whose.pin else {
+        return Ok(None);
+    };
+    let own = ListParams::default().labels(&format!("{CONSUMER_CLUSTER}={pin}"));
     let older = list::map_metadata(api, &own, |o| {
         (!mine(&o.metadata)).then_some(o.metadata.name)
     })
