@@ -547,6 +547,11 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
     let (g1, g2) = (format!("{}-1", ix.fx.label), format!("{}-2", ix.fx.label));
     ix.grant(&g1, &ok, "1h").await;
     ix.grant(&g2, &greedy, "1h").await;
+    // A namespace that exists already: the role may not list what a Pod there could mount
+    // (Secrets first), so it is handed over only with a person's approval.
+    let existing = support::namespace(&ix.fx.provider, "existing").await;
+    let g3 = format!("{}-3", ix.fx.label);
+    ix.grant_in(&g3, &ok, "1h", &[&existing]).await;
     let kc = identity.kubeconfig();
     // #28 item 10: the shipped policy kbind-issue-objects (here matching this identity) lets
     // it create, change and delete only RBAC objects and namespaces it issued (labelled
@@ -655,6 +660,35 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
     );
     let st = ix.get_grant(&g2).await;
     assert_eq!(ready(&st).1, "PermissionsNotGrantable", "{:?}", st.status);
+    for round in 1..=2 {
+        if round == 2 {
+            run();
+        }
+        let c = ready_condition(&ix.get_grant(&g3).await);
+        assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
+        assert!(
+            c.message.contains(&format!(
+                "namespace {existing} may hold another consumer's objects, and the issuer could not look (listing secrets: "
+            )) && c.message.contains("forbidden"),
+            "round {round}: {}",
+            c.message
+        );
+    }
+    Api::<Grant>::all(ix.fx.provider.clone())
+        .patch(
+            &g3,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": existing}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    run();
+    assert_eq!(
+        ready(&ix.get_grant(&g3).await),
+        ("True".into(), "Issued".into())
+    );
     // The issued identity works.
     let c = client_of(&ix.kubeconfig(&g1).await).await;
     until_code("list widgets", 200, || async {
@@ -666,15 +700,15 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
     })
     .await;
     // Revocation works with the same role.
-    for g in [&g1, &g2] {
+    for g in [&g1, &g2, &g3] {
         Api::<Grant>::all(ix.fx.provider.clone())
             .delete(g, &Default::default())
             .await
             .unwrap();
     }
     let s = run();
-    assert_eq!(s["counts"]["revoked"], 2, "{s}");
-    for g in [&g1, &g2] {
+    assert_eq!(s["counts"]["revoked"], 3, "{s}");
+    for g in [&g1, &g2, &g3] {
         assert!(
             Api::<Grant>::all(ix.fx.provider.clone())
                 .get_opt(g)
@@ -1453,10 +1487,29 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         )
         .await
         .unwrap();
+    // What an Export's `spec.permissions` let an identity write counts too: a ConfigMap
+    // labelled uid-cm, left in `gone` by a revoked Grant of Export `<label>-cm`.
+    let writes_cms = format!("{}-cm", ix.fx.label);
+    ix.export(
+        &writes_cms,
+        &[&widgets],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch"]}]),
+    )
+    .await;
+    let left_cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "left", "labels": {"core.kbind.io/consumer-cluster": ix.uid("cm")}},
+        "data": {"k": "v"}}))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(p.clone(), &gone)
+        .create(&PostParams::default(), &left_cm)
+        .await
+        .unwrap();
     let g = format!("{}-g", ix.fx.label);
     let k = format!("{}-k", ix.fx.label);
+    let n = format!("{}-n", ix.fx.label);
     ix.grant(&g, &export, "1h").await;
     ix.grant(&k, &export, "1h").await;
+    ix.grant(&n, &export, "1h").await;
     ix.run(&[]);
     assert_eq!(ready(&ix.get_grant(&h).await).0, "True", "h holds {left}");
     assert_eq!(ready(&ix.get_grant(&m).await).0, "True", "m holds {handed}");
@@ -1464,6 +1517,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         (&g, ix.uid("old")),
         (&k, ix.uid("gone")),
         (&m, ix.uid("prev")),
+        (&n, ix.uid("cm")),
     ] {
         let c = client_of(&ix.kubeconfig(grant).await).await;
         Api::<Lease>::namespaced(c, &ix.ns)
@@ -1528,6 +1582,19 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
                 && message.contains("handed over to this Grant, which wrote none of them"),
             "{message}"
         );
+        let st = ix.get_grant(&n).await;
+        let (status, reason, message) = pinned(&st);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ApprovalRequired"),
+            "round {round}: {message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "configmaps {gone}/left, which no Grant holds alone"
+            )),
+            "{message}"
+        );
         if round == 2 {
             assert_eq!(s["data_writes"], 0, "{s}");
             assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
@@ -1539,6 +1606,7 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         (&g, ix.uid("old"), "Pinned"),
         (&k, ix.uid("gone"), "Pinned"),
         (&m, ix.uid("prev"), "Pinned"),
+        (&n, ix.uid("cm"), "Pinned"),
     ] {
         Api::<Grant>::all(p.clone())
             .patch(
@@ -1561,13 +1629,19 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
             .as_deref(),
         Some(&*ix.uid("old"))
     );
-    for gr in [&g, &h, &k, &m] {
+    for gr in [&g, &h, &k, &m, &n] {
         Api::<Grant>::all(p.clone())
             .delete(gr, &Default::default())
             .await
             .unwrap();
     }
     ix.run(&[]);
+    // An issuer whose deploy role may not list ConfigMaps would make every pin wait while
+    // this Export is there: later tests run such issuers.
+    Api::<kbind::api::catalog::Export>::all(p.clone())
+        .delete(&writes_cms, &Default::default())
+        .await
+        .unwrap();
 }
 
 /// A Grant removed without its finalizer running (stripped by hand, as people do with stuck
@@ -1892,6 +1966,72 @@ async fn an_identity_writes_no_subresource_but_status() {
     ix.revoke(&[&g]).await;
 }
 
+/// An identity whose Export lets it write Leases in its namespaces writes its heartbeat only in
+/// the grants namespace: a `kbind-grant-<g>` Lease planted in its own provider namespace,
+/// labelled with its Grant and any UID, is refused (twice); the real one pins, though the
+/// Export's Leases are looked at for objects carrying the UID (the heartbeats are not).
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_identity_writes_its_heartbeat_only_in_the_grants_namespace() {
+    let ix = Ix::new("leasens").await;
+    let p = ix.fx.provider.clone();
+    let widgets = ix
+        .fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-l", ix.fx.label);
+    ix.export(
+        &export,
+        &[&widgets],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "patch"]}]),
+    )
+    .await;
+    let g = format!("{}-g", ix.fx.label);
+    ix.grant(&g, &export, "1h").await;
+    ix.run(&[]);
+    let c = client_of(&ix.kubeconfig(&g).await).await;
+    for round in 1..=2 {
+        let e = Api::<Lease>::namespaced(c.clone(), &g)
+            .create(&PostParams::default(), &heartbeat(&ix.uid("planted"), &g))
+            .await
+            .expect_err("a heartbeat outside the grants namespace");
+        let kube::Error::Api(s) = e else {
+            panic!("round {round}: {e}")
+        };
+        assert_eq!(s.code, 403, "round {round}: {}", s.message);
+        assert!(
+            s.message.contains(&format!(
+                "may only write its heartbeat Lease {}/kbind-grant-{g}",
+                ix.ns
+            )),
+            "round {round}: {}",
+            s.message
+        );
+    }
+    Api::<Lease>::namespaced(c.clone(), &ix.ns)
+        .create(&PostParams::default(), &heartbeat(&ix.uid("real"), &g))
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        ix.run(&[]);
+        assert_eq!(
+            ix.get_grant(&g).await.status.unwrap().consumer_cluster,
+            Some(ix.uid("real")),
+            "round {round}: its heartbeat, not another's object, carries the UID"
+        );
+    }
+    ix.revoke(&[&g]).await;
+    // A deploy role that may not list Leases would make every pin wait while this Export is
+    // there: later tests run such issuers.
+    Api::<kbind::api::catalog::Export>::all(p)
+        .delete(&export, &Default::default())
+        .await
+        .unwrap();
+}
+
 /// A namespace passes to the next Grant naming it only with a person's approval when it holds
 /// another consumer's objects (revoking a Grant never deletes provider data, and the next
 /// consumer would read them): `Ready=False HandoverApprovalRequired` naming one such object and
@@ -1994,6 +2134,31 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
             ready(&ix.get_grant(&z).await).1,
             "HandoverApprovalRequired",
             "round {round}"
+        );
+    }
+
+    // A Secret there blocks a hand-over with no permission rule naming it: the provider may
+    // run Pods for an exported API's objects, and those mount what the namespace holds.
+    let mounted = support::namespace(&p, "mounted").await;
+    let password: k8s_openapi::api::core::v1::Secret = serde_json::from_value(
+        json!({"metadata": {"name": "db-password"}, "stringData": {"password": "x"}}),
+    )
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(p.clone(), &mounted)
+        .create(&PostParams::default(), &password)
+        .await
+        .unwrap();
+    let t = format!("{}-t", ix.fx.label);
+    ix.grant_in(&t, &export, "1h", &[&mounted]).await;
+    for round in 1..=2 {
+        ix.run(&[]);
+        let c = ready_condition(&ix.get_grant(&t).await);
+        assert_eq!(c.reason, "HandoverApprovalRequired", "round {round}");
+        assert!(
+            c.message
+                .contains(&format!("secrets {mounted}/db-password")),
+            "{}",
+            c.message
         );
     }
 
@@ -2134,5 +2299,5 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
             c.message
         );
     }
-    ix.revoke(&[&x, &z, &w, &v, &q, &u]).await;
+    ix.revoke(&[&x, &z, &w, &v, &q, &u, &t]).await;
 }

@@ -20,14 +20,14 @@ use crate::api::catalog::{Collection, Export};
 use crate::api::iam::{EXPIRES_AT, GRANT_KEY, Grant, SERVICE_ACCOUNT_UID, SPEC_HASH};
 use crate::api::keys::EXPORTED;
 use crate::pass::list;
-use crate::scrub::scrub;
 
 mod handover;
+mod in_use;
 
 use super::IssueError;
 use super::args::Confinement;
 use super::plan::handover::Finding;
-use super::plan::{Catalog, Heartbeat, Holder, Issued, SecretObs};
+use super::plan::{Catalog, Heartbeat, Issued, SecretObs};
 use super::render::{KUBECONFIG_KEY, Kind, ResolvedApi};
 
 /// Everything one run works from.
@@ -408,7 +408,8 @@ pub async fn observe(
             Some((uid, g.metadata.name.clone()?))
         })
         .collect();
-    let in_use = in_use(client, (&grants, &everyone), &issued, &catalog, &tenancy).await?;
+    let in_use =
+        in_use::in_use(client, (&grants, &everyone), &issued, (&catalog, &tenancy)).await?;
     let handover =
         handover::handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await;
     Ok(Observed {
@@ -422,110 +423,4 @@ pub async fn observe(
         catalog,
         issued,
     })
-}
-
-/// Of the UIDs the heartbeats of unpinned Grants name, those already carried
-/// (`core.kbind.io/consumer-cluster`) by provider objects, each with who holds their place
-/// ([`holder`]) and one such object: an unpinned Grant's identity can have written none of
-/// them, so such a UID pins only with a person's approval (docs/issue.md "Confinement"). Only while a Grant waits for
-/// its pin: per UID, one labelled metadata LIST per exported API.
-async fn in_use(
-    client: &Client,
-    (grants, everyone): (&[Grant], &[Grant]),
-    issued: &BTreeMap<String, Issued>,
-    catalog: &Catalog,
-    tenancy: &super::plan::Tenancy,
-) -> Result<super::plan::InUse, IssueError> {
-    let mut uids = BTreeSet::new();
-    for g in grants {
-        let (Some(name), None) = (
-            g.metadata.name.as_deref(),
-            g.status
-                .as_ref()
-                .and_then(|s| s.consumer_cluster.as_deref()),
-        ) else {
-            continue;
-        };
-        if let Some(i) = issued.get(name) {
-            let grant = super::render::GrantRef {
-                name,
-                uid: "",
-                created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            };
-            uids.extend(super::plan::candidates(grant, &i.leases));
-        }
-    }
-    let mut out = super::plan::InUse::new();
-    for uid in uids {
-        // An exported CRD serving no version holds no object anyone can read or write.
-        for a in catalog.exported.values().filter(|a| !a.version.is_empty()) {
-            let ar = kube::api::ApiResource::from_gvk_with_plural(
-                &kube::api::GroupVersionKind::gvk(&a.group, &a.version, ""),
-                &a.plural,
-            );
-            let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
-            let lp = ListParams::default().labels(&super::plan::labelled_with(&uid));
-            let found = list::map_metadata(&api, &lp, |m| {
-                (m.metadata.namespace, m.metadata.name.unwrap_or_default())
-            })
-            .await;
-            let seen = out.entry(uid.clone()).or_default();
-            // A failed LIST makes this UID wait for a person, not every Grant of the run.
-            let found = match found {
-                Ok(found) => found,
-                Err(e) => {
-                    let why = format!("listing {}: {}", a.name, scrub(&e.to_string()));
-                    if !seen.iter().any(|(h, _)| *h == Holder::Unchecked) {
-                        seen.push((Holder::Unchecked, why));
-                    }
-                    continue;
-                }
-            };
-            for (ns, name) in found {
-                let owner = holder(everyone, issued, tenancy, (&a.name, ns.as_deref()));
-                let place = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
-                if !seen.iter().any(|(o, _)| *o == owner) {
-                    seen.push((owner, format!("{} {place}{name}", a.name)));
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Who holds the place of an object of `api` in namespace `ns` (none: cluster-scoped): in a
-/// namespace, the Grant with its Role there and `api` in its `status.grantedAPIs`;
-/// cluster-scoped, the Grant holding `api` alone (granted, and no other Grant reaching it).
-/// [`Holder::Nobody`] otherwise: objects left by a revoked Grant, or of a shared cluster-scoped
-/// API. Only said in the message: an unpinned Grant can have written none of them, wherever
-/// they are (docs/issue.md "Confinement").
-fn holder(
-    everyone: &[Grant],
-    issued: &BTreeMap<String, Issued>,
-    tenancy: &super::plan::Tenancy,
-    (api, ns): (&str, Option<&str>),
-) -> Holder {
-    let granted = |g: &Grant| {
-        g.metadata.deletion_timestamp.is_none()
-            && g.status
-                .as_ref()
-                .is_some_and(|s| s.granted_apis.iter().any(|a| a == api))
-    };
-    let mut holders = everyone.iter().filter(|g| granted(g)).filter_map(|g| {
-        let name = g.metadata.name.as_deref()?;
-        let here = match ns {
-            Some(ns) => issued
-                .get(name)
-                .is_some_and(|i| i.hashes.contains_key(&(Kind::TenantRole, ns.to_string()))),
-            None => tenancy
-                .cluster_grantees
-                .get(api)
-                .is_some_and(|h| h.len() == 1 && h[0] == name),
-        };
-        here.then_some(name)
-    });
-    match (holders.next(), holders.next()) {
-        (Some(one), None) => Holder::Grant(one.to_string()),
-        _ => Holder::Nobody,
-    }
 }

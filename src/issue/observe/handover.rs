@@ -222,7 +222,7 @@ async fn first(
 
 /// The resource `group`/`resource` as served, the group read once per run; `None` when the
 /// group is not served.
-async fn discovered(
+pub(super) async fn discovered(
     client: &Client,
     group: &str,
     resource: &str,

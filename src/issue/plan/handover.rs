@@ -62,7 +62,10 @@ pub fn looks(
     approved: &BTreeSet<&str>,
 ) -> Vec<Look> {
     let mut out = Vec::new();
-    let permissions = permission_targets(&resolved.permissions);
+    let permissions = permission_targets(
+        &resolved.permissions,
+        resolved.apis.iter().any(|a| a.namespaced),
+    );
     for ns in &resolved.namespaces {
         if !owned(ns) || approved.contains(ns.as_str()) {
             continue;
@@ -106,13 +109,20 @@ const MOUNTABLE: [&str; 4] = [
     "serviceaccounts",
 ];
 
+/// Whether a rule may create or change objects.
+fn writes(r: &PolicyRule) -> bool {
+    r.verbs
+        .iter()
+        .any(|v| matches!(v.as_str(), "create" | "update" | "patch" | "*"))
+}
+
 /// Whether a rule lets its holder create or change what may run Pods: a write on anything but
 /// the built-in resources known to start none. Fails closed: a CRD may start Pods (a workflow,
-/// a pipeline run, a virtual machine), and those mount what the namespace holds.
+/// a pipeline run, a virtual machine), and those mount what the namespace holds; an Ingress
+/// names a Secret its controller serves.
 fn runs_workloads(r: &PolicyRule) -> bool {
-    const POD_FREE_GROUPS: [&str; 7] = [
+    const POD_FREE_GROUPS: [&str; 6] = [
         "rbac.authorization.k8s.io",
-        "networking.k8s.io",
         "coordination.k8s.io",
         "events.k8s.io",
         "discovery.k8s.io",
@@ -130,11 +140,7 @@ fn runs_workloads(r: &PolicyRule) -> bool {
         "limitranges",
         "resourcequotas",
     ];
-    let writes = r
-        .verbs
-        .iter()
-        .any(|v| matches!(v.as_str(), "create" | "update" | "patch" | "*"));
-    writes
+    writes(r)
         && r.api_groups.iter().flatten().any(|g| {
             r.resources.iter().flatten().any(|res| {
                 let base = res.split('/').next().unwrap_or_default();
@@ -147,43 +153,125 @@ fn runs_workloads(r: &PolicyRule) -> bool {
         })
 }
 
+/// Why a rule reaches past the objects it names, where the issuer cannot look: acting as
+/// another user or ServiceAccount (`impersonate`), or granting more than it holds
+/// (`escalate`, `bind`), each also held through `*` on what it applies to.
+fn reaches_beyond(r: &PolicyRule) -> Option<String> {
+    let verb = |v: &str| r.verbs.iter().any(|x| x == v || x == "*");
+    let named = |groups: &[&str], resources: &[&str]| {
+        r.api_groups
+            .iter()
+            .flatten()
+            .any(|g| g == "*" || groups.contains(&g.as_str()))
+            && r.resources.iter().flatten().any(|res| {
+                let base = res.split('/').next().unwrap_or_default();
+                base == "*" || resources.contains(&base)
+            })
+    };
+    let impersonates = verb("impersonate")
+        && (named(&[""], &["users", "groups", "serviceaccounts"])
+            || named(&["authentication.k8s.io"], &["userextras", "uids"]));
+    let grants = (verb("escalate") || verb("bind"))
+        && named(&["rbac.authorization.k8s.io"], &["roles", "clusterroles"]);
+    let why = match (impersonates, grants) {
+        (true, _) => "impersonate, acting as whoever it names",
+        (_, true) => "escalate or bind on roles, granting more than it holds",
+        _ => return None,
+    };
+    Some(format!(
+        "the Export's permissions grant {why}, which the issuer cannot look through"
+    ))
+}
+
+/// The targets one resource rule names: each resource (a subresource counts as its resource:
+/// the logs of a pod are the pod's), with its `resourceNames`; [`Target::Unlistable`] for a
+/// `*` or a rule reaching past what it names.
+fn rule_targets(r: &PolicyRule) -> Vec<Target> {
+    if let Some(why) = reaches_beyond(r) {
+        return vec![Target::Unlistable(why)];
+    }
+    let names = r.resource_names.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    for group in r.api_groups.iter().flatten() {
+        for resource in r.resources.iter().flatten() {
+            let base = resource.split('/').next().unwrap_or_default();
+            out.push(if group.contains('*') || base.contains('*') {
+                Target::Unlistable(format!(
+                    "the Export's permissions grant {resource} of API group {group:?}, which the issuer cannot look through"
+                ))
+            } else {
+                Target::Permission {
+                    group: group.clone(),
+                    resource: base.to_string(),
+                    names: names.clone(),
+                }
+            });
+        }
+    }
+    out
+}
+
+fn resource_rules(rules: &[PolicyRule]) -> impl Iterator<Item = &PolicyRule> {
+    rules
+        .iter()
+        .filter(|r| r.non_resource_urls.as_ref().is_none_or(Vec::is_empty))
+}
+
 /// The resources an Export's resource rules reach in a Grant's namespaces, each once. Any verb
-/// counts: a write answers with the object it wrote. A subresource counts as its resource (the
-/// logs of a pod are the pod's). A rule that creates or changes workloads reaches what a Pod
-/// can mount or run as there (Secrets, ConfigMaps, PersistentVolumeClaims, ServiceAccounts)
-/// too.
-pub fn permission_targets(rules: &[PolicyRule]) -> Vec<Target> {
+/// counts: a write answers with the object it wrote. A Grant that creates or changes workloads
+/// reaches what a Pod can mount or run as there (Secrets, ConfigMaps, PersistentVolumeClaims,
+/// ServiceAccounts) too: through a rule, or through its exported namespaced APIs
+/// (`workloads`), whose objects the provider may run Pods for.
+pub fn permission_targets(rules: &[PolicyRule], workloads: bool) -> Vec<Target> {
     let mut out: Vec<Target> = Vec::new();
-    if rules.iter().any(runs_workloads) {
+    if workloads || resource_rules(rules).any(runs_workloads) {
         out.extend(MOUNTABLE.iter().map(|r| Target::Permission {
             group: String::new(),
             resource: (*r).to_string(),
             names: Vec::new(),
         }));
     }
-    for r in rules
-        .iter()
-        .filter(|r| r.non_resource_urls.as_ref().is_none_or(Vec::is_empty))
-    {
-        let names = r.resource_names.clone().unwrap_or_default();
-        for group in r.api_groups.iter().flatten() {
-            for resource in r.resources.iter().flatten() {
-                let base = resource.split('/').next().unwrap_or_default();
-                let t = if group.contains('*') || base.contains('*') {
-                    Target::Unlistable(format!(
-                        "the Export's permissions grant {resource} of API group {group:?}, which the issuer cannot look through"
-                    ))
-                } else {
-                    Target::Permission {
-                        group: group.clone(),
-                        resource: base.to_string(),
-                        names: names.clone(),
-                    }
-                };
-                if !out.contains(&t) {
-                    out.push(t);
-                }
-            }
+    for t in resource_rules(rules).flat_map(rule_targets) {
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// The resources an Export's resource rules let its identity write, each once and with no
+/// names (an object carrying a UID counts wherever it is): where a revoked Grant's consumer
+/// may have left objects labelled with its cluster's UID (docs/issue.md "Confinement"). A
+/// subresource is left out: a status write keeps the labels, and the shipped policy refuses
+/// every other.
+pub fn written_targets(rules: &[PolicyRule]) -> Vec<Target> {
+    let mut out: Vec<Target> = Vec::new();
+    let writing = resource_rules(rules)
+        .filter(|r| writes(r) || reaches_beyond(r).is_some())
+        .map(|r| match reaches_beyond(r) {
+            Some(_) => r.clone(),
+            None => PolicyRule {
+                resources: r
+                    .resources
+                    .as_ref()
+                    .map(|v| v.iter().filter(|x| !x.contains('/')).cloned().collect()),
+                ..r.clone()
+            },
+        })
+        .collect::<Vec<_>>();
+    for t in writing.iter().flat_map(rule_targets) {
+        let t = match t {
+            Target::Permission {
+                group, resource, ..
+            } => Target::Permission {
+                group,
+                resource,
+                names: Vec::new(),
+            },
+            other => other,
+        };
+        if !out.contains(&t) {
+            out.push(t);
         }
     }
     out
@@ -254,179 +342,4 @@ pub fn message(grant: &str, what: &str, finding: &Finding, annotation: &str) -> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn api(name: &str, namespaced: bool) -> ResolvedApi {
-        ResolvedApi {
-            name: name.into(),
-            group: "example.org".into(),
-            plural: name.split('.').next().unwrap_or_default().into(),
-            namespaced,
-            version: "v1".into(),
-        }
-    }
-
-    fn rules(v: serde_json::Value) -> Vec<PolicyRule> {
-        serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn permission_rules_become_resources_to_look_at() {
-        let r = rules(json!([
-            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]},
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["web"], "verbs": ["get"]},
-            {"apiGroups": ["*"], "resources": ["widgets"], "verbs": ["get"]},
-            {"nonResourceURLs": ["/healthz"], "verbs": ["get"]},
-        ]));
-        let p = |g: &str, r: &str, n: &[&str]| Target::Permission {
-            group: g.into(),
-            resource: r.into(),
-            names: n.iter().map(|s| s.to_string()).collect(),
-        };
-        let t = permission_targets(&r);
-        assert_eq!(t.len(), 5, "{t:?}");
-        // Creating workloads reaches what a Pod mounts or runs as.
-        let w = permission_targets(&rules(json!([
-            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
-        ])));
-        let names: Vec<String> = w
-            .iter()
-            .map(|t| match t {
-                Target::Permission { resource, .. } => resource.clone(),
-                other => format!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "secrets",
-                "configmaps",
-                "persistentvolumeclaims",
-                "serviceaccounts",
-                "deployments"
-            ]
-        );
-        let read_only = permission_targets(&rules(json!([
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        ])));
-        assert_eq!(
-            read_only.len(),
-            1,
-            "reading pods mounts nothing: {read_only:?}"
-        );
-        // Writing what is known to start no Pod adds nothing; writing a CRD's objects does
-        // (it may start Pods).
-        let pod_free = permission_targets(&rules(json!([
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
-            {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": ["*"]},
-        ])));
-        assert_eq!(pod_free.len(), 2, "{pod_free:?}");
-        let crd = permission_targets(&rules(json!([
-            {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]},
-        ])));
-        assert_eq!(crd.len(), 5, "{crd:?}");
-        assert_eq!(t[0], p("", "secrets", &[]));
-        assert_eq!(t[1], p("", "configmaps", &[]));
-        assert_eq!(t[2], p("", "pods", &[]), "a subresource is its resource's");
-        assert_eq!(t[3], p("apps", "deployments", &["web"]));
-        assert!(matches!(&t[4], Target::Unlistable(m) if m.contains("\"*\"")));
-    }
-
-    #[test]
-    fn a_grant_looks_where_it_would_read_first() {
-        let resolved = Resolved {
-            exports: vec!["e".into()],
-            apis: vec![
-                api("widgets.example.org", true),
-                api("nodes.example.org", false),
-            ],
-            permissions: rules(
-                json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
-            ),
-            namespaces: vec!["a".into(), "b".into(), "c".into(), "taken".into()],
-        };
-        let owned = |ns: &str| ns != "taken";
-        let held = |ns: &str| ns == "b" || ns == "c";
-        let none = BTreeSet::new();
-        // Nothing granted yet: a and b (held, API not granted) get looked at; c too.
-        let l = looks(&resolved, &owned, &held, &|_| false, &|_| true, &none);
-        let whats: Vec<&str> = l.iter().map(|l| l.what.as_str()).collect();
-        assert_eq!(
-            whats,
-            [
-                "namespace a",
-                "namespace b",
-                "namespace c",
-                "API nodes.example.org"
-            ]
-        );
-        // Not held: the APIs and the permission resources; held: only APIs not granted.
-        assert_eq!(l[0].targets.len(), 2);
-        assert_eq!(l[1].targets.len(), 1);
-        assert!(matches!(l[1].targets[0], Target::Api(_)));
-        assert_eq!(l[3].namespace, None);
-        // Everything granted and held: only the namespace without its Role yet.
-        let l = looks(&resolved, &owned, &held, &|_| true, &|_| true, &none);
-        let whats: Vec<&str> = l.iter().map(|l| l.what.as_str()).collect();
-        assert_eq!(whats, ["namespace a"]);
-        // Approved places are not looked at; a shared cluster-scoped API neither.
-        let approved: BTreeSet<&str> = ["a", "b"].into();
-        let l = looks(&resolved, &owned, &held, &|_| false, &|_| false, &approved);
-        let whats: Vec<&str> = l.iter().map(|l| l.what.as_str()).collect();
-        assert_eq!(whats, ["namespace c"]);
-    }
-
-    #[test]
-    fn an_object_counts_unless_written_under_the_pin_after_it_was_set() {
-        let t = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
-        let pinned = t(0);
-        assert!(counts(None, pinned, Some("u"), t(10)), "unpinned: anything");
-        assert!(counts(Some("u"), pinned, Some("v"), t(10)), "another's");
-        assert!(counts(Some("u"), pinned, None, t(10)), "unlabelled");
-        assert!(
-            counts(Some("u"), pinned, Some("u"), t(-10)),
-            "left before the pin"
-        );
-        assert!(
-            counts(Some("u"), pinned, Some("u"), t(0)),
-            "the pin's second: not its own"
-        );
-        assert!(!counts(Some("u"), pinned, Some("u"), t(10)), "its own");
-        assert!(
-            counts(Some("u"), None, Some("u"), t(10)),
-            "pin time unknown: counts"
-        );
-    }
-
-    #[test]
-    fn the_message_names_what_was_found_and_the_approval() {
-        let m = message(
-            "g",
-            "namespace team",
-            &Finding::Object("secrets team/db".into()),
-            "iam.kbind.io/approve-handover",
-        );
-        assert!(
-            m.starts_with(
-                "namespace team holds another consumer's objects (such as secrets team/db)"
-            ),
-            "{m}"
-        );
-        assert!(
-            m.ends_with("kubectl annotate grant g iam.kbind.io/approve-handover=team"),
-            "{m}"
-        );
-        let m = message(
-            "g",
-            "API nodes.example.org",
-            &Finding::Unchecked("forbidden".into()),
-            "iam.kbind.io/approve-handover",
-        );
-        assert!(m.contains("could not look (forbidden)"), "{m}");
-        assert!(m.ends_with("=nodes.example.org"), "{m}");
-    }
-}
+mod tests;
