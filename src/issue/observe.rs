@@ -224,10 +224,54 @@ pub fn secret_obs(s: &Secret) -> SecretObs {
     }
 }
 
+/// The heartbeat Leases in the grants namespace `ns`, per Grant label.
+async fn heartbeats(c: &Client, ns: &str) -> Result<BTreeMap<String, Vec<Heartbeat>>, IssueError> {
+    let mut out: BTreeMap<String, Vec<Heartbeat>> = BTreeMap::new();
+    for (g, l) in labelled(Api::<Lease>::namespaced(c.clone(), ns), "Leases", Some(ns)).await? {
+        if let (Some(name), Some(created)) = (l.metadata.name, l.metadata.creation_timestamp) {
+            let cluster = l
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get(crate::api::keys::CONSUMER_CLUSTER))
+                .cloned();
+            out.entry(g).or_default().push(Heartbeat {
+                created: created.0,
+                name,
+                cluster,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// For a run between full sweeps: how many Grants there are, and those to work on, each with
+/// why ([`super::plan::sweep::changed`]). Two LISTs: the Grants, the heartbeats.
+pub async fn changed(
+    client: &Client,
+    ns: &str,
+) -> Result<(usize, BTreeMap<String, &'static str>), IssueError> {
+    let grants = list::all(&Api::<Grant>::all(client.clone()), &ListParams::default())
+        .await
+        .map_err(listed("Grants", None))?;
+    let beats = heartbeats(client, ns).await?;
+    let changed = grants
+        .iter()
+        .filter_map(|g| {
+            let name = g.metadata.name.as_deref()?;
+            let mine = beats.get(name).map(Vec::as_slice).unwrap_or_default();
+            Some((name.to_string(), super::plan::sweep::changed(g, mine)?))
+        })
+        .collect();
+    Ok((grants.len(), changed))
+}
+
+/// `only`: the Grants a run between full sweeps works on (every Grant is still read, for
+/// ownership and pins).
 pub async fn observe(
     client: &Client,
     ns: &str,
-    selector: Option<&str>,
+    (selector, only): (Option<&str>, Option<&BTreeSet<String>>),
     confinement: Confinement,
 ) -> Result<Observed, IssueError> {
     let lp = ListParams::default();
@@ -235,7 +279,7 @@ pub async fn observe(
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    let grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
+    let mut grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
         .await
         .map_err(listed("Grants", None))?;
     let exports = list::all(&Api::<Export>::all(client.clone()), &lp)
@@ -286,6 +330,9 @@ pub async fn observe(
             .map_err(listed("Grants", None))?,
         None => grants.clone(),
     };
+    if let Some(only) = only {
+        grants.retain(|g| g.metadata.name.as_ref().is_some_and(|n| only.contains(n)));
+    }
     let views: Vec<super::plan::GrantView<'_>> = everyone
         .iter()
         .filter_map(|g| {
@@ -297,9 +344,20 @@ pub async fn observe(
         })
         .collect();
     let tenancy = super::plan::tenancy(&views, &catalog);
-    let namespaces = list::metadata(&Api::<Namespace>::all(client.clone()), &lp)
+    let listed_namespaces = list::metadata(&Api::<Namespace>::all(client.clone()), &lp)
         .await
-        .map_err(listed("Namespaces", None))?
+        .map_err(listed("Namespaces", None))?;
+    // Namespaces the issuer created for a Grant (labelled with it; only the issuer and
+    // namespace admins can write that label): when, per namespace.
+    let made: BTreeMap<String, (String, Timestamp)> = listed_namespaces
+        .iter()
+        .filter_map(|n| {
+            let grant = n.metadata.labels.as_ref()?.get(GRANT_KEY)?.clone();
+            let created = n.metadata.creation_timestamp.as_ref()?.0;
+            Some((n.metadata.name.clone()?, (grant, created)))
+        })
+        .collect();
+    let namespaces = listed_namespaces
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
@@ -386,20 +444,8 @@ pub async fn observe(
             issued.entry(g).or_default().secret = Some(secret_obs(&s));
         }
     }
-    for (g, l) in labelled(Api::<Lease>::namespaced(c.clone(), ns), "Leases", Some(ns)).await? {
-        if let (Some(name), Some(created)) = (l.metadata.name, l.metadata.creation_timestamp) {
-            let cluster = l
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|m| m.get(crate::api::keys::CONSUMER_CLUSTER))
-                .cloned();
-            issued.entry(g).or_default().leases.push(Heartbeat {
-                created: created.0,
-                name,
-                cluster,
-            });
-        }
+    for (g, beats) in heartbeats(c, ns).await? {
+        issued.entry(g).or_default().leases = beats;
     }
     let pinned = everyone
         .iter()
@@ -408,10 +454,22 @@ pub async fn observe(
             Some((uid, g.metadata.name.clone()?))
         })
         .collect();
-    let in_use =
-        in_use::in_use(client, (&grants, &everyone), &issued, (&catalog, &tenancy)).await?;
-    let handover =
-        handover::handover(client, &grants, &issued, (&catalog, &tenancy), &namespaces).await;
+    let in_use = in_use::in_use(
+        client,
+        ns,
+        (&grants, &everyone),
+        &issued,
+        (&catalog, &tenancy),
+    )
+    .await?;
+    let handover = handover::handover(
+        client,
+        &grants,
+        &issued,
+        (&catalog, &tenancy),
+        (&namespaces, &made),
+    )
+    .await;
     Ok(Observed {
         grants,
         in_use,

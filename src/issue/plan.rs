@@ -504,6 +504,7 @@ pub fn revoke(issued: &Issued) -> Vec<Slot> {
 
 pub mod handover;
 mod isolation;
+pub mod sweep;
 pub use isolation::{GrantView, Reduction, Tenancy, is_isolation, isolation, reduce, tenancy};
 
 #[cfg(test)]

@@ -352,8 +352,8 @@ pub fn policy_spec(r: &Resolved, namespace: &str, grant: &str, pinned: Option<&s
         ],
         "validations": [
             {
-                "expression": format!("!variables.isLease || ((object == null || (variables.newGrant == {g} && object.metadata.name == {n})) && (oldObject == null || (variables.oldGrant == {g} && oldObject.metadata.name == {n})))", g = lit(grant), n = lit(&object_name(grant))),
-                "message": format!("this identity may only write its heartbeat Lease {}, labelled {GRANT_KEY}={grant}", object_name(grant)),
+                "expression": format!("!variables.isLease || (request.namespace == {ns} && (object == null || (variables.newGrant == {g} && object.metadata.name == {n})) && (oldObject == null || (variables.oldGrant == {g} && oldObject.metadata.name == {n})))", ns = lit(namespace), g = lit(grant), n = lit(&object_name(grant))),
+                "message": format!("this identity may only write its heartbeat Lease {namespace}/{}, labelled {GRANT_KEY}={grant}", object_name(grant)),
                 "reason": "Forbidden",
             },
             {

@@ -25,6 +25,7 @@ pub mod shard;
 pub mod status;
 pub mod status_code;
 pub mod summary;
+pub mod sweep;
 pub mod writes;
 
 pub use args::{CommonArgs, OutputFormat};

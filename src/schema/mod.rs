@@ -87,7 +87,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     // A one-off run with --selector does everything for what it selects, and is no full sweep.
     let sweep = match &args.selector {
         Some(_) => Sweep::Full,
-        None => plan::sweep::sweep(args.full_sweep_every, ctx.swept_at, Timestamp::now()),
+        None => crate::pass::sweep::due(args.full_sweep_every, ctx.swept_at, Timestamp::now()),
     };
     summary.sweep = args.selector.is_none().then_some(sweep);
     for name in &order {

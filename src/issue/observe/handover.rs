@@ -27,7 +27,7 @@ pub async fn handover(
     grants: &[Grant],
     issued: &BTreeMap<String, Issued>,
     (catalog, tenancy): (&Catalog, &Tenancy),
-    namespaces: &BTreeSet<String>,
+    (namespaces, made): (&BTreeSet<String>, &BTreeMap<String, (String, Timestamp)>),
 ) -> BTreeMap<String, Vec<(String, Finding)>> {
     let mut groups = BTreeMap::new();
     let mut out = BTreeMap::new();
@@ -50,9 +50,22 @@ pub async fn handover(
             .unwrap_or_default();
         let status = g.status.as_ref();
         let granted = |api: &str| status.is_some_and(|s| s.granted_apis.iter().any(|g| g == api));
+        let created = g.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        // A namespace the issuer created for this Grant (labelled with it, younger than it)
+        // while it was never issued held nobody's objects: one whose Role write failed (a
+        // permission not grantable yet) is not looked at again. Once issued, a Grant's
+        // namespaces may have passed through other hands.
+        let never_issued = status.is_none_or(|s| s.secret_ref.is_none());
+        let made_for_it = |ns: &str| {
+            never_issued
+                && made
+                    .get(ns)
+                    .is_some_and(|(grant, at)| grant == name && created.is_some_and(|c| *at >= c))
+        };
         let owned = |ns: &str| {
             tenancy.namespace_owner.get(ns).map(String::as_str) == Some(name)
                 && namespaces.contains(ns)
+                && !made_for_it(ns)
         };
         let held = |ns: &str| {
             issued

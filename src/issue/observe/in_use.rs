@@ -9,7 +9,6 @@ use kube::{Api, Client};
 
 use crate::api::iam::Grant;
 use crate::issue::IssueError;
-use crate::pass::list;
 use crate::scrub::scrub;
 
 use super::super::plan::{Catalog, Holder, Issued};
@@ -17,16 +16,24 @@ use super::super::render::Kind;
 use super::handover;
 
 /// Of the UIDs the heartbeats of unpinned Grants name, those already carried
-/// (`core.kbind.io/consumer-cluster`) by provider objects, each with who holds their place
-/// ([`holder`]) and one such object: an unpinned Grant's identity can have written none of
-/// them, so such a UID pins only with a person's approval (docs/issue.md "Confinement"). Only
-/// while a Grant waits for its pin: per UID, one labelled metadata LIST per [`carriers`].
+/// (`core.kbind.io/consumer-cluster`) by provider objects, with who holds the place of the
+/// first one found ([`holder`]): an unpinned Grant's identity can have written none of them,
+/// so such a UID pins only with a person's approval (docs/issue.md "Confinement"). Only while
+/// a Grant waits for its pin, and not for a UID another Grant holds (it is taken whatever is
+/// found) or one a person approved for it: per UID, pages of one labelled metadata LIST per
+/// [`carriers`] until an object turns up, so no tenant can make a run read every object of a
+/// large consumer.
 pub(super) async fn in_use(
     client: &Client,
+    grants_ns: &str,
     (grants, everyone): (&[Grant], &[Grant]),
     issued: &BTreeMap<String, Issued>,
     (catalog, tenancy): (&Catalog, &super::super::plan::Tenancy),
 ) -> Result<super::super::plan::InUse, IssueError> {
+    let pinned: BTreeSet<&str> = everyone
+        .iter()
+        .filter_map(|g| g.status.as_ref()?.consumer_cluster.as_deref())
+        .collect();
     let mut uids = BTreeSet::new();
     for g in grants {
         let (Some(name), None) = (
@@ -37,13 +44,22 @@ pub(super) async fn in_use(
         ) else {
             continue;
         };
+        let approved = g
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::api::iam::APPROVE_CONSUMER_CLUSTER));
         if let Some(i) = issued.get(name) {
             let grant = super::super::render::GrantRef {
                 name,
                 uid: "",
                 created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
             };
-            uids.extend(super::super::plan::candidates(grant, &i.leases));
+            uids.extend(
+                super::super::plan::candidates(grant, &i.leases)
+                    .into_iter()
+                    .filter(|u| !pinned.contains(u.as_str()) && approved != Some(u)),
+            );
         }
     }
     let mut out = super::super::plan::InUse::new();
@@ -55,61 +71,72 @@ pub(super) async fn in_use(
         let seen = out.entry(uid.clone()).or_default();
         for (what, api, source) in &sources {
             // A source the issuer cannot list makes this UID wait for a person, not every
-            // Grant of the run.
-            let ar = match source {
-                Ok(ar) => ar,
-                Err(why) => {
-                    if !seen.iter().any(|(h, _)| *h == Holder::Unchecked) {
-                        seen.push((Holder::Unchecked, why.clone()));
-                    }
-                    continue;
-                }
+            // Grant of the run; an object found later says more.
+            let found = match source {
+                Ok(ar) => first_carrying(client, ar, &uid, grants_ns)
+                    .await
+                    .map_err(|e| format!("listing {what}: {}", scrub(&e.to_string()))),
+                Err(why) => Err(why.clone()),
             };
-            let lp = ListParams::default().labels(&super::super::plan::labelled_with(&uid));
-            let found = list::map_metadata(
-                &Api::<kube::api::DynamicObject>::all_with(client.clone(), ar),
-                &lp,
-                |m| {
-                    let heartbeat = ar.group == "coordination.k8s.io"
-                        && ar.plural == "leases"
-                        && m.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(crate::api::iam::GRANT_KEY))
-                            .is_some_and(|g| {
-                                m.metadata.name.as_deref()
-                                    == Some(super::super::render::object_name(g).as_str())
-                            });
-                    (
-                        heartbeat,
-                        m.metadata.namespace,
-                        m.metadata.name.unwrap_or_default(),
-                    )
-                },
-            )
-            .await;
-            let found = match found {
-                Ok(found) => found,
-                Err(e) => {
-                    let why = format!("listing {what}: {}", scrub(&e.to_string()));
+            match found {
+                Ok(None) => {}
+                Ok(Some((ns, name))) => {
+                    let owner = holder(everyone, issued, tenancy, (api.as_deref(), ns.as_deref()));
+                    let place = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
+                    seen.retain(|(h, _)| *h != Holder::Unchecked);
+                    seen.push((owner, format!("{what} {place}{name}")));
+                    break;
+                }
+                Err(why) => {
                     if !seen.iter().any(|(h, _)| *h == Holder::Unchecked) {
                         seen.push((Holder::Unchecked, why));
                     }
-                    continue;
-                }
-            };
-            // A heartbeat (a Lease named after the Grant its label names) carries a UID to
-            // pin, and is all of Leases an identity may write (kbind-grant-identities).
-            for (_, ns, name) in found.into_iter().filter(|(heartbeat, ..)| !heartbeat) {
-                let owner = holder(everyone, issued, tenancy, (api.as_deref(), ns.as_deref()));
-                let place = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
-                if !seen.iter().any(|(o, _)| *o == owner) {
-                    seen.push((owner, format!("{what} {place}{name}")));
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// The first object of `ar` labelled with `uid`, page by page (100 a page), but a heartbeat:
+/// a Lease in the grants namespace named after the Grant its label names carries a UID to
+/// pin, and is all of Leases an identity may write (kbind-grant-identities).
+async fn first_carrying(
+    client: &Client,
+    ar: &kube::api::ApiResource,
+    uid: &str,
+    grants_ns: &str,
+) -> Result<Option<(Option<String>, String)>, kube::Error> {
+    let api = Api::<kube::api::DynamicObject>::all_with(client.clone(), ar);
+    let leases = ar.group == "coordination.k8s.io" && ar.plural == "leases";
+    let mut lp = ListParams::default()
+        .labels(&super::super::plan::labelled_with(uid))
+        .limit(100);
+    loop {
+        let page = api.list_metadata(&lp).await?;
+        for m in page.items {
+            let heartbeat = leases
+                && m.metadata.namespace.as_deref() == Some(grants_ns)
+                && m.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::api::iam::GRANT_KEY))
+                    .is_some_and(|g| {
+                        m.metadata.name.as_deref()
+                            == Some(super::super::render::object_name(g).as_str())
+                    });
+            if !heartbeat {
+                return Ok(Some((
+                    m.metadata.namespace,
+                    m.metadata.name.unwrap_or_default(),
+                )));
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(None),
+        }
+    }
 }
 
 /// Where objects carrying a consumer cluster UID can be, each with what a message calls it
@@ -140,14 +167,17 @@ async fn carriers(
             (a.name.clone(), Some(a.name.clone()), Ok(ar))
         })
         .collect();
+    // Any Export's: what a rule cannot be looked through for names the Export holding it.
     let mut written: Vec<Target> = Vec::new();
-    for t in catalog
-        .exports
-        .values()
-        .flat_map(|e| written_targets(&e.permissions))
-    {
-        if !written.contains(&t) {
-            written.push(t);
+    for (export, e) in &catalog.exports {
+        for t in written_targets(&e.permissions) {
+            let t = match t {
+                Target::Unlistable(why) => Target::Unlistable(format!("Export {export}: {why}")),
+                t => t,
+            };
+            if !written.contains(&t) {
+                written.push(t);
+            }
         }
     }
     let mut groups = BTreeMap::new();

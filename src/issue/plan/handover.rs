@@ -328,17 +328,15 @@ pub fn namespace_defaults(group: &str, resource: &str) -> &'static [&'static str
 /// The Blocked message for a place that needs a person: what it found, and the approval.
 pub fn message(grant: &str, what: &str, finding: &Finding, annotation: &str) -> String {
     let name = what.split_once(' ').map_or(what, |(_, n)| n);
-    let found = match finding {
+    let approve = format!("kubectl annotate grant {grant} {annotation}={name}");
+    match finding {
         Finding::Object(example) => format!(
-            "holds another consumer's objects (such as {example}), which this Grant's consumer would read: revoking a Grant never deletes provider data"
+            "{what} holds another consumer's objects (such as {example}), which this Grant's consumer would read: revoking a Grant never deletes provider data. Empty it, or let this Grant have it: {approve}"
         ),
-        Finding::Unchecked(why) => {
-            format!("may hold another consumer's objects, and the issuer could not look ({why})")
-        }
-    };
-    format!(
-        "{what} {found}. Empty it, or let this Grant have it: kubectl annotate grant {grant} {annotation}={name}"
-    )
+        Finding::Unchecked(why) => format!(
+            "{what} may hold another consumer's objects, and the issuer could not look ({why}). Let this Grant have it: {approve}; or let the issuer look (a LIST refused: give kbind-issue `list` on it, docs/issue.md \"Read isolation\")"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -4,33 +4,9 @@
 //! CronJob can run every minute (a new binding is set up within a minute) while the provider
 //! is asked no more often than before.
 
-use std::time::Duration;
-
-use k8s_openapi::jiff::Timestamp;
-
 use crate::api::core::Connection;
-use crate::pass::summary::Sweep;
 
 use super::BindingView;
-
-/// Whether this run sweeps fully: always with `every` zero (the default), when no full sweep
-/// is recorded, when the last one is `every` old, or when the record lies more than `every`
-/// ahead (written by a clock that ran fast: it must not put sweeps off until it is reached).
-pub fn sweep(every: Duration, swept_at: Option<Timestamp>, now: Timestamp) -> Sweep {
-    let due = |at: Timestamp| {
-        let since = now.duration_since(at);
-        let ahead = at.duration_since(now);
-        let at_least = |d: k8s_openapi::jiff::SignedDuration| {
-            Duration::try_from(d).is_ok_and(|d: Duration| d >= every)
-        };
-        at_least(since) || ahead.is_positive() && at_least(ahead)
-    };
-    if every.is_zero() || swept_at.is_none_or(due) {
-        Sweep::Full
-    } else {
-        Sweep::Changed
-    }
-}
 
 /// Why `conn` is reconciled in a run that reconciles only what changed; `None`: nothing it or
 /// its bindings (`bindings`, of every Connection) hold changed since it was last reconciled.
@@ -68,22 +44,8 @@ mod tests {
     use crate::api::core::{BindingStatus, ConnectionStatus};
     use serde_json::json;
 
-    fn t(s: i64) -> Timestamp {
-        Timestamp::from_second(s).unwrap()
-    }
-
-    #[test]
-    fn a_full_sweep_comes_when_due_or_when_none_is_recorded() {
-        let five = Duration::from_secs(300);
-        assert_eq!(sweep(Duration::ZERO, Some(t(1000)), t(1000)), Sweep::Full);
-        assert_eq!(sweep(five, None, t(1000)), Sweep::Full);
-        assert_eq!(sweep(five, Some(t(1000)), t(1299)), Sweep::Changed);
-        assert_eq!(sweep(five, Some(t(1000)), t(1300)), Sweep::Full);
-        // A record a little ahead (clocks differ a little): not due yet; far ahead (a clock that
-        // ran fast): due, or it would put every sweep off until the clock reached it.
-        assert_eq!(sweep(five, Some(t(1100)), t(1000)), Sweep::Changed);
-        assert_eq!(sweep(five, Some(t(1300)), t(1000)), Sweep::Full);
-        assert_eq!(sweep(five, Some(t(100_000)), t(1000)), Sweep::Full);
+    fn t(s: i64) -> k8s_openapi::jiff::Timestamp {
+        k8s_openapi::jiff::Timestamp::from_second(s).unwrap()
     }
 
     fn conn(generation: i64, observed: Option<i64>, finalizer: bool, deleting: bool) -> Connection {

@@ -269,5 +269,11 @@ fn the_message_names_what_was_found_and_the_approval() {
         "iam.kbind.io/approve-handover",
     );
     assert!(m.contains("could not look (forbidden)"), "{m}");
-    assert!(m.ends_with("=nodes.example.org"), "{m}");
+    assert!(
+        m.contains("kubectl annotate grant g iam.kbind.io/approve-handover=nodes.example.org;"),
+        "{m}"
+    );
+    // Emptying what could not be looked at helps nothing: the message says how to let it look.
+    assert!(!m.contains("Empty it"), "{m}");
+    assert!(m.contains("give kbind-issue `list` on it"), "{m}");
 }
