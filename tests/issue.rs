@@ -19,17 +19,9 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::issue_fx::{
-    Ix, api_of, client_of, ready, ready_condition, status_code, token_of, until_code, widget,
+    Ix, api_of, client_of, heartbeat, ready, ready_condition, status_code, token_of, until_code,
+    widget,
 };
-
-/// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`: named after the
-/// Grant, the consumer cluster in a label.
-fn heartbeat(uid: &str, grant: &str) -> Lease {
-    serde_json::from_value(json!({"metadata": {"name": format!("kbind-grant-{grant}"),
-        "labels": {"iam.kbind.io/grant": grant, "core.kbind.io/consumer-cluster": uid}},
-        "spec": {"holderIdentity": format!("kbind-resync/{uid}")}}))
-    .unwrap()
-}
 
 #[tokio::test]
 #[cfg_attr(

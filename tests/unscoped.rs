@@ -747,3 +747,125 @@ async fn between_full_sweeps_a_run_reconciles_only_what_changed() {
     cbs.delete(&cb, &Default::default()).await.unwrap();
     settle(&fx);
 }
+
+/// `kbind issue` as the shipped CronJob runs it: every minute with `--full-sweep-every`, and
+/// no selector. Between full sweeps a run reads the Grants and heartbeats and stops when no
+/// Grant needs a run (writing only its pass Lease, twice over); a new Grant, a first heartbeat
+/// and a deleted Grant each make the next run a full sweep (issued, pinned, revoked); drift of
+/// what is issued alone waits for the next full sweep, which repairs it.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn between_full_sweeps_the_issuer_acts_on_what_changed() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::rbac::v1::Role;
+    use kbind::api::iam::Grant;
+    use support::issue_fx::{Ix, client_of, heartbeat, ready};
+    let _alone = support::unscoped_lock();
+    let ix = Ix::new("unscoped-issue").await;
+    let p = ix.fx.provider.clone();
+    let (_, export) = ix.widgets_export().await;
+    let admin = ix.fx.env.provider.to_string_lossy().to_string();
+    let ca = ix.ca_file.to_string_lossy().to_string();
+    let run = |every: &str| {
+        let (code, s, err) = support::kbind(&[
+            "issue",
+            "--kubeconfig",
+            &admin,
+            "--lease-namespace",
+            &ix.ns,
+            "--grants-namespace",
+            &ix.ns,
+            "--server-url",
+            &ix.server,
+            "--server-ca-file",
+            &ca,
+            "--full-sweep-every",
+            every,
+            "-o",
+            "json",
+        ]);
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    };
+    let a = format!("{}-a", ix.fx.label);
+    ix.grant(&a, &export, "1h").await;
+    // Full sweeps until everything, other tests' leftovers included, is quiet.
+    let mut settled = false;
+    for _ in 0..5 {
+        if run("0s")["data_writes"] == 0 {
+            settled = true;
+            break;
+        }
+    }
+    assert!(settled, "full sweeps settle");
+    assert_eq!(ready(&ix.get_grant(&a).await).0, "True");
+    for round in 1..=2 {
+        let s = run("1h");
+        assert_eq!(s["sweep"], "changed", "round {round}: {s}");
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
+        assert!(s["counts"]["unchanged"].as_i64() >= Some(1), "{s}");
+        assert!(s["counts"]["grants"].is_null(), "nothing observed: {s}");
+    }
+
+    // A new Grant is issued at the next run; a first heartbeat is pinned at the one after.
+    let b = format!("{}-b", ix.fx.label);
+    ix.grant(&b, &export, "1h").await;
+    let s = run("1h");
+    assert_eq!(s["sweep"], "full", "a new Grant: {s}");
+    assert_eq!(
+        ready(&ix.get_grant(&b).await),
+        ("True".into(), "Issued".into())
+    );
+    let cb = client_of(&ix.kubeconfig(&b).await).await;
+    Api::<Lease>::namespaced(cb, &ix.ns)
+        .create(&PostParams::default(), &heartbeat(&ix.uid("b"), &b))
+        .await
+        .unwrap();
+    let s = run("1h");
+    assert_eq!(s["sweep"], "full", "a heartbeat to pin: {s}");
+    assert_eq!(
+        ix.get_grant(&b).await.status.unwrap().consumer_cluster,
+        Some(ix.uid("b"))
+    );
+    let s = run("1h");
+    assert_eq!(s["data_writes"], 0, "{s}");
+    assert!(
+        s["counts"]["grants"].is_null(),
+        "pinned: nothing to do: {s}"
+    );
+
+    // Drift of what is issued waits for the full sweep.
+    let roles = Api::<Role>::namespaced(p.clone(), &a);
+    let role = format!("kbind-grant-{a}");
+    roles.delete(&role, &Default::default()).await.unwrap();
+    let s = run("1h");
+    assert_eq!(s["sweep"], "changed", "{s}");
+    assert!(roles.get_opt(&role).await.unwrap().is_none(), "not yet");
+    let s = run("1s");
+    assert_eq!(s["sweep"], "full", "{s}");
+    assert!(roles.get_opt(&role).await.unwrap().is_some(), "repaired");
+
+    // A deleted Grant is revoked at the next run.
+    Api::<Grant>::all(p.clone())
+        .delete(&b, &Default::default())
+        .await
+        .unwrap();
+    let s = run("1h");
+    assert_eq!(s["sweep"], "full", "a Grant deleting: {s}");
+    assert_eq!(s["counts"]["revoked"], 1, "{s}");
+    assert!(
+        Api::<Grant>::all(p.clone())
+            .get_opt(&b)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let s = run("1h");
+    assert_eq!(s["sweep"], "changed", "{s}");
+    assert_eq!(s["data_writes"], 0, "{s}");
+    ix.revoke(&[&a]).await;
+}

@@ -48,11 +48,12 @@ pub struct IssueArgs {
     /// not named by them are left alone, and nothing of a deleted Grant is cleaned up.
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
-    /// How often a run works on every Grant (token rotation, drift repair, revoking what a
-    /// Grant removed by hand left); runs in between work only on Grants that are new, changed,
-    /// deleting, or waiting for a heartbeat or an approval that has come, and read nothing else
-    /// when none is (docs/issue.md "Full sweeps"). 0: every run (the default, so a one-off run
-    /// does everything); the shipped CronJob runs every minute with 5m.
+    /// How often a run sweeps fully (drift repair, what changed elsewhere: an Export, a
+    /// namespace let go); a run in between reads only the Grants and heartbeats, and sweeps
+    /// fully at once when a Grant is new, changed, deleting, has a token due, or has a
+    /// heartbeat or an approval a run can act on (docs/issue.md "Full sweeps"). 0: every run
+    /// (the default, so a one-off run does everything); the shipped CronJob runs every minute
+    /// with 5m.
     #[arg(long, env = "KBIND_FULL_SWEEP_EVERY", default_value = "0s", value_parser = parse_duration)]
     pub full_sweep_every: Duration,
     /// What confines the issued identities: the shipped policies, or one the issuer writes per

@@ -100,32 +100,30 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     let manager = ctx.field_manager();
     let ns = cfg.namespace.clone();
     // A one-off run with --selector does everything for what it selects, and is no full sweep.
-    let sweep = match &args.selector {
-        Some(_) => Sweep::Full,
-        None => crate::pass::sweep::due(args.full_sweep_every, ctx.swept_at, cfg.now),
-    };
-    summary.sweep = args.selector.is_none().then_some(sweep);
-    let only = match sweep {
-        Sweep::Full => None,
-        Sweep::Changed => {
-            let (all, changed) =
-                observe::changed(&ctx.client, &ns)
-                    .await
-                    .map_err(|e| PassError::Unreachable {
-                        what: "observing Grants".into(),
-                        message: scrub(&e.to_string()),
-                    })?;
-            summary.count("unchanged", (all - changed.len()) as i64);
-            for (grant, why) in &changed {
-                tracing::info!(grant = %grant, why = %why, "worked on between full sweeps");
-            }
+    // Between full sweeps a run sweeps fully as soon as a Grant needs a run, so what one Grant's
+    // change takes from another (a namespace it now holds) goes in the same run.
+    if args.selector.is_none() {
+        let mut sweep = crate::pass::sweep::due(args.full_sweep_every, ctx.swept_at, cfg.now);
+        if sweep == Sweep::Changed {
+            let (all, changed) = observe::changed(&ctx.client, &ns, (cfg.reissue_before, cfg.now))
+                .await
+                .map_err(|e| PassError::Unreachable {
+                    what: "observing Grants".into(),
+                    message: scrub(&e.to_string()),
+                })?;
             if changed.is_empty() {
+                summary.count("unchanged", all as i64);
+                summary.sweep = Some(Sweep::Changed);
                 summary.finish(writes, None);
                 return Ok(summary);
             }
-            Some(changed.into_keys().collect::<BTreeSet<String>>())
+            for (grant, why) in &changed {
+                tracing::info!(grant = %grant, why = %why, "a full sweep before it is due");
+            }
+            sweep = Sweep::Full;
         }
-    };
+        summary.sweep = Some(sweep);
+    }
     if cfg.confinement == args::Confinement::Shipped {
         // Nothing is issued that would write unconfined (docs/issue.md "Confinement").
         let gaps =
@@ -145,24 +143,19 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             )));
         }
     }
-    let obs = observe::observe(
-        &ctx.client,
-        &ns,
-        (args.selector.as_deref(), only.as_ref()),
-        cfg.confinement,
-    )
-    .await
-    .map_err(|e| PassError::Unreachable {
-        what: "observing Grants".into(),
-        message: scrub(&e.to_string()),
-    })?;
+    let obs = observe::observe(&ctx.client, &ns, args.selector.as_deref(), cfg.confinement)
+        .await
+        .map_err(|e| PassError::Unreachable {
+            what: "observing Grants".into(),
+            message: scrub(&e.to_string()),
+        })?;
     summary.count("grants", obs.grants.len() as i64);
     let grants_api: Api<Grant> = Api::all(ctx.client.clone());
 
     // Exports first: their status says which APIs are missing.
     let exports_api: Api<Export> = Api::all(ctx.client.clone());
-    // With --selector, or between full sweeps, only the Exports the Grants worked on name.
-    let named: Option<BTreeSet<String>> = (args.selector.is_some() || only.is_some()).then(|| {
+    // With --selector, only the Exports the selected Grants name.
+    let named: Option<BTreeSet<String>> = args.selector.as_ref().map(|_| {
         obs.grants
             .iter()
             .flat_map(|g| {
@@ -427,7 +420,7 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     }
 
     // Issued objects whose Grant is gone without revocation (finalizer removed by hand).
-    if stopped.is_none() && args.selector.is_none() && only.is_none() {
+    if stopped.is_none() && args.selector.is_none() {
         for (name, issued) in &obs.issued {
             if live.contains(name) || !crate::pass::shard::owns(ctx.args.shard, name) {
                 continue;

@@ -245,11 +245,12 @@ async fn heartbeats(c: &Client, ns: &str) -> Result<BTreeMap<String, Vec<Heartbe
     Ok(out)
 }
 
-/// For a run between full sweeps: how many Grants there are, and those to work on, each with
-/// why ([`super::plan::sweep::changed`]). Two LISTs: the Grants, the heartbeats.
+/// For a run between full sweeps: how many Grants there are, and those a run can do something
+/// for, each with why ([`super::plan::sweep::changed`]). Two LISTs: the Grants, the heartbeats.
 pub async fn changed(
     client: &Client,
     ns: &str,
+    tokens: (Option<std::time::Duration>, Timestamp),
 ) -> Result<(usize, BTreeMap<String, &'static str>), IssueError> {
     let grants = list::all(&Api::<Grant>::all(client.clone()), &ListParams::default())
         .await
@@ -260,18 +261,19 @@ pub async fn changed(
         .filter_map(|g| {
             let name = g.metadata.name.as_deref()?;
             let mine = beats.get(name).map(Vec::as_slice).unwrap_or_default();
-            Some((name.to_string(), super::plan::sweep::changed(g, mine)?))
+            Some((
+                name.to_string(),
+                super::plan::sweep::changed(g, mine, tokens)?,
+            ))
         })
         .collect();
     Ok((grants.len(), changed))
 }
 
-/// `only`: the Grants a run between full sweeps works on (every Grant is still read, for
-/// ownership and pins).
 pub async fn observe(
     client: &Client,
     ns: &str,
-    (selector, only): (Option<&str>, Option<&BTreeSet<String>>),
+    selector: Option<&str>,
     confinement: Confinement,
 ) -> Result<Observed, IssueError> {
     let lp = ListParams::default();
@@ -279,7 +281,7 @@ pub async fn observe(
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    let mut grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
+    let grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
         .await
         .map_err(listed("Grants", None))?;
     let exports = list::all(&Api::<Export>::all(client.clone()), &lp)
@@ -330,9 +332,6 @@ pub async fn observe(
             .map_err(listed("Grants", None))?,
         None => grants.clone(),
     };
-    if let Some(only) = only {
-        grants.retain(|g| g.metadata.name.as_ref().is_some_and(|n| only.contains(n)));
-    }
     let views: Vec<super::plan::GrantView<'_>> = everyone
         .iter()
         .filter_map(|g| {

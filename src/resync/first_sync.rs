@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::record::NOT_PINNED;
 use super::{BindingRef, BoundApi, Reach, Run};
 use crate::api::BindingKey;
 use crate::pass::budget::Exhausted;
@@ -25,7 +26,10 @@ const NEW_FOR_SECONDS: i64 = 150;
 const TAIL: Duration = Duration::from_secs(8);
 
 /// The bindings a window follows: selected, not deleting, created less than
-/// [`NEW_FOR_SECONDS`] before `now`, and never synced (no `status.resync.lastPassTime`).
+/// [`NEW_FOR_SECONDS`] before `now`, and never synced (no `status.resync.lastPassTime`) or
+/// refused because the provider has not pinned this consumer yet (`ConsumerPinned=False
+/// NotPinned`: a consumer of the service layer, whose first heartbeat the provider's issuer
+/// pins at its next run, which fires at the same tick as this one).
 pub fn new_bindings(
     bindings: &[BindingRef],
     selected: &BTreeSet<BindingKey>,
@@ -39,10 +43,15 @@ pub fn new_bindings(
                 .is_some_and(|c| now.as_second().saturating_sub(c.as_second()) < NEW_FOR_SECONDS)
         })
         .filter(|b| {
-            b.status
+            let never_synced = b
+                .status
                 .resync
                 .as_ref()
-                .is_none_or(|r| r.last_pass_time.is_none())
+                .is_none_or(|r| r.last_pass_time.is_none());
+            let not_pinned = b.status.conditions.iter().any(|c| {
+                c.type_ == crate::api::core::condition::CONSUMER_PINNED && c.reason == NOT_PINNED
+            });
+            never_synced || not_pinned
         })
         .map(|b| (b.key.clone(), b.apis.clone()))
         .collect()
@@ -193,21 +202,38 @@ mod tests {
     }
 
     #[test]
-    fn new_means_recent_selected_live_and_never_synced() {
+    fn new_means_recent_selected_live_and_never_synced_or_not_pinned() {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let mut deleting = binding("d", 10, false, now);
         deleting.deleting = true;
+        // Synced, but refused until the provider pins this consumer: followed too.
+        let mut unpinned = binding("unpinned", 10, true, now);
+        let mut old_unpinned = binding("old-unpinned", 151, true, now);
+        for b in [&mut unpinned, &mut old_unpinned] {
+            b.status.conditions = vec![
+                serde_json::from_value(serde_json::json!({
+                "type": "ConsumerPinned", "status": "False", "reason": NOT_PINNED, "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+                .unwrap(),
+            ];
+        }
         let bindings = vec![
             binding("a", 10, false, now),
             binding("old", 151, false, now),
             binding("synced", 10, true, now),
             deleting,
             binding("other", 10, false, now),
+            unpinned,
+            old_unpinned,
         ];
         let selected: BTreeSet<BindingKey> =
-            ["a", "old", "synced", "d"].into_iter().map(key).collect();
+            ["a", "old", "synced", "d", "unpinned", "old-unpinned"]
+                .into_iter()
+                .map(key)
+                .collect();
         let new = new_bindings(&bindings, &selected, now);
-        assert_eq!(new, vec![(key("a"), vec!["as.example.org".to_string()])]);
+        let keys: Vec<BindingKey> = new.into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, vec![key("a"), key("unpinned")]);
     }
 
     #[test]

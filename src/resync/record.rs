@@ -84,6 +84,9 @@ pub fn binding_status(
     Some(json!({"boundAPIs": apis, "conditions": conflicts, "resync": resync}))
 }
 
+/// The `ConsumerPinned` reason while the provider refuses this consumer's writes unpinned.
+pub const NOT_PINNED: &str = "NotPinned";
+
 /// `ConsumerPinned`: False `NotPinned` while the provider's Grant refuses this consumer's
 /// writes for want of a pinned consumer cluster, naming what to do; True `Pinned` once a whole
 /// run met no such refusal. Never added to a binding that never met one. Whether it changed.
@@ -102,7 +105,7 @@ fn consumer_pinned(
         return conds.set_condition(
             CONSUMER_PINNED,
             S::False,
-            "NotPinned",
+            NOT_PINNED,
             &msg,
             b.generation,
             now,

@@ -354,3 +354,12 @@ pub fn ready(g: &Grant) -> (String, String) {
     c.map(|c| (c.status.clone(), c.reason.clone()))
         .unwrap_or_default()
 }
+
+/// A heartbeat Lease as kbind resync writes it for a Secret issued for `grant`: named after the
+/// Grant, the consumer cluster in a label.
+pub fn heartbeat(uid: &str, grant: &str) -> k8s_openapi::api::coordination::v1::Lease {
+    serde_json::from_value(json!({"metadata": {"name": format!("kbind-grant-{grant}"),
+        "labels": {"iam.kbind.io/grant": grant, "core.kbind.io/consumer-cluster": uid}},
+        "spec": {"holderIdentity": format!("kbind-resync/{uid}")}}))
+    .unwrap()
+}

@@ -1,29 +1,58 @@
-//! Which Grants a run works on (docs/issue.md "Full sweeps"). With `--full-sweep-every`, a run
-//! works on every Grant only when the last full sweep is that old; runs in between work only
-//! on Grants that changed or wait for something a run can now do (a heartbeat to pin, an
-//! approval given), so the CronJob can run every minute, and a consumer's first heartbeat is
-//! pinned within a minute, while token rotation and drift repair keep the full sweep's pace.
+//! Whether a run between full sweeps has anything to do (docs/issue.md "Full sweeps"). With
+//! `--full-sweep-every`, a run sweeps fully when the last full sweep is that old; a run in
+//! between reads only the Grants and heartbeats, and sweeps fully at once when a Grant is new,
+//! changed, deleting, has a token due, or waits for something a run can now do (a heartbeat to
+//! pin, an approval given); else it stops. So the CronJob can run every minute, and a
+//! consumer's first heartbeat is pinned within a minute, while a quiet provider is read no
+//! more than before. A change elsewhere (an Export, a namespace let go) waits for the full
+//! sweep, as it waited for the next run before.
 
 use crate::api::iam::{APPROVE_CONSUMER_CLUSTER, APPROVE_HANDOVER, Grant, REVOKE_FINALIZER};
 use crate::issue::record::{CONSUMER_PINNED, READY};
 
-use super::{HANDOVER_APPROVAL_REQUIRED, Heartbeat, candidates};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{HANDOVER_APPROVAL_REQUIRED, Heartbeat, ISSUED, candidates, token_ttl};
 use crate::issue::render::GrantRef;
 
 /// Why `g` is worked on in a run that works only on what changed; `None`: nothing of it
-/// changed, and nothing it waits for can have come (its heartbeats: `heartbeats`).
-pub fn changed(g: &Grant, heartbeats: &[Heartbeat]) -> Option<&'static str> {
+/// changed, and nothing it waits for can have come but from elsewhere (an Export created, a
+/// namespace let go), which the next full sweep sees (its heartbeats: `heartbeats`).
+pub fn changed(
+    g: &Grant,
+    heartbeats: &[Heartbeat],
+    (reissue_before, now): (Option<Duration>, Timestamp),
+) -> Option<&'static str> {
     let has_fin = crate::pass::finalizer::has(g.metadata.finalizers.as_ref(), REVOKE_FINALIZER);
     if g.metadata.deletion_timestamp.is_some() {
         return has_fin.then_some("deleting");
     }
-    if !has_fin {
-        return Some("new");
-    }
     let status = g.status.as_ref();
     let observed = status.and_then(|s| s.observed_generation);
-    if observed.is_none() || observed != g.metadata.generation {
+    if observed.is_none() {
+        return Some("new");
+    }
+    if observed != g.metadata.generation {
         return Some("spec changed");
+    }
+    // Recorded for this generation and still without its finalizer: blocked (an Export
+    // missing, a namespace taken); what unblocks it changes elsewhere, and the full sweep
+    // finds it.
+    if !has_fin {
+        return None;
+    }
+    // A token due for re-issue: at the first run it is due, not at the next full sweep.
+    if let (Some(expires), Ok(ttl)) = (
+        status.and_then(|s| s.expires_at.as_ref()),
+        token_ttl(&g.spec),
+    ) {
+        let before = reissue_before.unwrap_or(ttl / 3);
+        let left = expires.0.duration_since(now);
+        if left.is_negative() || Duration::try_from(left).is_ok_and(|l| l <= before) {
+            return Some("a token due");
+        }
     }
     let annotation = |key: &str| {
         g.metadata
@@ -40,8 +69,21 @@ pub fn changed(g: &Grant, heartbeats: &[Heartbeat]) -> Option<&'static str> {
                 .map(|c| c.reason.as_str())
         })
     };
-    if reason(READY) == Some(HANDOVER_APPROVAL_REQUIRED) && annotation(APPROVE_HANDOVER).is_some() {
+    // An approval naming a place the status asks about (one of another place would change
+    // nothing, run after run).
+    let ready = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    if let (Some(c), Some(approved)) = (ready, annotation(APPROVE_HANDOVER))
+        && c.reason == HANDOVER_APPROVAL_REQUIRED
+        && approved.split(',').map(str::trim).any(|a| {
+            let asked = format!("{APPROVE_HANDOVER}={a}");
+            c.message.ends_with(&asked) || c.message.contains(&format!("{asked};"))
+        })
+    {
         return Some("a hand-over approved");
+    }
+    // Only an issued Grant is pinned: a blocked one's heartbeat waits for what unblocks it.
+    if reason(READY) != Some(ISSUED) {
+        return None;
     }
     if status.is_some_and(|s| s.consumer_cluster.is_some()) {
         return None;
@@ -111,15 +153,28 @@ mod tests {
         let before = [beat("u1", "2025-12-31T00:00:00Z")];
         let pinned = json!({"status": {"consumerCluster": "u1"}});
         let approval = |key: &str, v: &str| json!({"metadata": {"annotations": {key: v}}});
-        let waiting =
-            |reason: &str| json!({"status": {"conditions": [cond(CONSUMER_PINNED, reason)]}});
+        let now: Timestamp = "2026-01-03T00:00:00Z".parse().unwrap();
+        let issued = cond(READY, ISSUED);
+        let waiting = |reason: &str| json!({"status": {"conditions": [cond(CONSUMER_PINNED, reason), issued.clone()]}});
+        let handover = |message: &str| {
+            let mut c = cond(READY, HANDOVER_APPROVAL_REQUIRED);
+            c["message"] = json!(message);
+            json!({"status": {"consumerCluster": "u1", "conditions": [c]}})
+        };
+        let asks = "namespace a holds another consumer's objects (such as widgets a/x). Empty it, or let this Grant have it: kubectl annotate grant g iam.kbind.io/approve-handover=a";
         let cases: Vec<(&str, serde_json::Value, &[Heartbeat], Option<&str>)> = vec![
             ("settled, pinned", pinned.clone(), &later, None),
             (
                 "new",
-                json!({"metadata": {"finalizers": []}}),
+                json!({"metadata": {"finalizers": []}, "status": null}),
                 &[],
                 Some("new"),
+            ),
+            (
+                "blocked from the start",
+                json!({"metadata": {"finalizers": []}}),
+                &[],
+                None,
             ),
             (
                 "spec changed",
@@ -131,7 +186,7 @@ mod tests {
                 "never recorded",
                 json!({"status": {"observedGeneration": null}}),
                 &[],
-                Some("spec changed"),
+                Some("new"),
             ),
             (
                 "deleting",
@@ -185,30 +240,54 @@ mod tests {
                 &later,
                 None,
             ),
+            ("hand-over waiting", handover(asks), &[], None),
             (
-                "hand-over waiting",
+                "hand-over approved",
                 {
-                    let mut v = json!({"status": {"conditions": [cond(READY, HANDOVER_APPROVAL_REQUIRED)]}});
-                    merge(&mut v, pinned.clone());
+                    let mut v = handover(asks);
+                    merge(&mut v, approval(APPROVE_HANDOVER, "b, a"));
+                    v
+                },
+                &[],
+                Some("a hand-over approved"),
+            ),
+            (
+                "another place approved",
+                {
+                    let mut v = handover(asks);
+                    merge(&mut v, approval(APPROVE_HANDOVER, "b"));
                     v
                 },
                 &[],
                 None,
             ),
             (
-                "hand-over approved",
-                {
-                    let mut v = json!({"status": {"conditions": [cond(READY, HANDOVER_APPROVAL_REQUIRED)]}});
-                    merge(&mut v, pinned.clone());
-                    merge(&mut v, approval(APPROVE_HANDOVER, "a"));
-                    v
-                },
+                "blocked before its pin, with a heartbeat",
+                json!({"status": {"conditions": [cond(CONSUMER_PINNED, "WaitingForHeartbeat"), cond(READY, "NamespaceTaken")]}}),
+                &later,
+                None,
+            ),
+            (
+                "a token due",
+                json!({"status": {"expiresAt": "2026-01-03T00:20:00Z"}}),
                 &[],
-                Some("a hand-over approved"),
+                Some("a token due"),
+            ),
+            (
+                "a token expired",
+                json!({"status": {"expiresAt": "2026-01-02T00:00:00Z"}}),
+                &[],
+                Some("a token due"),
+            ),
+            (
+                "a token not due",
+                json!({"status": {"expiresAt": "2026-01-03T00:21:00Z"}}),
+                &[],
+                None,
             ),
         ];
         for (what, patch, beats, want) in cases {
-            assert_eq!(changed(&grant(patch), beats), want, "{what}");
+            assert_eq!(changed(&grant(patch), beats, (None, now)), want, "{what}");
         }
     }
 }
