@@ -27,6 +27,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
+use common::first_sync::{number, percentile, scaled, until};
 use common::{client, env};
 
 const GROUP: &str = "firstsync.bench";
@@ -41,13 +42,6 @@ fn crd(plural: &str) -> CustomResourceDefinition {
                     "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
                     "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}}))
     .expect("crd")
-}
-
-fn number(var: &str, default: u64) -> u64 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// One schedule: how often schema fires, and each pass's flags.
@@ -122,38 +116,6 @@ fn ticker(
     })
 }
 
-async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < end, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Seconds from applying a binding to its object on the provider, scaled to a 60 s period:
-/// the wait for the next tick and every whole period after it scale with the period; the rest
-/// (the passes' own work, the apiserver establishing a CRD, a look of the first-sync window)
-/// does not, so it is kept as measured.
-fn scaled(took: Duration, applied: Duration, period: Duration) -> f64 {
-    let p = period.as_secs_f64();
-    let wait = p - applied.as_secs_f64() % p;
-    // Up before the next tick: the runs already under way at this one took it (a binding
-    // applied just after a tick, seen by that tick's schema and resync's window).
-    if took.as_secs_f64() <= wait {
-        return took.as_secs_f64();
-    }
-    let rest = took.as_secs_f64() - wait;
-    let whole = (rest / p).floor();
-    (wait + whole * p) * 60.0 / p + (rest - whole * p)
-}
-
 /// The samples of one schedule, scaled ([`scaled`]).
 async fn samples(
     (consumer, provider): (&Client, &Client),
@@ -220,13 +182,6 @@ async fn samples(
         out.push(one);
     }
     out
-}
-
-fn percentile(v: &[f64], p: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[at.min(v.len() - 1)]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

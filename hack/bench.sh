@@ -6,6 +6,7 @@
 #   hack/bench.sh claims-kcp    (BENCH_WORKSPACES=100 by default; on a real kcp)
 #   hack/bench.sh hostile       (peak RSS of kbind schema against hostile provider CRD LIST answers)
 #   hack/bench.sh first-sync    (time to first sync under the CronJob schedules: BENCH_PERIOD=10 s ticks, BENCH_SAMPLES=8)
+#   hack/bench.sh first-sync-service (the same for a consumer of the service layer, from kbind bind: BENCH_SAMPLES=5)
 #   hack/bench.sh relsync       (BENCH_CHANNELS=2000 BENCH_USERS=5000 BENCH_RATE_SCALE=60 BENCH_CONCURRENCY=16 BENCH_PACE=0.9)
 # resync, claims and schema also take BENCH_LATENCY (e.g. 5ms: every request kbind and the baselines send
 # goes through a loopback proxy adding that delay) and BENCH_CONCURRENCY (default 16: kbind's

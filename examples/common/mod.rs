@@ -2,6 +2,8 @@
 //! run to its one-line JSON summary. Included by each `examples/bench_*.rs` as `mod common;`.
 #![allow(dead_code)]
 
+pub mod first_sync;
+
 use std::ffi::OsStr;
 use std::time::Duration;
 

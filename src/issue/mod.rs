@@ -105,12 +105,14 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
     if args.selector.is_none() {
         let mut sweep = crate::pass::sweep::due(args.full_sweep_every, ctx.swept_at, cfg.now);
         if sweep == Sweep::Changed {
-            let (all, changed) = observe::changed(&ctx.client, &ns, (cfg.reissue_before, cfg.now))
-                .await
-                .map_err(|e| PassError::Unreachable {
-                    what: "observing Grants".into(),
-                    message: scrub(&e.to_string()),
-                })?;
+            let owns = |g: &str| crate::pass::shard::owns(ctx.args.shard, g);
+            let (all, changed) =
+                observe::changed(&ctx.client, &ns, (cfg.reissue_before, cfg.now), &owns)
+                    .await
+                    .map_err(|e| PassError::Unreachable {
+                        what: "observing Grants".into(),
+                        message: scrub(&e.to_string()),
+                    })?;
             if changed.is_empty() {
                 summary.count("unchanged", all as i64);
                 summary.sweep = Some(Sweep::Changed);

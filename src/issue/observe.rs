@@ -251,6 +251,7 @@ pub async fn changed(
     client: &Client,
     ns: &str,
     tokens: (Option<std::time::Duration>, Timestamp),
+    owns: &dyn Fn(&str) -> bool,
 ) -> Result<(usize, BTreeMap<String, &'static str>), IssueError> {
     let grants = list::all(&Api::<Grant>::all(client.clone()), &ListParams::default())
         .await
@@ -259,7 +260,8 @@ pub async fn changed(
     let changed = grants
         .iter()
         .filter_map(|g| {
-            let name = g.metadata.name.as_deref()?;
+            // Another shard's Grant never makes this shard sweep.
+            let name = g.metadata.name.as_deref().filter(|n| owns(n))?;
             let mine = beats.get(name).map(Vec::as_slice).unwrap_or_default();
             Some((
                 name.to_string(),

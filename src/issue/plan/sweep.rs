@@ -43,17 +43,6 @@ pub fn changed(
     if !has_fin {
         return None;
     }
-    // A token due for re-issue: at the first run it is due, not at the next full sweep.
-    if let (Some(expires), Ok(ttl)) = (
-        status.and_then(|s| s.expires_at.as_ref()),
-        token_ttl(&g.spec),
-    ) {
-        let before = reissue_before.unwrap_or(ttl / 3);
-        let left = expires.0.duration_since(now);
-        if left.is_negative() || Duration::try_from(left).is_ok_and(|l| l <= before) {
-            return Some("a token due");
-        }
-    }
     let annotation = |key: &str| {
         g.metadata
             .annotations
@@ -81,10 +70,23 @@ pub fn changed(
     {
         return Some("a hand-over approved");
     }
-    // Only an issued Grant is pinned: a blocked one's heartbeat waits for what unblocks it.
+    // Only an issued Grant is pinned or has its token re-issued: a blocked one's heartbeat
+    // and expiring token wait for what unblocks it (else it would make every run sweep).
     if reason(READY) != Some(ISSUED) {
         return None;
     }
+    // A token due for re-issue: at the first run it is due, not at the next full sweep.
+    if let (Some(expires), Ok(ttl)) = (
+        status.and_then(|s| s.expires_at.as_ref()),
+        token_ttl(&g.spec),
+    ) {
+        let before = reissue_before.unwrap_or(ttl / 3);
+        let left = expires.0.duration_since(now);
+        if left.is_negative() || Duration::try_from(left).is_ok_and(|l| l <= before) {
+            return Some("a token due");
+        }
+    }
+
     if status.is_some_and(|s| s.consumer_cluster.is_some()) {
         return None;
     }
@@ -97,12 +99,13 @@ pub fn changed(
     if uids.is_empty() {
         return None;
     }
-    // A UID waiting for a person (or taken by another Grant) is looked at again only once a
-    // person approved one of them; a full sweep still looks at it.
+    // A UID waiting for a person is looked at again only once a person approved it; one another
+    // Grant holds never pins, approved or not; a full sweep still looks at both.
     match reason(CONSUMER_PINNED) {
-        Some("ApprovalRequired" | "ConsumerClusterTaken") => annotation(APPROVE_CONSUMER_CLUSTER)
+        Some("ApprovalRequired") => annotation(APPROVE_CONSUMER_CLUSTER)
             .filter(|a| uids.iter().any(|u| u == a))
             .map(|_| "a pin approved"),
+        Some("ConsumerClusterTaken") => None,
         _ => Some("a heartbeat to pin"),
     }
 }
@@ -269,20 +272,36 @@ mod tests {
             ),
             (
                 "a token due",
-                json!({"status": {"expiresAt": "2026-01-03T00:20:00Z"}}),
+                json!({"status": {"expiresAt": "2026-01-03T00:20:00Z", "consumerCluster": "u1", "conditions": [issued.clone()]}}),
                 &[],
                 Some("a token due"),
             ),
             (
                 "a token expired",
-                json!({"status": {"expiresAt": "2026-01-02T00:00:00Z"}}),
+                json!({"status": {"expiresAt": "2026-01-02T00:00:00Z", "conditions": [issued.clone()]}}),
                 &[],
                 Some("a token due"),
             ),
             (
-                "a token not due",
-                json!({"status": {"expiresAt": "2026-01-03T00:21:00Z"}}),
+                "a token expired while blocked",
+                json!({"status": {"expiresAt": "2026-01-02T00:00:00Z", "conditions": [cond(READY, "NamespaceTaken")]}}),
                 &[],
+                None,
+            ),
+            (
+                "a token not due",
+                json!({"status": {"expiresAt": "2026-01-03T00:21:00Z", "conditions": [issued.clone()]}}),
+                &[],
+                None,
+            ),
+            (
+                "taken, approved: another Grant holds it still",
+                {
+                    let mut v = waiting("ConsumerClusterTaken");
+                    merge(&mut v, approval(APPROVE_CONSUMER_CLUSTER, "u1"));
+                    v
+                },
+                &later,
                 None,
             ),
         ];
