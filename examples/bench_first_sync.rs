@@ -27,7 +27,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use common::first_sync::{number, percentile, scaled, until};
+use common::first_sync::{Cost, cost, number, percentile, scaled, until};
 use common::{client, env};
 
 const GROUP: &str = "firstsync.bench";
@@ -50,21 +50,6 @@ struct Schedule {
     schema_every: u64,
     schema_flags: Vec<String>,
     resync_flags: Vec<String>,
-}
-
-/// Requests and writes of one run.
-#[derive(Default, Clone, Copy)]
-struct Cost {
-    requests: u64,
-    writes: u64,
-}
-
-fn cost(s: &Value) -> Cost {
-    let n = |k: &str| s[k].as_u64().unwrap_or(0);
-    Cost {
-        requests: n("requests"),
-        writes: n("data_writes") + n("bookkeeping_writes"),
-    }
 }
 
 fn pass(consumer: &str, pass: &str, flags: &[String]) -> Value {

@@ -30,7 +30,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use common::first_sync::{number, percentile, scaled, until};
+use common::first_sync::{Cost, cost, number, percentile, scaled, until};
 use common::{client, env};
 
 const GROUP: &str = "fsservice.bench";
@@ -55,20 +55,6 @@ struct Schedule {
     name: &'static str,
     issue_every: u64,
     issue_flags: Vec<String>,
-}
-
-#[derive(Default, Clone, Copy)]
-struct Cost {
-    requests: u64,
-    writes: u64,
-}
-
-fn cost(s: &Value) -> Cost {
-    let n = |k: &str| s[k].as_u64().unwrap_or(0);
-    Cost {
-        requests: n("requests"),
-        writes: n("data_writes") + n("bookkeeping_writes"),
-    }
 }
 
 /// Where the passes run and what they are given.

@@ -673,16 +673,8 @@ async fn the_issuer_runs_with_its_deploy_role_and_cannot_grant_more() {
             c.message
         );
     }
-    Api::<Grant>::all(ix.fx.provider.clone())
-        .patch(
-            &g3,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": existing}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&g3, "iam.kbind.io/approve-handover", &existing)
+        .await;
     run();
     assert_eq!(
         ready(&ix.get_grant(&g3).await),
@@ -1382,16 +1374,8 @@ async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
         ready(&ix.get_grant(&taken).await).1,
         "HandoverApprovalRequired"
     );
-    Api::<Grant>::all(p.clone())
-        .patch(
-            &taken,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": fx.ns}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&taken, "iam.kbind.io/approve-handover", &fx.ns)
+        .await;
     ix.run(&[]);
     assert_eq!(
         ready(&ix.get_grant(&taken).await),
@@ -1444,16 +1428,8 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
     let gone = support::namespace(&p, "gone").await;
     let h = format!("{}-h", ix.fx.label);
     ix.grant_in(&h, &export, "1h", &[&left]).await;
-    Api::<Grant>::all(p.clone())
-        .patch(
-            &h,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": left}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&h, "iam.kbind.io/approve-handover", &left)
+        .await;
     for (ns, uid) in [(&left, ix.uid("old")), (&gone, ix.uid("gone"))] {
         api_of(&p, &group, "widgets", Some(ns))
             .create(
@@ -1476,16 +1452,8 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let m = format!("{}-m", ix.fx.label);
     ix.grant_in(&m, &export, "1h", &[&handed]).await;
-    Api::<Grant>::all(p.clone())
-        .patch(
-            &m,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": handed}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&m, "iam.kbind.io/approve-handover", &handed)
+        .await;
     // What an Export's `spec.permissions` let an identity write counts too: a ConfigMap
     // labelled uid-cm, left in `gone` by a revoked Grant of Export `<label>-cm`.
     let writes_cms = format!("{}-cm", ix.fx.label);
@@ -1607,14 +1575,8 @@ async fn a_heartbeat_naming_a_cluster_whose_objects_exist_needs_approval() {
         (&m, ix.uid("prev"), "Pinned"),
         (&n, ix.uid("cm"), "Pinned"),
     ] {
-        Api::<Grant>::all(p.clone())
-            .patch(
-                grant,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {"iam.kbind.io/approve-consumer-cluster": uid}}})),
-            )
-            .await
-            .unwrap();
+        ix.annotate(grant, "iam.kbind.io/approve-consumer-cluster", &uid)
+            .await;
         ix.run(&[]);
         let st = ix.get_grant(grant).await;
         assert_eq!(pinned(&st).1, want, "{uid}");
@@ -2099,16 +2061,7 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     }
 
     // A person lets it pass.
-    grants
-        .patch(
-            &x,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"iam.kbind.io/approve-handover": ns}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&x, "iam.kbind.io/approve-handover", &ns).await;
     ix.run(&[]);
     assert_eq!(
         ready(&ix.get_grant(&x).await),
@@ -2266,14 +2219,8 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
         .await
         .unwrap();
     // Its UID's objects elsewhere make the pin wait for a person, who approves it.
-    grants
-        .patch(
-            &q,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"iam.kbind.io/approve-consumer-cluster": ix.uid("q")}}})),
-        )
-        .await
-        .unwrap();
+    ix.annotate(&q, "iam.kbind.io/approve-consumer-cluster", &ix.uid("q"))
+        .await;
     ix.run(&[]);
     assert_eq!(
         ix.get_grant(&q).await.status.unwrap().consumer_cluster,

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 /// A number from the environment, or `default`.
 pub fn number(var: &str, default: u64) -> u64 {
     std::env::var(var)
@@ -49,4 +51,20 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let at = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[at.min(v.len() - 1)]
+}
+
+/// Requests and writes of one run.
+#[derive(Default, Clone, Copy)]
+pub struct Cost {
+    pub requests: u64,
+    pub writes: u64,
+}
+
+/// The cost of a run, from its summary.
+pub fn cost(s: &Value) -> Cost {
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    Cost {
+        requests: n("requests"),
+        writes: n("data_writes") + n("bookkeeping_writes"),
+    }
 }

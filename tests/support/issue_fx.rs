@@ -235,6 +235,18 @@ impl Ix {
         self.run(&[])
     }
 
+    /// Annotate Grant `grant` with `key: value`, as a person approving does.
+    pub async fn annotate(&self, grant: &str, key: &str, value: &str) {
+        Api::<Grant>::all(self.fx.provider.clone())
+            .patch(
+                grant,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("annotate Grant {grant}: {e}"));
+    }
+
     pub async fn get_grant(&self, name: &str) -> Grant {
         Api::<Grant>::all(self.fx.provider.clone())
             .get(name)
