@@ -264,3 +264,136 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
     }
     assert_eq!(last, ("False".into(), "CredentialRejected".into()));
 }
+
+/// #31 item 10 for the service layer, as the shipped CronJobs fire: `kbind bind` with the
+/// issued kubeconfig, then at the next tick the consumer's schema and resync (its
+/// `--first-sync-window=30s`) and the provider's issuer (its `--pin-window=30s`) start
+/// together. Schema connects the new Connection, resync writes the first heartbeat and is
+/// refused while unpinned, the issuer's run of that same tick pins it, and resync's next try
+/// syncs: the first object reaches the provider at that tick, not a period later. At the next
+/// tick nothing is followed or written, twice over.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_new_consumer_of_the_service_layer_syncs_at_the_first_tick_after_it_binds() {
+    let ix = Ix::new("flow-tick").await;
+    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
+    let fx = &ix.fx;
+    let api = fx
+        .provider_crd("widgets", "Namespaced", Some("true"), None)
+        .await;
+    let export = format!("{}-e", fx.label);
+    ix.export(&export, &[&api], json!([])).await;
+    let grant = format!("{}-g", fx.label);
+    ix.grant_in(&grant, &export, "1h", &[&fx.ns]).await;
+    ix.run(&[]);
+    assert_eq!(ready(&ix.get_grant(&grant).await).1, "Issued");
+    let file = support::temp_file("flow-tick-kubeconfig", &ix.kubeconfig(&grant).await);
+    let file = file.to_string_lossy().to_string();
+    let consumer = fx.env.consumer.to_string_lossy().to_string();
+    let label = format!("kbind-test={}", fx.label);
+    let name = format!("{}-p", fx.label);
+    ok(
+        "bind",
+        support::kbind(&[
+            "bind",
+            "--kubeconfig",
+            &consumer,
+            "--provider-kubeconfig",
+            &file,
+            "--name",
+            &name,
+            "--credential-namespace",
+            &fx.ns,
+            "--label",
+            &label,
+            "--export",
+            &export,
+            "-o",
+            "json",
+        ]),
+    );
+
+    let issue_args = ix.args(
+        fx.env.provider.to_str().unwrap(),
+        &["--full-sweep-every", "1h", "--pin-window", "30s"],
+    );
+    // The tick: the three CronJobs' runs start together; the object is created as soon as its
+    // CRD is Established (a script, a GitOps retry).
+    let crds = Api::all(fx.consumer.clone());
+    let create = async {
+        for _ in 0..300 {
+            if matches!(crds.get_opt(&api).await, Ok(Some(_))) {
+                support::wait_established(&crds, &api).await;
+                api_of(&fx.consumer, &fx.group, "widgets", Some(&fx.ns))
+                    .create(&PostParams::default(), &widget(&fx.group, "w1", None))
+                    .await
+                    .unwrap();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("kbind schema did not install the consumer CRD within 30 s");
+    };
+    let (schema, resync, issue, ()) = tokio::join!(
+        fx.try_pass_async("schema", &[]),
+        fx.try_pass_async("resync", &["--first-sync-window=30s"]),
+        support::kbind_async(&issue_args),
+        create,
+    );
+    let (schema, resync, issue) = (
+        ok("schema", schema),
+        ok("resync", resync),
+        ok("issue", issue),
+    );
+    assert!(
+        ix.get_grant(&grant)
+            .await
+            .status
+            .unwrap()
+            .consumer_cluster
+            .is_some(),
+        "the issuer's run of the tick pinned the consumer: {issue}"
+    );
+    let provider_widgets = api_of(&fx.provider, &fx.group, "widgets", Some(&fx.ns));
+    let copy = provider_widgets.get_opt("w1").await.unwrap();
+    assert!(
+        copy.is_some(),
+        "the first object reached the provider at the tick after kbind bind:\nschema {schema}\nresync {resync}\nissue {issue}"
+    );
+    // Refused before the pin (the usual order) it says Pinned now; synced after the pin, it
+    // never had reason to say anything.
+    let st = Api::<ClusterBinding>::all(fx.consumer.clone())
+        .get(&name)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    if let Some(c) = st.conditions.iter().find(|c| c.type_ == "ConsumerPinned") {
+        assert_eq!(c.reason, "Pinned", "{st:?}");
+    }
+
+    // The next ticks: nothing to follow, nothing written.
+    for round in 1..=2 {
+        let (schema, resync, issue) = tokio::join!(
+            fx.try_pass_async("schema", &[]),
+            fx.try_pass_async("resync", &["--first-sync-window=30s"]),
+            support::kbind_async(&issue_args),
+        );
+        for (what, s) in [("schema", schema), ("resync", resync), ("issue", issue)] {
+            let s = ok(what, s);
+            assert_eq!(s["data_writes"], 0, "round {round}, {what}: {s}");
+            assert!(
+                s["counts"]["pinWindowLooks"].is_null(),
+                "round {round}, {what}: {s}"
+            );
+            assert!(
+                s["counts"]["firstSyncLooks"].is_null(),
+                "round {round}, {what}: {s}"
+            );
+        }
+    }
+    ix.revoke(&[&grant]).await;
+}

@@ -869,3 +869,187 @@ async fn between_full_sweeps_the_issuer_acts_on_what_changed() {
     assert_eq!(s["data_writes"], 0, "{s}");
     ix.revoke(&[&a]).await;
 }
+
+/// `kbind issue --pin-window`, as the shipped CronJob runs it (every minute, `--full-sweep-every`,
+/// no selector). A run that starts before a consumer's first heartbeat pins it as soon as it
+/// comes, in that run, and then ends (without the window it would be pinned a period later). A
+/// Grant nobody binds yet keeps a run looking only for its window, writing nothing, run after
+/// run; SIGTERM ends the window at once; once pinned, a run does not look at all.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_first_heartbeat_is_pinned_by_the_run_waiting_for_it() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kbind::api::iam::Grant;
+    use std::time::{Duration, Instant};
+    use support::issue_fx::{Ix, client_of, heartbeat, ready};
+    let _alone = support::unscoped_lock();
+    let ix = Ix::new("unscoped-pin-window").await;
+    let (_, export) = ix.widgets_export().await;
+    let admin = ix.fx.env.provider.to_string_lossy().to_string();
+    let ca = ix.ca_file.to_string_lossy().to_string();
+    let args = |every: &'static str, window: &'static str| -> Vec<String> {
+        [
+            "issue",
+            "--kubeconfig",
+            &admin,
+            "--lease-namespace",
+            &ix.ns,
+            "--grants-namespace",
+            &ix.ns,
+            "--server-url",
+            &ix.server,
+            "--server-ca-file",
+            &ca,
+            "--full-sweep-every",
+            every,
+            "--pin-window",
+            window,
+            "-o",
+            "json",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let run = |every: &'static str, window: &'static str| {
+        let a = args(every, window);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let (code, s, err) = support::kbind(&a);
+        assert_eq!(code, 0, "{s}\n{err}");
+        s
+    };
+    // What an earlier, failed run of this test left waits for a heartbeat and would keep
+    // every window open: its Grants go (the settling sweeps revoke them).
+    let grants = Api::<Grant>::all(ix.fx.provider.clone());
+    for o in grants.list(&Default::default()).await.unwrap() {
+        if o.name_any().starts_with("unscoped-pin-window-") {
+            let _ = grants.delete(&o.name_any(), &Default::default()).await;
+        }
+    }
+    let g = format!("{}-w", ix.fx.label);
+    ix.grant(&g, &export, "1h").await;
+    let mut settled = false;
+    for _ in 0..5 {
+        if run("0s", "0s")["data_writes"] == 0 {
+            settled = true;
+            break;
+        }
+    }
+    assert!(settled, "full sweeps settle");
+    assert_eq!(
+        ready(&ix.get_grant(&g).await),
+        ("True".into(), "Issued".into())
+    );
+    // Another Grant waiting for its first heartbeat (a leftover of a failed test) would keep
+    // the window open to its end: the timing checks below hold only without one.
+    let others_wait = grants
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|o| {
+            o.name_any() != g
+                && kbind::issue::plan::sweep::awaits_pin(
+                    o,
+                    &[],
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+        });
+
+    // Nobody has bound yet: each run looks for its window, writes nothing, changes nothing.
+    for round in 1..=2 {
+        let s = run("1h", "5s");
+        assert_eq!(s["sweep"], "changed", "round {round}: {s}");
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        assert_eq!(s["bookkeeping_writes"], 2, "the pass Lease only: {s}");
+        assert!(s["counts"]["pinWindowLooks"].as_i64() >= Some(1), "{s}");
+        assert!(s["counts"]["pinWindowSweeps"].is_null(), "{s}");
+    }
+    assert_eq!(
+        ready_pin(&ix.get_grant(&g).await),
+        "WaitingForHeartbeat",
+        "nothing to pin yet"
+    );
+
+    // SIGTERM (a CronJob's Pod past its deadline, a drain) ends the window at once.
+    let a = args("1h", "60s");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let out = support::signalled_mid_run(
+        support::kbind_command(&a),
+        "TERM",
+        tokio::time::sleep(Duration::from_secs(4)),
+    )
+    .await;
+    let took = started.elapsed();
+    let summary: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap_or_default();
+    assert!(out.status.success(), "{summary}");
+    assert!(
+        summary["counts"]["pinWindowLooks"].as_i64() >= Some(1),
+        "SIGTERM came in the window: {summary}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "ended by SIGTERM ({took:?}), not by its 60 s window: {summary}"
+    );
+
+    // The consumer's first heartbeat comes while a run waits for it: that run pins it.
+    let a = args("1h", "60s");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let cg = client_of(&ix.kubeconfig(&g).await).await;
+    let started = Instant::now();
+    let ((code, s, err), ()) = tokio::join!(support::kbind_async(&a), async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        Api::<Lease>::namespaced(cg.clone(), &ix.ns)
+            .create(&PostParams::default(), &heartbeat(&ix.uid("w"), &g))
+            .await
+            .unwrap();
+    });
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{s}\n{err}");
+    assert_eq!(s["counts"]["pinWindowSweeps"], 1, "swept once it came: {s}");
+    assert_eq!(s["sweep"], "full", "{s}");
+    assert_eq!(
+        ix.get_grant(&g).await.status.unwrap().consumer_cluster,
+        Some(ix.uid("w")),
+        "pinned by the run that was waiting"
+    );
+    if !others_wait {
+        assert!(
+            took < Duration::from_secs(40),
+            "the window ends once nothing waits ({took:?}), not at its 60 s end: {s}"
+        );
+    }
+
+    // Pinned: runs do not look any more, and write nothing.
+    for round in 1..=2 {
+        let started = Instant::now();
+        let s = run("1h", "20s");
+        assert_eq!(s["sweep"], "changed", "round {round}: {s}");
+        assert_eq!(s["data_writes"], 0, "round {round}: {s}");
+        if !others_wait {
+            assert!(
+                s["counts"]["pinWindowLooks"].is_null(),
+                "round {round}: {s}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "round {round}: {s}"
+            );
+        }
+    }
+    assert_eq!(ready_pin(&ix.get_grant(&g).await), "Pinned");
+    ix.revoke(&[&g]).await;
+}
+
+/// The reason of a Grant's `ConsumerPinned` condition.
+fn ready_pin(g: &kbind::api::iam::Grant) -> String {
+    g.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "ConsumerPinned"))
+        .map(|c| c.reason.clone())
+        .unwrap_or_default()
+}

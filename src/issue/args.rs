@@ -56,6 +56,13 @@ pub struct IssueArgs {
     /// with 5m.
     #[arg(long, env = "KBIND_FULL_SWEEP_EVERY", default_value = "0s", value_parser = parse_duration)]
     pub full_sweep_every: Duration,
+    /// After its work, keep looking (one LIST of the heartbeat Leases every 2 s) for this long
+    /// while an issued Grant waits for its first heartbeat (issued within the last hour), and
+    /// pin it in this run as soon as one comes (docs/issue.md "Pin window"). Never past
+    /// `--deadline`. 0: off (the default, so a one-off run ends when its work does); the shipped
+    /// CronJob sets 30s.
+    #[arg(long, env = "KBIND_PIN_WINDOW", default_value = "0s", value_parser = parse_duration)]
+    pub pin_window: Duration,
     /// What confines the issued identities: the shipped policies, or one the issuer writes per
     /// Grant (for kcp, which cannot run the shipped ones).
     #[arg(long, env = "KBIND_CONFINEMENT", value_enum, default_value_t = Confinement::Shipped)]

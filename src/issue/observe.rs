@@ -245,31 +245,62 @@ async fn heartbeats(c: &Client, ns: &str) -> Result<BTreeMap<String, Vec<Heartbe
     Ok(out)
 }
 
-/// For a run between full sweeps: how many Grants there are, and those a run can do something
-/// for, each with why ([`super::plan::sweep::changed`]). Two LISTs: the Grants, the heartbeats.
+/// What a run between full sweeps reads ([`changed`]).
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// How many Grants there are.
+    pub all: usize,
+    /// Those of this shard a run can do something for, each with why
+    /// ([`super::plan::sweep::changed`]).
+    pub changed: BTreeMap<String, &'static str>,
+    /// Those of this shard the pin window follows ([`super::plan::sweep::awaits_pin`]).
+    pub awaiting: Vec<Grant>,
+}
+
+/// For a run between full sweeps: the Grants that need a run, and those waiting for their first
+/// heartbeat. Two LISTs: the Grants, the heartbeats.
 pub async fn changed(
     client: &Client,
     ns: &str,
     tokens: (Option<std::time::Duration>, Timestamp),
     owns: &dyn Fn(&str) -> bool,
-) -> Result<(usize, BTreeMap<String, &'static str>), IssueError> {
+) -> Result<Changes, IssueError> {
     let grants = list::all(&Api::<Grant>::all(client.clone()), &ListParams::default())
         .await
         .map_err(listed("Grants", None))?;
     let beats = heartbeats(client, ns).await?;
-    let changed = grants
-        .iter()
-        .filter_map(|g| {
-            // Another shard's Grant never makes this shard sweep.
-            let name = g.metadata.name.as_deref().filter(|n| owns(n))?;
-            let mine = beats.get(name).map(Vec::as_slice).unwrap_or_default();
-            Some((
-                name.to_string(),
-                super::plan::sweep::changed(g, mine, tokens)?,
-            ))
-        })
-        .collect();
-    Ok((grants.len(), changed))
+    let mut out = Changes {
+        all: grants.len(),
+        ..Changes::default()
+    };
+    for g in grants {
+        // Another shard's Grant never makes this shard sweep.
+        let Some(name) = g.metadata.name.clone().filter(|n| owns(n)) else {
+            continue;
+        };
+        let mine = beats.get(&name).map(Vec::as_slice).unwrap_or_default();
+        if let Some(why) = super::plan::sweep::changed(&g, mine, tokens) {
+            out.changed.insert(name, why);
+        } else if super::plan::sweep::awaits_pin(&g, mine, tokens.1) {
+            out.awaiting.push(g);
+        }
+    }
+    Ok(out)
+}
+
+/// For a look of the pin window: whether a heartbeat now names a UID for one of `awaiting`.
+/// One LIST: the heartbeats.
+pub async fn heartbeat_came(
+    client: &Client,
+    ns: &str,
+    awaiting: &[Grant],
+) -> Result<bool, IssueError> {
+    let beats = heartbeats(client, ns).await?;
+    Ok(awaiting.iter().any(|g| {
+        let name = g.metadata.name.as_deref().unwrap_or_default();
+        let mine = beats.get(name).map(Vec::as_slice).unwrap_or_default();
+        super::plan::sweep::names_a_uid(g, mine)
+    }))
 }
 
 pub async fn observe(

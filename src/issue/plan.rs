@@ -25,6 +25,8 @@ pub const CLUSTER_SCOPED_API_TAKEN: &str = "ClusterScopedAPITaken";
 pub const HANDOVER_APPROVAL_REQUIRED: &str = "HandoverApprovalRequired";
 pub const ISSUE_FAILED: &str = "IssueFailed";
 pub const ISSUED: &str = "Issued";
+/// The `ConsumerPinned=False` reason of an issued Grant no heartbeat has named a UID for yet.
+pub const WAITING_FOR_HEARTBEAT: &str = "WaitingForHeartbeat";
 
 /// TokenRequest's floor and the Grant's ceiling (the CRD enforces both; older objects are
 /// clamped here).

@@ -70,7 +70,7 @@ pub fn grant_status(
             }
             Pin::Waiting => (
                 ConditionStatus::False,
-                "WaitingForHeartbeat",
+                super::plan::WAITING_FOR_HEARTBEAT,
                 "no heartbeat Lease from this Grant's identity yet: the consumer's kbind resync writes one, the next kbind issue run pins its cluster; until then the identity may read but not write objects".to_string(),
             ),
             Pin::Taken { uid, by } => (

@@ -4,7 +4,8 @@
 //! wait a whole period for the next resync. So once a run has gone over everything, it keeps
 //! following its *new* bindings for `--first-sync-window`: every [`EVERY`] it reads the
 //! consumer again and syncs each of their APIs as soon as its CRD is there, and for [`TAIL`]
-//! after. Settled bindings cost nothing: a run without new bindings ends as before.
+//! after (or, while the provider refuses its writes until its issuer pins this consumer, until
+//! the window ends). Settled bindings cost nothing: a run without new bindings ends as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -65,12 +66,14 @@ pub struct Look {
 }
 
 /// One look: each API a new binding lists that is bound now (its CRD in `bound`) and was
-/// first synced in this window less than [`TAIL`] ago, or never, is synced. Look again while
-/// any such API is not bound yet or is still in its tail.
+/// first synced in this window less than [`TAIL`] ago, or never, or whose last sync the
+/// provider refused because it has not pinned this consumer yet (`refused`: the issuer's pin
+/// window pins it seconds after its heartbeat, docs/issue.md "Pin window"), is synced. Look
+/// again while any such API is not bound yet, is still in its tail, or is refused.
 pub fn look(
     new: &[(BindingKey, Vec<String>)],
     bound: &BTreeSet<&str>,
-    first: &BTreeMap<String, Instant>,
+    (first, refused): (&BTreeMap<String, Instant>, &BTreeSet<String>),
     now: Instant,
 ) -> Look {
     let wanted: BTreeSet<&str> = new
@@ -78,9 +81,10 @@ pub fn look(
         .flat_map(|(_, apis)| apis.iter().map(String::as_str))
         .collect();
     let in_tail = |api: &str| {
-        first
-            .get(api)
-            .is_none_or(|t| now.saturating_duration_since(*t) < TAIL)
+        refused.contains(api)
+            || first
+                .get(api)
+                .is_none_or(|t| now.saturating_duration_since(*t) < TAIL)
     };
     let sync: Vec<String> = wanted
         .iter()
@@ -143,7 +147,13 @@ impl Window {
             run.namespace_uids = seen.namespace_uids;
             reach.connections = seen.connections;
             let bound: BTreeSet<&str> = seen.apis.iter().map(|a| a.name.as_str()).collect();
-            let plan = look(&new, &bound, &self.first, Instant::now());
+            let refused: BTreeSet<String> = run
+                .counts
+                .iter()
+                .filter(|(_, c)| c.unpinned > 0)
+                .map(|((_, api), _)| api.clone())
+                .collect();
+            let plan = look(&new, &bound, (&self.first, &refused), Instant::now());
             for name in &plan.sync {
                 let Some(api) = seen.apis.iter().find(|a| &a.name == name) else {
                     continue;
@@ -245,7 +255,8 @@ mod tests {
         let t0 = Instant::now();
         let mut first = BTreeMap::new();
         // Nothing bound yet: nothing to sync, look again.
-        let l = look(&new, &BTreeSet::new(), &first, t0);
+        let none = BTreeSet::new();
+        let l = look(&new, &BTreeSet::new(), (&first, &none), t0);
         assert_eq!(
             l,
             Look {
@@ -254,7 +265,7 @@ mod tests {
             }
         );
         // x bound: synced; y not yet: look again.
-        let l = look(&new, &["x"].into(), &first, t0);
+        let l = look(&new, &["x"].into(), (&first, &none), t0);
         assert_eq!(l.sync, ["x"]);
         assert!(l.again);
         first.insert("x".to_string(), t0);
@@ -262,17 +273,17 @@ mod tests {
         let l = look(
             &new,
             &["x", "y"].into(),
-            &first,
+            (&first, &none),
             t0 + Duration::from_secs(2),
         );
         assert_eq!(l.sync, ["x", "y"]);
         first.insert("y".to_string(), t0 + Duration::from_secs(2));
         // x past its tail, y in it: y only, again.
-        let l = look(&new, &["x", "y"].into(), &first, t0 + TAIL);
+        let l = look(&new, &["x", "y"].into(), (&first, &none), t0 + TAIL);
         assert_eq!(l.sync, ["y"]);
         assert!(l.again);
         // Both past: nothing, done.
-        let l = look(&new, &["x", "y"].into(), &first, t0 + TAIL * 2);
+        let l = look(&new, &["x", "y"].into(), (&first, &none), t0 + TAIL * 2);
         assert_eq!(
             l,
             Look {
@@ -280,5 +291,18 @@ mod tests {
                 again: false
             }
         );
+        // Past its tail but refused until the provider pins this consumer: synced at every
+        // look, and looked again, until the window ends.
+        let refused: BTreeSet<String> = ["x".to_string()].into();
+        for after in [TAIL * 2, TAIL * 10] {
+            let l = look(&new, &["x", "y"].into(), (&first, &refused), t0 + after);
+            assert_eq!(
+                l,
+                Look {
+                    sync: vec!["x".to_string()],
+                    again: true
+                }
+            );
+        }
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::{HANDOVER_APPROVAL_REQUIRED, Heartbeat, ISSUED, candidates, token_ttl};
+use super::{
+    HANDOVER_APPROVAL_REQUIRED, Heartbeat, ISSUED, WAITING_FOR_HEARTBEAT, candidates, token_ttl,
+};
 use crate::issue::render::GrantRef;
 
 /// Why `g` is worked on in a run that works only on what changed; `None`: nothing of it
@@ -108,6 +110,52 @@ pub fn changed(
         Some("ConsumerClusterTaken") => None,
         _ => Some("a heartbeat to pin"),
     }
+}
+
+/// How long after it was issued a Grant still waiting for its first heartbeat is followed by
+/// the pin window: onboarding (`kbind issue`, the kubeconfig handed over, `kbind bind`) mostly
+/// happens within it, and past it a consumer's first pin takes the next run, as before.
+pub const PIN_FOLLOW: Duration = Duration::from_secs(3600);
+
+/// Whether the pin window (docs/issue.md "Pin window") follows `g`: issued, waiting for its
+/// first heartbeat (none names a UID yet) since less than [`PIN_FOLLOW`] before `now`, its
+/// status of this generation. A run that sees a heartbeat for it then sweeps at once, so the
+/// consumer's first writes wait seconds for the pin, not a period.
+pub fn awaits_pin(g: &Grant, heartbeats: &[Heartbeat], now: Timestamp) -> bool {
+    let has_fin = crate::pass::finalizer::has(g.metadata.finalizers.as_ref(), REVOKE_FINALIZER);
+    let Some(status) = g.status.as_ref() else {
+        return false;
+    };
+    if g.metadata.deletion_timestamp.is_some()
+        || !has_fin
+        || status.observed_generation != g.metadata.generation
+        || status.consumer_cluster.is_some()
+    {
+        return false;
+    }
+    let condition = |ty: &str| status.conditions.iter().find(|c| c.type_ == ty);
+    if condition(READY).map(|c| c.reason.as_str()) != Some(ISSUED) {
+        return false;
+    }
+    let Some(waiting) = condition(CONSUMER_PINNED).filter(|c| c.reason == WAITING_FOR_HEARTBEAT)
+    else {
+        return false;
+    };
+    let since = now.duration_since(waiting.last_transition_time.0);
+    if Duration::try_from(since).is_ok_and(|s| s >= PIN_FOLLOW) {
+        return false;
+    }
+    !names_a_uid(g, heartbeats)
+}
+
+/// Whether one of `g`'s heartbeats names a consumer cluster it could pin.
+pub fn names_a_uid(g: &Grant, heartbeats: &[Heartbeat]) -> bool {
+    let grant = GrantRef {
+        name: g.metadata.name.as_deref().unwrap_or_default(),
+        uid: "",
+        created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+    };
+    !candidates(grant, heartbeats).is_empty()
 }
 
 #[cfg(test)]
@@ -307,6 +355,98 @@ mod tests {
         ];
         for (what, patch, beats, want) in cases {
             assert_eq!(changed(&grant(patch), beats, (None, now)), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_pin_window_follows_an_issued_grant_waiting_for_its_first_heartbeat_for_an_hour() {
+        let now: Timestamp = "2026-01-03T00:00:00Z".parse().unwrap();
+        let later = [beat("u1", "2026-01-02T00:00:00Z")];
+        let before = [beat("u1", "2025-12-31T00:00:00Z")];
+        let since = |reason: &str, at: &str| {
+            let mut c = cond(CONSUMER_PINNED, reason);
+            c["lastTransitionTime"] = json!(at);
+            c
+        };
+        let status = |pin: serde_json::Value, ready: &str| json!({"status": {"conditions": [pin, cond(READY, ready)]}});
+        let waiting = status(since(WAITING_FOR_HEARTBEAT, "2026-01-02T23:30:00Z"), ISSUED);
+        let cases: Vec<(&str, serde_json::Value, &[Heartbeat], bool)> = vec![
+            (
+                "issued half an hour ago, no heartbeat",
+                waiting.clone(),
+                &[],
+                true,
+            ),
+            (
+                "a heartbeat older than the Grant does not count",
+                waiting.clone(),
+                &before,
+                true,
+            ),
+            (
+                "its heartbeat came: the run sweeps, not the window",
+                waiting.clone(),
+                &later,
+                false,
+            ),
+            (
+                "waiting for an hour: the next run pins",
+                status(since(WAITING_FOR_HEARTBEAT, "2026-01-02T23:00:00Z"), ISSUED),
+                &[],
+                false,
+            ),
+            (
+                "pinned",
+                {
+                    let mut v = waiting.clone();
+                    merge(&mut v, json!({"status": {"consumerCluster": "u1"}}));
+                    v
+                },
+                &[],
+                false,
+            ),
+            (
+                "blocked",
+                status(
+                    since(WAITING_FOR_HEARTBEAT, "2026-01-02T23:30:00Z"),
+                    "NamespaceTaken",
+                ),
+                &[],
+                false,
+            ),
+            (
+                "waiting for a person",
+                status(since("ApprovalRequired", "2026-01-02T23:30:00Z"), ISSUED),
+                &[],
+                false,
+            ),
+            (
+                "spec changed: the run sweeps",
+                {
+                    let mut v = waiting.clone();
+                    merge(&mut v, json!({"metadata": {"generation": 3}}));
+                    v
+                },
+                &[],
+                false,
+            ),
+            (
+                "deleting",
+                {
+                    let mut v = waiting.clone();
+                    merge(
+                        &mut v,
+                        json!({"metadata": {"deletionTimestamp": "2026-01-03T00:00:00Z"}}),
+                    );
+                    v
+                },
+                &[],
+                false,
+            ),
+            ("never recorded", json!({"status": null}), &[], false),
+        ];
+        for (what, patch, beats, want) in cases {
+            assert_eq!(awaits_pin(&grant(patch), beats, now), want, "{what}");
         }
     }
 }
