@@ -320,8 +320,10 @@ async fn a_new_consumer_of_the_service_layer_syncs_at_the_first_tick_after_it_bi
         fx.env.provider.to_str().unwrap(),
         &["--full-sweep-every", "1h", "--pin-window", "30s"],
     );
-    // The tick: the three CronJobs' runs start together; the object is created as soon as its
-    // CRD is Established (a script, a GitOps retry).
+    // The tick: the three CronJobs' runs start together, the issuer's a moment ahead (its
+    // window begun: no test can rely on which Pod starts first, so the test fixes the order in
+    // which the issuer has already read the heartbeats when the first one is written). The
+    // object is created as soon as its CRD is Established (a script, a GitOps retry).
     let crds = Api::all(fx.consumer.clone());
     let create = async {
         for _ in 0..300 {
@@ -337,16 +339,30 @@ async fn a_new_consumer_of_the_service_layer_syncs_at_the_first_tick_after_it_bi
         }
         panic!("kbind schema did not install the consumer CRD within 30 s");
     };
-    let (schema, resync, issue, ()) = tokio::join!(
-        fx.try_pass_async("schema", &[]),
-        fx.try_pass_async("resync", &["--first-sync-window=30s"]),
-        support::kbind_async(&issue_args),
-        create,
-    );
+    let mut consumer_runs = None;
+    let slot = &mut consumer_runs;
+    let issue = support::when_logged(
+        support::kbind_command(&issue_args),
+        "pin window: following",
+        |_| async move {
+            let (schema, resync, ()) = tokio::join!(
+                fx.try_pass_async("schema", &[]),
+                fx.try_pass_async("resync", &["--first-sync-window=30s"]),
+                create,
+            );
+            *slot = Some((schema, resync));
+        },
+    )
+    .await;
+    let (schema, resync) = consumer_runs.expect("the consumer's runs");
     let (schema, resync, issue) = (
         ok("schema", schema),
         ok("resync", resync),
-        ok("issue", issue),
+        ok("issue", support::outcome(issue)),
+    );
+    assert_eq!(
+        issue["counts"]["pinWindowSweeps"], 1,
+        "the first heartbeat came in the issuer's window: {issue}"
     );
     assert!(
         ix.get_grant(&grant)

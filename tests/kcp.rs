@@ -156,7 +156,11 @@ async fn requirements_reach_every_tenant_and_kcp_accepts_what_kbind_wrote() {
         s["data_writes"], 1,
         "t1 only: t2's Rejected stays as it is: {s}"
     );
-    let st = fx.catalog_entry(&entry).await.status.expect("status");
+    let e = fx.catalog_entry(&entry).await;
+    // The platform provider's case (spec 001): no `spec.org`, and its claims reconcile as an
+    // org-owned one's do (identity_not_the_provider_field_decides_and_a_dry_run_writes_nothing).
+    assert_eq!(e.spec.org, "", "a platform provider");
+    let st = e.status.expect("status");
     assert_eq!((st.bindings_checked, st.bindings_updated), (2, 1));
     assert_eq!(st.cursor, "");
     assert!(!st.requirements_hash.is_empty());

@@ -57,7 +57,7 @@ pub struct IssueArgs {
     #[arg(long, env = "KBIND_FULL_SWEEP_EVERY", default_value = "0s", value_parser = parse_duration)]
     pub full_sweep_every: Duration,
     /// After its work, keep looking (one LIST of the heartbeat Leases every 2 s) for this long
-    /// while an issued Grant waits for its first heartbeat (issued within the last hour), and
+    /// while an issued Grant waits for its first heartbeat (for less than an hour), and
     /// pin it in this run as soon as one comes (docs/issue.md "Pin window"). Never past
     /// `--deadline`. 0: off (the default, so a one-off run ends when its work does); the shipped
     /// CronJob sets 30s.

@@ -141,13 +141,14 @@ pub async fn run(ctx: PassContext, args: IssueArgs) -> Result<Summary, PassError
             sweep == Sweep::Full
         }
     };
+    let started = std::time::Instant::now();
     if full {
         let swept = run.full_sweep().await?;
         awaiting = swept.awaiting;
         stopped = swept.stopped;
     }
     if stopped.is_none() && !ctx.args.dry_run && !args.pin_window.is_zero() {
-        stopped = run.pin_window(awaiting).await;
+        run.pin_window(awaiting, started.elapsed()).await;
     }
     let stopped = stopped.map(|why| crate::pass::Stopped {
         message: format!("stopped early ({why}); the next run continues"),

@@ -72,12 +72,16 @@ impl Run<'_> {
                 }
                 continue;
             }
-            if plan::sweep::awaits_pin(g, &issued.leases, self.cfg.now) {
-                awaiting.push(g.clone());
-            }
-            if let Err(why) = self.work(g, issued, &obs, &mut pinned).await {
-                stopped = Some(why);
-                break;
+            match self.work(g, issued, &obs, &mut pinned).await {
+                Ok(waiting) => {
+                    if plan::sweep::follows_after_sweep(g, waiting, self.cfg.now) {
+                        awaiting.push(g.clone());
+                    }
+                }
+                Err(why) => {
+                    stopped = Some(why);
+                    break;
+                }
             }
         }
         if stopped.is_none() && self.args.selector.is_none() {
@@ -203,14 +207,15 @@ impl Run<'_> {
     }
 
     /// A live Grant: plan it, issue (or narrow what a blocked one holds), record its status.
-    /// `Err`: the budget ran out before its writes.
+    /// `Ok(true)`: it is issued and waits for its first heartbeat; `Err`: the budget ran out
+    /// before its writes.
     async fn work(
         &mut self,
         g: &Grant,
         issued: &plan::Issued,
         obs: &observe::Observed,
         pinned: &mut BTreeMap<String, String>,
-    ) -> Result<(), Exhausted> {
+    ) -> Result<bool, Exhausted> {
         let name = g.name_any();
         let recorded = g.status.as_ref().and_then(|s| s.consumer_cluster.clone());
         let others: BTreeMap<String, String> = pinned
@@ -280,7 +285,7 @@ impl Run<'_> {
             }
         }
         self.record(g, &outcome).await;
-        Ok(())
+        Ok(outcome.blocked.is_none() && matches!(outcome.pin, Some(Pin::Waiting)))
     }
 
     /// An issuable Grant: its finalizer first, then what it gets (docs/issue.md "What a Grant

@@ -29,8 +29,8 @@ const TAIL: Duration = Duration::from_secs(8);
 /// The bindings a window follows: selected, not deleting, created less than
 /// [`NEW_FOR_SECONDS`] before `now`, and never synced (no `status.resync.lastPassTime`) or
 /// refused because the provider has not pinned this consumer yet (`ConsumerPinned=False
-/// NotPinned`: a consumer of the service layer, whose first heartbeat the provider's issuer
-/// pins at its next run, which fires at the same tick as this one).
+/// NotPinned`: a consumer of the service layer, whose first heartbeat this run writes and the
+/// provider's issuer, fired at the same tick, pins within seconds in its pin window).
 pub fn new_bindings(
     bindings: &[BindingRef],
     selected: &BTreeSet<BindingKey>,

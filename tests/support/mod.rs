@@ -451,10 +451,11 @@ pub fn consumer_pin_lock() -> std::fs::File {
     lock_file("consumer-pin.lock", true)
 }
 
-/// [`consumer_pin_lock`], then the provider copies earlier pinning tests left behind (labelled
-/// with the suite's one consumer cluster, in namespaces their revoked Grants held) deleted:
-/// objects no Grant holds make the next pin of that cluster wait for a person's approval
-/// (docs/issue.md "Confinement"), as they would for a user.
+/// [`consumer_pin_lock`], then what earlier pinning tests left behind deleted: a Grant still
+/// pinned to the suite's one consumer cluster (a test that failed before revoking it), and the
+/// provider copies labelled with that cluster in namespaces their revoked Grants held (objects
+/// no Grant holds make the next pin of that cluster wait for a person's approval, docs/issue.md
+/// "Confinement", as they would for a user).
 pub async fn pin_consumer_cluster(provider: &Client, consumer: &Client) -> std::fs::File {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
     let lock = consumer_pin_lock();
@@ -465,6 +466,28 @@ pub async fn pin_consumer_cluster(provider: &Client, consumer: &Client) -> std::
         .metadata
         .uid
         .expect("its UID");
+    // A Grant still pinned to it was left by a test that failed before revoking it (this lock's
+    // holders revoke theirs): gone, finalizer and all, or every later pin of it is taken.
+    let grants = Api::<kbind::api::iam::Grant>::all(provider.clone());
+    let leftovers = grants.list(&ListParams::default()).await.map(|l| l.items);
+    for g in leftovers.unwrap_or_default() {
+        if g.status
+            .as_ref()
+            .and_then(|s| s.consumer_cluster.as_deref())
+            != Some(uid.as_str())
+        {
+            continue;
+        }
+        let name = g.metadata.name.unwrap_or_default();
+        let _ = grants.delete(&name, &Default::default()).await;
+        let _ = grants
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
     let exported = Api::<CustomResourceDefinition>::all(provider.clone())
         .list(&ListParams::default().labels("core.kbind.io/exported=true"))
         .await
@@ -536,6 +559,66 @@ pub async fn signalled_run(
     let out = out.expect("wait for kbind");
     keep_emitted(&out);
     (out, sent)
+}
+
+/// Run `cmd`; once a line of its log (stderr) contains `needle`, run `then` with its pid while
+/// the log keeps being read; return what it printed (kept for the secret scan). For a test that
+/// must act at a known point of a run (its pin window begun), not after a guessed delay. Panics
+/// when the run ends, or 120 s pass, without the line.
+pub async fn when_logged<F, Fut>(
+    cmd: std::process::Command,
+    needle: &str,
+    then: F,
+) -> std::process::Output
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("start kbind");
+    let pid = child.id().expect("pid").to_string();
+    let mut stdout = child.stdout.take().expect("stdout");
+    let out = tokio::spawn(async move {
+        let mut b = Vec::new();
+        let _ = stdout.read_to_end(&mut b).await;
+        b
+    });
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut log = String::new();
+    let seen = tokio::time::timeout(SIGNAL_TRIGGER_TIMEOUT, async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            log.push_str(&l);
+            log.push('\n');
+            if l.contains(needle) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(seen, Ok(true)),
+        "the run never logged {needle:?}:\n{log}"
+    );
+    let rest = async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            log.push_str(&l);
+            log.push('\n');
+        }
+    };
+    tokio::join!(then(pid), rest);
+    let status = child.wait().await.expect("wait for kbind");
+    let out = std::process::Output {
+        status,
+        stdout: out.await.expect("stdout"),
+        stderr: log.into_bytes(),
+    };
+    keep_emitted(&out);
+    out
 }
 
 /// How long a signal test waits for its trigger (the pass's first write, say).

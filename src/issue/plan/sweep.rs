@@ -137,15 +137,31 @@ pub fn awaits_pin(g: &Grant, heartbeats: &[Heartbeat], now: Timestamp) -> bool {
     if condition(READY).map(|c| c.reason.as_str()) != Some(ISSUED) {
         return false;
     }
-    let Some(waiting) = condition(CONSUMER_PINNED).filter(|c| c.reason == WAITING_FOR_HEARTBEAT)
-    else {
-        return false;
-    };
-    let since = now.duration_since(waiting.last_transition_time.0);
-    if Duration::try_from(since).is_ok_and(|s| s >= PIN_FOLLOW) {
+    if condition(CONSUMER_PINNED).is_none_or(|c| c.reason != WAITING_FOR_HEARTBEAT)
+        || waited_an_hour(g, now)
+    {
         return false;
     }
     !names_a_uid(g, heartbeats)
+}
+
+/// Whether the pin window follows `g` after a sweep worked on it: the sweep left it issued and
+/// waiting for its first heartbeat (`waiting`: a Grant issued in this very sweep too, whose
+/// kubeconfig may be handed over within seconds), and it has not waited an hour already.
+pub fn follows_after_sweep(g: &Grant, waiting: bool, now: Timestamp) -> bool {
+    waiting && !waited_an_hour(g, now)
+}
+
+/// Whether `g`'s recorded status has waited for its first heartbeat for [`PIN_FOLLOW`].
+fn waited_an_hour(g: &Grant, now: Timestamp) -> bool {
+    g.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONSUMER_PINNED))
+        .filter(|c| c.reason == WAITING_FOR_HEARTBEAT)
+        .is_some_and(|c| {
+            let since = now.duration_since(c.last_transition_time.0);
+            Duration::try_from(since).is_ok_and(|s| s >= PIN_FOLLOW)
+        })
 }
 
 /// Whether one of `g`'s heartbeats names a consumer cluster it could pin.
@@ -448,5 +464,16 @@ mod tests {
         for (what, patch, beats, want) in cases {
             assert_eq!(awaits_pin(&grant(patch), beats, now), want, "{what}");
         }
+        // After a sweep: what it left waiting is followed, a Grant issued by it included,
+        // unless it has waited an hour already.
+        let fresh = grant(json!({"status": null}));
+        assert!(
+            follows_after_sweep(&fresh, true, now),
+            "issued by this sweep"
+        );
+        assert!(!follows_after_sweep(&fresh, false, now), "blocked, pinned");
+        assert!(follows_after_sweep(&grant(waiting), true, now));
+        let old = status(since(WAITING_FOR_HEARTBEAT, "2026-01-02T23:00:00Z"), ISSUED);
+        assert!(!follows_after_sweep(&grant(old), true, now), "an hour");
     }
 }
