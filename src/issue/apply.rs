@@ -137,32 +137,51 @@ pub async fn issue(
         }
     }
     prune(client, grant, &plan.stale, writes).await?;
-    // Never in the way of the token: a refused delete (RBAC from before 0.3) is only logged;
-    // the stale heartbeat pins nothing either way.
-    if let Err((name, e)) = delete_leases(
-        client,
-        ns,
-        &plan.stale_leases,
-        "older than its Grant",
-        writes,
-    )
-    .await
-    {
-        tracing::warn!(grant = %grant, lease = %name, error = %scrub(&e.to_string()), "a heartbeat older than its Grant was not deleted");
-    }
+    stale_heartbeats(client, grant, ns, &plan.stale_leases, writes).await;
     let Token::Issue { why } = &plan.token else {
         return Ok(out);
     };
-    let name = object_name(grant);
     if !writes.will(
         "issue",
-        target("Secret", Some(ns), &name),
+        target("Secret", Some(ns), &object_name(grant)),
         format!("new token for Grant {grant}: {why}"),
     ) {
         return Ok(out);
     }
-    let sa_uid = match &out.sa_uid {
-        Some(u) => u.clone(),
+    let sa_uid = out.sa_uid.as_deref();
+    out.issued_until = Some(token(client, (manager, owner), plan, sa_uid, cfg, writes).await?);
+    Ok(out)
+}
+
+/// Heartbeats older than their Grant go. Never in the way of the token: a refused delete (RBAC
+/// from before 0.3) is only logged; a stale heartbeat pins nothing either way.
+async fn stale_heartbeats(
+    client: &Client,
+    grant: &str,
+    ns: &str,
+    leases: &[String],
+    writes: &mut Writes,
+) {
+    if let Err((name, e)) = delete_leases(client, ns, leases, "older than its Grant", writes).await
+    {
+        tracing::warn!(grant = %grant, lease = %name, error = %scrub(&e.to_string()), "a heartbeat older than its Grant was not deleted");
+    }
+}
+
+/// A new token by TokenRequest for the Grant's ServiceAccount (of UID `sa_uid`), written into
+/// its kubeconfig Secret; when it expires.
+async fn token(
+    client: &Client,
+    (manager, owner): (&str, GrantRef<'_>),
+    plan: &GrantPlan,
+    sa_uid: Option<&str>,
+    cfg: &Config,
+    writes: &mut Writes,
+) -> Result<Timestamp, Blocked> {
+    let (grant, ns) = (owner.name, cfg.namespace.as_str());
+    let name = object_name(grant);
+    let sa_uid = match sa_uid {
+        Some(u) => u,
         None => {
             return Err(Blocked {
                 reason: ISSUE_FAILED,
@@ -192,14 +211,14 @@ pub async fn issue(
     crate::scrub::register_secret(&status.token);
     let expires = status.expiration_timestamp.0;
     let kc = render::kubeconfig(&cfg.server, &cfg.ca_pem, &status.token, ns, grant);
-    let body = render::secret(ns, owner, &kc, &expires.to_string(), &sa_uid);
+    let body = render::secret(ns, owner, &kc, &expires.to_string(), sa_uid);
+    let pp = PatchParams::apply(manager).force();
     Api::<Secret>::namespaced(client.clone(), ns)
         .patch(&name, &pp, &Patch::Apply(&body))
         .await
         .map_err(|e| blocked("Secret", false, &name, &e))?;
     writes.data_done();
-    out.issued_until = Some(expires);
-    Ok(out)
+    Ok(expires)
 }
 
 /// Create one of the Grant's namespaces (labelled with it, for people reading the cluster).

@@ -7,9 +7,9 @@
 //!
 //! The files, in the order of a run: this one (whether to sweep), `sweep.rs` (a full sweep,
 //! Grant by Grant), `observe.rs` (Grants, catalog, everything issued, by label), `plan.rs`
-//! (pure: resolution, pin, token due, what differs; tests in plan/tests.rs; `plan/sweep.rs`:
-//! whether a Grant needs a run), `render.rs` (pure: the issued objects), `apply.rs` (writes,
-//! token, revocation), `record.rs` (Grant and Export status), `window.rs` (the pin window),
+//! (pure: resolution, pin in `plan/pinning.rs`, token due, what differs; tests in
+//! plan/tests.rs; `plan/sweep.rs`: whether a Grant needs a run), `render.rs` (pure: the issued
+//! objects; the per-Grant policy in `render/policy.rs`), `apply.rs` (writes, token, revocation), `record.rs` (Grant and Export status), `window.rs` (the pin window),
 //! `args.rs` (flags).
 
 pub mod apply;

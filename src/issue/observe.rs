@@ -241,6 +241,67 @@ pub async fn observe(
     let grants = list::all(&Api::<Grant>::all(client.clone()), &glp)
         .await
         .map_err(listed("Grants", None))?;
+    let (exports, catalog) = catalog(client).await?;
+    // Ownership is decided over every Grant: a selected run must not hand out what an
+    // unselected, older Grant holds.
+    let everyone = match selector {
+        Some(_) => list::all(&Api::<Grant>::all(client.clone()), &lp)
+            .await
+            .map_err(listed("Grants", None))?,
+        None => grants.clone(),
+    };
+    let views: Vec<super::plan::GrantView<'_>> = everyone
+        .iter()
+        .filter_map(|g| {
+            Some(super::plan::GrantView {
+                name: g.metadata.name.as_deref()?,
+                created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                spec: &g.spec,
+            })
+        })
+        .collect();
+    let tenancy = super::plan::tenancy(&views, &catalog);
+    let (namespaces, made) = namespaces(client).await?;
+    let issued = issued(client, ns, confinement).await?;
+    let pinned = everyone
+        .iter()
+        .filter_map(|g| {
+            let uid = g.status.as_ref()?.consumer_cluster.clone()?;
+            Some((uid, g.metadata.name.clone()?))
+        })
+        .collect();
+    let in_use = in_use::in_use(
+        client,
+        ns,
+        (&grants, &everyone),
+        &issued,
+        (&catalog, &tenancy),
+    )
+    .await?;
+    let handover = handover::handover(
+        client,
+        &grants,
+        &issued,
+        (&catalog, &tenancy),
+        (&namespaces, &made),
+    )
+    .await;
+    Ok(Observed {
+        grants,
+        in_use,
+        pinned,
+        handover,
+        tenancy,
+        namespaces,
+        exports,
+        catalog,
+        issued,
+    })
+}
+
+/// The provider's catalog: Exports, Collections and exported CRDs.
+async fn catalog(client: &Client) -> Result<(Vec<Export>, Catalog), IssueError> {
+    let lp = ListParams::default();
     let exports = list::all(&Api::<Export>::all(client.clone()), &lp)
         .await
         .map_err(listed("Exports", None))?;
@@ -281,31 +342,22 @@ pub async fn observe(
             .collect(),
         exported: exported.into_iter().map(|a| (a.name.clone(), a)).collect(),
     };
-    // Ownership is decided over every Grant: a selected run must not hand out what an
-    // unselected, older Grant holds.
-    let everyone = match selector {
-        Some(_) => list::all(&Api::<Grant>::all(client.clone()), &lp)
-            .await
-            .map_err(listed("Grants", None))?,
-        None => grants.clone(),
-    };
-    let views: Vec<super::plan::GrantView<'_>> = everyone
-        .iter()
-        .filter_map(|g| {
-            Some(super::plan::GrantView {
-                name: g.metadata.name.as_deref()?,
-                created: g.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                spec: &g.spec,
-            })
-        })
-        .collect();
-    let tenancy = super::plan::tenancy(&views, &catalog);
-    let listed_namespaces = list::metadata(&Api::<Namespace>::all(client.clone()), &lp)
-        .await
-        .map_err(listed("Namespaces", None))?;
-    // Namespaces the issuer created for a Grant (labelled with it; only the issuer and
-    // namespace admins can write that label): when, per namespace.
-    let made: BTreeMap<String, (String, Timestamp)> = listed_namespaces
+    Ok((exports, catalog))
+}
+
+/// Namespaces the issuer created for a Grant, per namespace: the Grant and when.
+type Made = BTreeMap<String, (String, Timestamp)>;
+
+/// The provider's namespaces, and those the issuer created for a Grant (labelled with it; only
+/// the issuer and namespace admins can write that label).
+async fn namespaces(client: &Client) -> Result<(BTreeSet<String>, Made), IssueError> {
+    let listed_namespaces = list::metadata(
+        &Api::<Namespace>::all(client.clone()),
+        &ListParams::default(),
+    )
+    .await
+    .map_err(listed("Namespaces", None))?;
+    let made: Made = listed_namespaces
         .iter()
         .filter_map(|n| {
             let grant = n.metadata.labels.as_ref()?.get(GRANT_KEY)?.clone();
@@ -317,9 +369,17 @@ pub async fn observe(
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
+    Ok((namespaces, made))
+}
 
+/// Everything issued, by Grant label: ServiceAccounts, RBAC, per-Grant policies (with
+/// `--confinement per-grant`), kubeconfig Secrets, heartbeat Leases.
+async fn issued(
+    c: &Client,
+    ns: &str,
+    confinement: Confinement,
+) -> Result<BTreeMap<String, Issued>, IssueError> {
     let mut issued: BTreeMap<String, Issued> = BTreeMap::new();
-    let c = client;
     let one = |k: Kind| (k, k);
     note(
         &mut issued,
@@ -366,28 +426,7 @@ pub async fn observe(
     // Per-Grant policies only where the issuer writes them: with the shipped ones it may not
     // even list admission policies (those a 0.2 issuer wrote are left; docs/upgrade.md).
     if confinement == Confinement::PerGrant {
-        note(
-            &mut issued,
-            one(Kind::Policy),
-            ns,
-            labelled_meta(
-                Api::<ValidatingAdmissionPolicy>::all(c.clone()),
-                "ValidatingAdmissionPolicies",
-                None,
-            )
-            .await?,
-        );
-        note(
-            &mut issued,
-            one(Kind::PolicyBinding),
-            ns,
-            labelled_meta(
-                Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
-                "ValidatingAdmissionPolicyBindings",
-                None,
-            )
-            .await?,
-        );
+        policies(&mut issued, c, ns).await?;
     }
     for (g, s) in labelled(
         Api::<Secret>::namespaced(c.clone(), ns),
@@ -403,38 +442,36 @@ pub async fn observe(
     for (g, beats) in heartbeats(c, ns).await? {
         issued.entry(g).or_default().leases = beats;
     }
-    let pinned = everyone
-        .iter()
-        .filter_map(|g| {
-            let uid = g.status.as_ref()?.consumer_cluster.clone()?;
-            Some((uid, g.metadata.name.clone()?))
-        })
-        .collect();
-    let in_use = in_use::in_use(
-        client,
-        ns,
-        (&grants, &everyone),
-        &issued,
-        (&catalog, &tenancy),
-    )
-    .await?;
-    let handover = handover::handover(
-        client,
-        &grants,
-        &issued,
-        (&catalog, &tenancy),
-        (&namespaces, &made),
-    )
-    .await;
-    Ok(Observed {
-        grants,
-        in_use,
-        pinned,
-        handover,
-        tenancy,
-        namespaces,
-        exports,
-        catalog,
+    Ok(issued)
+}
+
+/// The per-Grant admission policies and their bindings (`--confinement per-grant`).
+async fn policies(
+    issued: &mut BTreeMap<String, Issued>,
+    c: &Client,
+    ns: &str,
+) -> Result<(), IssueError> {
+    note(
         issued,
-    })
+        (Kind::Policy, Kind::Policy),
+        ns,
+        labelled_meta(
+            Api::<ValidatingAdmissionPolicy>::all(c.clone()),
+            "ValidatingAdmissionPolicies",
+            None,
+        )
+        .await?,
+    );
+    note(
+        issued,
+        (Kind::PolicyBinding, Kind::PolicyBinding),
+        ns,
+        labelled_meta(
+            Api::<ValidatingAdmissionPolicyBinding>::all(c.clone()),
+            "ValidatingAdmissionPolicyBindings",
+            None,
+        )
+        .await?,
+    );
+    Ok(())
 }

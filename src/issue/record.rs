@@ -63,30 +63,10 @@ pub fn grant_status(
         .conditions
         .set_condition(READY, status, reason, &message, generation, now);
     if let Some(pin) = &o.pin {
-        let (status, reason, message) = match pin {
-            Pin::Pinned { uid, .. } => {
-                st.consumer_cluster = Some(uid.clone());
-                (ConditionStatus::True, "Pinned", format!("writes are confined to objects labelled core.kbind.io/consumer-cluster={uid}"))
-            }
-            Pin::Waiting => (
-                ConditionStatus::False,
-                super::plan::WAITING_FOR_HEARTBEAT,
-                "no heartbeat Lease from this Grant's identity yet: the consumer's kbind resync writes one, the next kbind issue run pins its cluster; until then the identity may read but not write objects".to_string(),
-            ),
-            Pin::Taken { uid, by } => (
-                ConditionStatus::False,
-                "ConsumerClusterTaken",
-                format!("the heartbeat names consumer cluster {uid}, which Grant {by} already holds; nothing is pinned"),
-            ),
-            Pin::NeedsApproval { uid, why } => (
-                ConditionStatus::False,
-                "ApprovalRequired",
-                format!(
-                    "the heartbeat names consumer cluster {uid}, but {why}; nothing is pinned. If this Grant's consumer is that cluster, approve it: annotate the Grant {}={uid}",
-                    crate::api::iam::APPROVE_CONSUMER_CLUSTER
-                ),
-            ),
-        };
+        if let Pin::Pinned { uid, .. } = pin {
+            st.consumer_cluster = Some(uid.clone());
+        }
+        let (status, reason, message) = pin_condition(pin);
         changed |=
             st.conditions
                 .set_condition(CONSUMER_PINNED, status, reason, &message, generation, now);
@@ -113,6 +93,35 @@ pub fn grant_status(
                 .set_condition(SHARED_READS, status, reason, &message, generation, now);
     }
     (changed || st != old).then_some(st)
+}
+
+/// The `ConsumerPinned` condition a pin makes.
+fn pin_condition(pin: &Pin) -> (ConditionStatus, &'static str, String) {
+    match pin {
+        Pin::Pinned { uid, .. } => (
+            ConditionStatus::True,
+            "Pinned",
+            format!("writes are confined to objects labelled core.kbind.io/consumer-cluster={uid}"),
+        ),
+        Pin::Waiting => (
+            ConditionStatus::False,
+            super::plan::WAITING_FOR_HEARTBEAT,
+            "no heartbeat Lease from this Grant's identity yet: the consumer's kbind resync writes one, and kbind issue pins its cluster when it sees it (its next run, or within its pin window); until then the identity may read but not write objects".to_string(),
+        ),
+        Pin::Taken { uid, by } => (
+            ConditionStatus::False,
+            "ConsumerClusterTaken",
+            format!("the heartbeat names consumer cluster {uid}, which Grant {by} already holds; nothing is pinned"),
+        ),
+        Pin::NeedsApproval { uid, why } => (
+            ConditionStatus::False,
+            "ApprovalRequired",
+            format!(
+                "the heartbeat names consumer cluster {uid}, but {why}; nothing is pinned. If this Grant's consumer is that cluster, approve it: annotate the Grant {}={uid}",
+                crate::api::iam::APPROVE_CONSUMER_CLUSTER
+            ),
+        ),
+    }
 }
 
 /// An Export's status: which APIs are not exported CRDs.

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::{Api, ResourceExt};
+use serde_json::Value;
 
 use crate::api::catalog::Export;
 use crate::api::iam::{Grant, REVOKE_FINALIZER};
@@ -148,26 +149,8 @@ impl Run<'_> {
             ) else {
                 continue;
             };
-            if !self
-                .writes
-                .will("apply-status", format!("Export {name}"), "")
-            {
-                continue;
-            }
-            match crate::pass::status::apply_status(
-                &exports_api,
-                &name,
-                &self.manager,
-                apply::status_body(&st),
-                None,
-            )
-            .await
-            {
-                Ok(_) => self.writes.bookkeeping_done(),
-                Err(err) => {
-                    tracing::warn!(export = %name, error = %scrub(&err.to_string()), "Export status not written")
-                }
-            }
+            self.write_status(&exports_api, "Export", &name, apply::status_body(&st))
+                .await;
         }
     }
 
@@ -368,25 +351,27 @@ impl Run<'_> {
         ) else {
             return;
         };
+        let grants: Api<Grant> = Api::all(self.ctx.client.clone());
+        self.write_status(&grants, "Grant", &name, apply::status_body(&st))
+            .await;
+    }
+
+    /// A status write (`kind` names it in the summary's plan and the log); a failure is
+    /// logged, and the next run writes it again.
+    async fn write_status<K>(&mut self, api: &Api<K>, kind: &str, name: &str, body: Value)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         if !self
             .writes
-            .will("apply-status", format!("Grant {name}"), "")
+            .will("apply-status", format!("{kind} {name}"), "")
         {
             return;
         }
-        let grants: Api<Grant> = Api::all(self.ctx.client.clone());
-        match crate::pass::status::apply_status(
-            &grants,
-            &name,
-            &self.manager,
-            apply::status_body(&st),
-            None,
-        )
-        .await
-        {
+        match crate::pass::status::apply_status(api, name, &self.manager, body, None).await {
             Ok(_) => self.writes.bookkeeping_done(),
             Err(e) => {
-                tracing::warn!(grant = %name, error = %scrub(&e.to_string()), "Grant status not written")
+                tracing::warn!(kind, name, error = %scrub(&e.to_string()), "status not written")
             }
         }
     }

@@ -60,16 +60,7 @@ pub fn changed(
                 .map(|c| c.reason.as_str())
         })
     };
-    // An approval naming a place the status asks about (one of another place would change
-    // nothing, run after run).
-    let ready = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-    if let (Some(c), Some(approved)) = (ready, annotation(APPROVE_HANDOVER))
-        && c.reason == HANDOVER_APPROVAL_REQUIRED
-        && approved.split(',').map(str::trim).any(|a| {
-            let asked = format!("{APPROVE_HANDOVER}={a}");
-            c.message.ends_with(&asked) || c.message.contains(&format!("{asked};"))
-        })
-    {
+    if handover_approved(g) {
         return Some("a hand-over approved");
     }
     // Only an issued Grant is pinned or has its token re-issued: a blocked one's heartbeat
@@ -110,6 +101,28 @@ pub fn changed(
         Some("ConsumerClusterTaken") => None,
         _ => Some("a heartbeat to pin"),
     }
+}
+
+/// Whether `g` waits for a hand-over approval that now names a place its status asks about (an
+/// approval of another place would change nothing, run after run).
+fn handover_approved(g: &Grant) -> bool {
+    let ready = g
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    let approved = g
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(APPROVE_HANDOVER));
+    let (Some(c), Some(approved)) = (ready, approved) else {
+        return false;
+    };
+    c.reason == HANDOVER_APPROVAL_REQUIRED
+        && approved.split(',').map(str::trim).any(|a| {
+            let asked = format!("{APPROVE_HANDOVER}={a}");
+            c.message.ends_with(&asked) || c.message.contains(&format!("{asked};"))
+        })
 }
 
 /// How long after it was issued a Grant still waiting for its first heartbeat is followed by
