@@ -2,7 +2,7 @@
 //! A one-off command, not a pass: no Lease, no budget. It reads, plans (pure, `plan`), then
 //! writes:
 //!
-//! 1. **Observe the provider** with the given kubeconfig, after it passed the very rules
+//! 1. **Observe the provider** (`provider.rs`) with the given kubeconfig, after it passed the very rules
 //!    `kbind schema` applies to a Connection's Secret (src/connection/): its identity, what it
 //!    exports (src/discovery/, the discovery `kbind schema` uses), the Export named by
 //!    `--export`, the Grant's issued Secret named by `--grant-secret` (or, by default, by the
@@ -10,7 +10,7 @@
 //! 2. **Plan**: the APIs (each exported), the consumer Secret (the kubeconfig under the key
 //!    Connections read; with a Grant's Secret, the annotations rotation by pull needs), the
 //!    Connection, and a ClusterBinding (or, with `--namespace`, a Binding).
-//! 3. **Observe the consumer** and decide per object: create, update, or leave alone (a second
+//! 3. **Observe the consumer** (`consumer.rs`) and decide per object: create, update, or leave alone (a second
 //!    run with the same arguments writes nothing). An object of that name `kbind bind` did not
 //!    write (no `kbind-bind` entry in its managedFields) is refused unless `--force`.
 //! 4. **Apply** by server-side apply, field manager `kbind-bind`, Secret first.
@@ -22,32 +22,23 @@
 //! refusal (each message names the problem).
 
 pub mod args;
+mod consumer;
 pub mod plan;
+mod provider;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::sync::Arc;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::core::{
-    Binding, ClusterBinding, Connection, ExportedApi, SchemaSource, SecretKeyRef,
-};
-use crate::api::keys;
-use crate::connection::{self, CredentialArgs, CredentialError, CredentialPolicy, IdentityError};
-use crate::discovery::{self, DiscoveryError};
-use crate::pass::client::{RequestCounter, counted_client, own_config};
+use crate::connection::{CredentialError, IdentityError};
+use crate::discovery::DiscoveryError;
 use crate::pass::{CommonArgs, OutputFormat, PassError};
 use crate::scrub::scrub;
 
 pub use args::BindArgs;
-use plan::{Action, Chosen, Desired, GrantInfo, Inputs, Kind};
+use plan::{Action, Chosen, Desired, Inputs, Kind};
 
 /// The Secret key Connections read by default (and the key a Grant's issued Secret uses).
 pub use crate::api::keys::KUBECONFIG_KEY;
@@ -323,78 +314,7 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
             path: path.clone(),
             source,
         })?;
-
-    // The kubeconfig, checked exactly as `kbind schema` will check it in the Secret.
-    let r = SecretKeyRef {
-        namespace: args.credential_namespace.clone(),
-        name: args.name.clone(),
-        key: KUBECONFIG_KEY.into(),
-    };
-    let policy = CredentialPolicy::new(
-        &CredentialArgs {
-            credential_namespaces: vec![args.credential_namespace.clone()],
-            allow_kubeconfig_fields: args.allow_kubeconfig_fields.clone(),
-        },
-        args.credential_namespace.clone(),
-    );
-    let candidate = Secret {
-        data: Some(BTreeMap::from([(
-            KUBECONFIG_KEY.to_string(),
-            ByteString(bytes.clone()),
-        )])),
-        ..Default::default()
-    };
-    let kerr = |source| BindError::Kubeconfig {
-        path: path.clone(),
-        source,
-    };
-    let pk = connection::kubeconfig(Some(&candidate), &r, &policy)
-        .await
-        .map_err(kerr)?;
-    let counter = Arc::new(RequestCounter::default());
-    let provider = connection::client(&pk, &r, counter, common.request_timeout)
-        .await
-        .map_err(kerr)?;
-
-    // The provider: identity (the credential works), exports, the Export, the Grant Secret.
-    let provider_uid = connection::cluster_uid(&provider)
-        .await
-        .map_err(|source| match source {
-            IdentityError::Unauthorized(_) => BindError::CredentialRejected {
-                path: path.clone(),
-                source,
-            },
-            IdentityError::Forbidden(_) => BindError::IdentityForbidden {
-                path: path.clone(),
-                source,
-            },
-            _ => BindError::ProviderUnreachable { source },
-        })?;
-    let exports: Vec<ExportedApi> = discovery::discover(&provider, SchemaSource::Auto)
-        .await
-        .map_err(BindError::Discovery)?
-        .exports
-        .into_iter()
-        .map(|e| e.api)
-        .collect();
-    if let Chosen::Export { name, apis } = &mut req.chosen {
-        *apis = read_export(&provider, name).await?;
-    }
-    // `--grant-secret`, or else the Secret a kubeconfig from `kbind issue` names itself.
-    let grant_secret = match req.grant_secret.take() {
-        Some(s) => Some(s),
-        None => connection::issued_grant_secret(&pk.kubeconfig).map_err(|why| {
-            BindError::GrantExtension {
-                path: path.clone(),
-                why,
-            }
-        })?,
-    };
-    let grant = match &grant_secret {
-        Some((ns, n)) => Some(read_grant_secret(&provider, ns, n).await?),
-        None => None,
-    };
-
+    let seen = provider::observe(common, args, &mut req, &bytes).await?;
     let inputs = Inputs {
         name: &args.name,
         credential_namespace: &args.credential_namespace,
@@ -402,8 +322,8 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
         key: KUBECONFIG_KEY,
         kubeconfig: &bytes,
         chosen: &req.chosen,
-        exports: &exports,
-        grant: grant.as_ref(),
+        exports: &seen.exports,
+        grant: seen.grant.as_ref(),
         labels: &req.labels,
     };
     let apis = plan::choose_apis(&inputs)?;
@@ -413,61 +333,10 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
             .map(Output::Manifests);
     }
 
-    // The consumer: compare first, refuse foreign objects, then write.
-    let config = own_config(common).await?;
-    let consumer = counted_client(config, Arc::new(RequestCounter::default()))
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
-    namespace_exists(
-        &consumer,
-        &args.credential_namespace,
-        "--credential-namespace",
-    )
-    .await?;
-    if let Some(ns) = &args.namespace {
-        namespace_exists(&consumer, ns, "--namespace").await?;
-    }
-    let mut decided = Vec::new();
-    for d in &desired {
-        let api = dynamic_api(&consumer, d);
-        let have = api
-            .get_opt(&d.name)
-            .await
-            .map_err(|source| BindError::ConsumerRequest {
-                what: format!("reading {}", d.key()),
-                source,
-            })?
-            .map(|o| serde_json::to_value(o).unwrap_or(Value::Null));
-        if d.kind == Kind::Connection {
-            plan::check_identity(&d.name, have.as_ref(), &provider_uid)?;
-        }
-        decided.push(plan::decide(d, have.as_ref(), args.force)?);
-    }
-    let mut objects = Vec::new();
-    for (d, action) in desired.iter().zip(decided) {
-        if action != Action::Unchanged {
-            dynamic_api(&consumer, d)
-                .patch(
-                    &d.name,
-                    &PatchParams::apply(plan::MANAGER).force(),
-                    &Patch::Apply(&d.body),
-                )
-                .await
-                .map_err(|source| BindError::ConsumerRequest {
-                    what: format!("writing {}", d.key()),
-                    source,
-                })?;
-            tracing::info!(object = %d.key(), action = action.as_str(), "written");
-        }
-        objects.push(ObjectReport {
-            kind: d.kind.as_str(),
-            namespace: d.namespace.clone(),
-            name: d.name.clone(),
-            action,
-        });
-    }
+    let objects = consumer::write(common, args, &desired, &seen.uid).await?;
     Ok(Output::Report(Report {
         command: "bind",
-        provider: provider_uid,
+        provider: seen.uid,
         writes: objects
             .iter()
             .filter(|o| o.action != Action::Unchanged)
@@ -478,87 +347,6 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
 }
 
 /// `spec.apis[].name` of the provider's Export `name`, read as JSON (`catalog.kbind.io`).
-async fn read_export(provider: &Client, name: &str) -> Result<Vec<String>, BindError> {
-    let gvk = GroupVersionKind::gvk("catalog.kbind.io", "v1alpha1", "Export");
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "exports");
-    let api: Api<DynamicObject> = Api::all_with(provider.clone(), &ar);
-    match api.get_opt(name).await {
-        Ok(Some(o)) => Ok(o.data["spec"]["apis"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()),
-        Ok(None) => Err(BindError::ExportNotFound {
-            export: name.into(),
-        }),
-        Err(source) => Err(BindError::ExportUnreadable {
-            export: name.into(),
-            source,
-        }),
-    }
-}
-
-/// The Grant's issued Secret on the provider, read with the kubeconfig being bound (as
-/// `kbind schema` will read it to pull each re-issued kubeconfig): its Grant and expiry.
-async fn read_grant_secret(
-    provider: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<GrantInfo, BindError> {
-    let secret = format!("{namespace}/{name}");
-    let s = crate::secrets::read(provider, namespace, name)
-        .await
-        .map_err(|e| BindError::GrantSecret {
-            secret: secret.clone(),
-            why: format!(
-                "the provider kubeconfig cannot read it, so kbind schema could not pull a re-issued kubeconfig from it: {e}"
-            ),
-        })?;
-    if crate::secrets::key_bytes(&s, KUBECONFIG_KEY).is_none() {
-        return Err(BindError::GrantSecret {
-            secret,
-            why: format!("it has no key {KUBECONFIG_KEY:?}: not a Grant's issued Secret"),
-        });
-    }
-    let ann = s.metadata.annotations.unwrap_or_default();
-    Ok(GrantInfo {
-        namespace: namespace.into(),
-        name: name.into(),
-        grant: ann.get(keys::IAM_GRANT).cloned(),
-        expires_at: ann.get(keys::IAM_EXPIRES_AT).cloned(),
-    })
-}
-
-async fn namespace_exists(consumer: &Client, ns: &str, what: &str) -> Result<(), BindError> {
-    match Api::<Namespace>::all(consumer.clone()).get_opt(ns).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(BindError::NamespaceMissing {
-            namespace: ns.into(),
-            what: what.into(),
-        }),
-        Err(source) => Err(BindError::ConsumerRequest {
-            what: format!("reading namespace {ns}"),
-            source,
-        }),
-    }
-}
-
-fn dynamic_api(client: &Client, d: &Desired) -> Api<DynamicObject> {
-    let ar = match d.kind {
-        Kind::Secret => ApiResource::erase::<Secret>(&()),
-        Kind::Connection => ApiResource::erase::<Connection>(&()),
-        Kind::ClusterBinding => ApiResource::erase::<ClusterBinding>(&()),
-        Kind::Binding => ApiResource::erase::<Binding>(&()),
-    };
-    match &d.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    }
-}
-
 /// Placeholder for the Secret's data in a dry run without `--include-secret`.
 pub const REDACTED: &str =
     "REDACTED: rerun with --include-secret, or create this Secret out of band";
