@@ -1,3 +1,4 @@
+use super::scan::{kind_report, resource_of};
 use super::*;
 use crate::api::iam as iam_api;
 use crate::api::relsync as relsync_api;
