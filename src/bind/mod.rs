@@ -2,16 +2,16 @@
 //! A one-off command, not a pass: no Lease, no budget. It reads, plans (pure, `plan`), then
 //! writes:
 //!
-//! 1. **Observe the provider** (`provider.rs`) with the given kubeconfig, after it passed the very rules
-//!    `kbind schema` applies to a Connection's Secret (src/connection/): its identity, what it
+//! 1. **Observe the provider** (`provider.rs`) with the given kubeconfig, after it passed the
+//!    very rules `kbind schema` applies to a Connection's Secret (src/connection/): its identity, what it
 //!    exports (src/discovery/, the discovery `kbind schema` uses), the Export named by
 //!    `--export`, the Grant's issued Secret named by `--grant-secret` (or, by default, by the
 //!    `iam.kbind.io/grant` extension of a kubeconfig `kbind issue` wrote).
 //! 2. **Plan**: the APIs (each exported), the consumer Secret (the kubeconfig under the key
 //!    Connections read; with a Grant's Secret, the annotations rotation by pull needs), the
 //!    Connection, and a ClusterBinding (or, with `--namespace`, a Binding).
-//! 3. **Observe the consumer** (`consumer.rs`) and decide per object: create, update, or leave alone (a second
-//!    run with the same arguments writes nothing). An object of that name `kbind bind` did not
+//! 3. **Observe the consumer** (`consumer.rs`) and decide per object: create, update, or leave
+//!    alone (a second run with the same arguments writes nothing). An object of that name `kbind bind` did not
 //!    write (no `kbind-bind` entry in its managedFields) is refused unless `--force`.
 //! 4. **Apply** by server-side apply, field manager `kbind-bind`, Secret first.
 //!
@@ -346,7 +346,6 @@ async fn bind(common: &CommonArgs, args: &BindArgs) -> Result<Output, BindError>
     }))
 }
 
-/// `spec.apis[].name` of the provider's Export `name`, read as JSON (`catalog.kbind.io`).
 /// Placeholder for the Secret's data in a dry run without `--include-secret`.
 pub const REDACTED: &str =
     "REDACTED: rerun with --include-secret, or create this Secret out of band";

@@ -118,6 +118,7 @@ async fn identity(provider: &Client, path: &str) -> Result<String, BindError> {
         })
 }
 
+/// `spec.apis[].name` of the provider's Export `name`, read as JSON (`catalog.kbind.io`).
 async fn read_export(provider: &Client, name: &str) -> Result<Vec<String>, BindError> {
     let gvk = GroupVersionKind::gvk("catalog.kbind.io", "v1alpha1", "Export");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "exports");

@@ -9,8 +9,9 @@
 //! Grant by Grant), `observe.rs` (Grants, catalog, everything issued, by label), `plan.rs`
 //! (pure: resolution, pin in `plan/pinning.rs`, token due, what differs; tests in
 //! plan/tests.rs; `plan/sweep.rs`: whether a Grant needs a run), `render.rs` (pure: the issued
-//! objects; the per-Grant policy in `render/policy.rs`), `apply.rs` (writes, token, revocation), `record.rs` (Grant and Export status), `window.rs` (the pin window),
-//! `args.rs` (flags).
+//! objects; the per-Grant policy in `render/policy.rs`), `apply.rs` (writes, token,
+//! revocation), `record.rs` (Grant and Export status), `window.rs` (the pin window), `args.rs`
+//! (flags).
 
 pub mod apply;
 pub mod args;

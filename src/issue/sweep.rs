@@ -371,7 +371,7 @@ impl Run<'_> {
         match crate::pass::status::apply_status(api, name, &self.manager, body, None).await {
             Ok(_) => self.writes.bookkeeping_done(),
             Err(e) => {
-                tracing::warn!(kind, name, error = %scrub(&e.to_string()), "status not written")
+                tracing::warn!(kind = %kind, name = %name, error = %scrub(&e.to_string()), "status not written")
             }
         }
     }

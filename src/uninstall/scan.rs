@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn lp(selector: Option<&str>) -> ListParams {
+fn lp(selector: Option<&str>) -> ListParams {
     match selector {
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
@@ -12,10 +12,7 @@ pub(super) fn lp(selector: Option<&str>) -> ListParams {
 
 /// A LIST error: 404 means the kind's CRD is not installed (`Ok(None)`); 400 on a selected list
 /// is a bad `--selector`.
-pub(super) fn listed<T>(
-    r: Result<T, kube::Error>,
-    what: &str,
-) -> Result<Option<T>, UninstallError> {
+fn listed<T>(r: Result<T, kube::Error>, what: &str) -> Result<Option<T>, UninstallError> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
@@ -29,12 +26,12 @@ pub(super) fn listed<T>(
     }
 }
 
-pub(super) fn not_installed(resource: &str) -> String {
+fn not_installed(resource: &str) -> String {
     format!("CRD {resource} is not installed")
 }
 
 /// The objects carrying `finalizer` among `metas`.
-pub(super) fn carrying<K: Resource>(
+fn carrying<K: Resource>(
     metas: impl IntoIterator<Item = kube::api::PartialObjectMeta<K>>,
     finalizer: &str,
 ) -> Vec<ObjectReport> {
@@ -56,7 +53,7 @@ pub(super) fn carrying<K: Resource>(
 }
 
 /// Every object of `ar` carrying `finalizer` (matching `selector`), or why the kind was skipped.
-pub(super) async fn scan(
+async fn scan(
     client: &Client,
     mut report: KindReport,
     selector: Option<&str>,
@@ -95,7 +92,7 @@ pub(super) fn kind_report<K: Resource<DynamicType = ()>>(
 }
 
 /// The Connections a run looks at: every one (for whose Secret is shared), and the selected ones.
-pub(super) struct Connections {
+struct Connections {
     all: Option<Vec<Connection>>,
     selected: Option<BTreeSet<String>>,
 }
@@ -128,7 +125,7 @@ pub fn releases(f: &Finalizer) -> bool {
     }
 }
 
-pub(super) const RELEASED: [(&str, &str); 6] = [
+const RELEASED: [(&str, &str); 6] = [
     ("core.kbind.io", "Binding"),
     ("core.kbind.io", "ClusterBinding"),
     ("core.kbind.io", "Connection"),
@@ -168,7 +165,7 @@ pub(super) async fn find(
 }
 
 /// One kind's objects carrying `finalizer`.
-pub(super) async fn scan_kind(
+async fn scan_kind(
     client: &Client,
     selector: Option<&str>,
     conns: &Connections,
@@ -199,7 +196,7 @@ pub(super) async fn scan_kind(
 }
 
 /// Synced consumer objects: every kind whose CRD kbind manages (of a selected Connection).
-pub(super) async fn synced(
+async fn synced(
     client: &Client,
     selector: Option<&str>,
     conns: &Connections,
@@ -246,7 +243,7 @@ pub(super) async fn synced(
 
 /// The issuer's Grants carrying `iam.kbind.io/revoke`, each with what releasing leaves behind.
 /// Read whole (spec and status; a Grant holds no secret) for the grants namespace and expiry.
-pub(super) async fn issued_grants(
+async fn issued_grants(
     client: &Client,
     selector: Option<&str>,
     grants_ns: &str,
@@ -278,7 +275,7 @@ pub(super) async fn issued_grants(
 
 /// Secrets carrying `core.kbind.io/cleanup`: every one (read as metadata only, never data);
 /// with a selector, those of the selected Connections that no other Connection uses.
-pub(super) async fn secrets(
+async fn secrets(
     client: &Client,
     selector: Option<&str>,
     conns: &Connections,

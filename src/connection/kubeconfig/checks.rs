@@ -1,4 +1,4 @@
-//! The checks a Connection kubeconfig passes before any client is built from it (docs/security.md).
+//! The checks a Connection kubeconfig passes before any client is built from it (docs/schema.md "Credentials: where they may live, what they may say").
 
 use super::*;
 

@@ -1,6 +1,7 @@
-//! Pinning a Grant's consumer cluster from its heartbeats (docs/issue.md "Confinement"): the
-//! first UID a fresh heartbeat names, unless another Grant holds it or provider objects carry it
-//! that this Grant does not hold (then a person approves it).
+//! Pinning a Grant's consumer cluster from its heartbeats (docs/issue.md "Confinement"): a
+//! recorded pin is kept; else the oldest fresh heartbeat's UID, if no other Grant has pinned it
+//! (which no approval overrides) and no provider object carries it (any object, those handed over
+//! to this Grant included), unless a person approved that UID on the Grant.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,5 @@
-//! Provider objects whose consumer object is gone: orphaned, kept or restored per orphanPolicy.
+//! Provider objects whose consumer object is gone: marked (Keep), deleted or restored per the
+//! binding's `spec.orphans`.
 
 use super::*;
 
@@ -86,7 +87,7 @@ pub async fn mark_orphaned(
 /// Re-create the consumer object from the copy's spec and labels (kbind's own keys left out);
 /// the next run re-adopts the copy through the usual path. An object of that name appearing in
 /// between wins (409 is success: a consumer object exists again).
-pub(super) async fn restore(
+async fn restore(
     consumer: &Client,
     prov: &Api<DynamicObject>,
     api: &BoundApi,

@@ -60,7 +60,7 @@ pub(in crate::schema) async fn apply_crds(
 }
 
 /// One consumer CRD write.
-pub(super) async fn apply_crd(
+async fn apply_crd(
     api: &Api<DynamicObject>,
     manager: &str,
     a: &CrdAction,
