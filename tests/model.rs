@@ -430,7 +430,7 @@ async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
 }
 
 /// Sequences that once failed, kept as regression tests (their issue, seed and check).
-const REGRESSIONS: [(&str, &str); 6] = [
+const REGRESSIONS: [(&str, &str); 7] = [
     (
         "#29 seeds 849921154 and 849921150, both shrunk to this [counts]: a binding with no objects got no counts or Conflicts",
         "settle",
@@ -454,6 +454,10 @@ const REGRESSIONS: [(&str, &str); 6] = [
     (
         "#29 soak seed 509584315 (widened model), shrunk by hand [converged]: resync synced under a ClusterBinding kbind schema had not set up yet; deleted, it went at once and its objects kept the syncer finalizer",
         "bind b; settle; unbind; settle; rebind; create a/w0 size=1; run resync; unbind; settle",
+    ),
+    (
+        "seed 98452536, shrunk by hand [orphan-annotation]: three resync runs died in a row on the Connection, the next quarantined it and released the deleting ClusterBinding as if its provider were unreachable, so its copies were never marked orphaned",
+        "create a/w0 size=1; create a/w1 size=1; create a/w2 size=1; run resync crash=1; run resync crash=1; run resync crash=1; unbind; run resync; settle",
     ),
 ];
 

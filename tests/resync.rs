@@ -2096,11 +2096,16 @@ async fn a_connection_two_runs_in_a_row_died_on_is_skipped_and_the_rest_sync() {
     let q =
         s.fx.connection("q", "provider", json!({"source": "CRD"}), false)
             .await;
-    s.fx.cluster_binding("cb2", &q, &[&gadgets]).await;
+    let cb2 = s.fx.cluster_binding("cb2", &q, &[&gadgets]).await;
     s.fx.run(&[]);
     support::wait_established(&Api::all(s.fx.consumer.clone()), &gadgets).await;
     s.ensure_provider_ns().await;
-    s.create_of("Gadget", "gadgets", "g1").await;
+    // `g1` reaches the provider before `q` turns poison; `w1`, through the other Connection, after.
+    let gadget = s.create_of("Gadget", "gadgets", "g1").await;
+    s.fx.pass("resync", &[]);
+    let gadget_copies =
+        Api::<DynamicObject>::namespaced_with(s.fx.provider.clone(), &s.ns, &gadget);
+    assert!(gadget_copies.get_opt("g1").await.unwrap().is_some());
     s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
         .await;
 
@@ -2152,6 +2157,78 @@ async fn a_connection_two_runs_in_a_row_died_on_is_skipped_and_the_rest_sync() {
             })
             .count();
     assert_eq!(events, 1, "said once");
+
+    // Unbinding `cb2` must mark its provider copies orphaned through `q`, which no run may
+    // contact now: the unbind waits and says why (the model test's seed 98452536 found it
+    // released with `g1` unmarked for good), and a second run writes nothing.
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    cbs.delete(&cb2, &DeleteParams::default()).await.unwrap();
+    let mut seen = None;
+    for run in 1..=2 {
+        let (code, out, stderr) = s.fx.try_pass_env("resync", &[], &knob);
+        assert_eq!(code, 0, "run {run}: {out}\n{stderr}");
+        let b = cbs.get(&cb2).await.unwrap();
+        let conds = b.status.clone().unwrap().conditions;
+        let (status, reason, message) = cond(&conds, "InstancesReleased");
+        assert_eq!(
+            (status, reason),
+            ("False", "ConnectionQuarantined"),
+            "run {run}: {out}"
+        );
+        assert!(
+            message.contains(&format!("Connection {q} is quarantined")),
+            "{message}"
+        );
+        if let Some(rv) = seen.replace(b.resource_version()) {
+            assert_eq!(
+                rv,
+                b.resource_version(),
+                "the second run leaves the binding alone: {out}"
+            );
+            assert_eq!(out["data_writes"], 0, "{out}");
+        }
+    }
+    let copy = gadget_copies.get("g1").await.unwrap();
+    assert_eq!(
+        copy.annotations().get(kbind::api::keys::ORPHANED),
+        None,
+        "not contacted"
+    );
+
+    // The operator clears the quarantine: the next run marks `g1` and releases `cb2`, and
+    // kbind schema finishes the unbind.
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(s.fx.consumer.clone(), &s.fx.ns)
+        .patch(
+            "kbind-resync",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"kbind.io/quarantined": null}}})),
+        )
+        .await
+        .unwrap();
+    let out = s.fx.pass("resync", &[]);
+    let copy = gadget_copies.get("g1").await.unwrap();
+    assert_eq!(
+        copy.annotations()
+            .get(kbind::api::keys::ORPHANED)
+            .map(String::as_str),
+        Some(kbind::api::keys::ORPHANED_UNBOUND),
+        "{out}"
+    );
+    let b = cbs.get(&cb2).await.unwrap();
+    assert_eq!(
+        cond(&b.status.unwrap().conditions, "InstancesReleased").0,
+        "True",
+        "{out}"
+    );
+    s.fx.run(&[]);
+    assert!(
+        cbs.get_opt(&cb2).await.unwrap().is_none(),
+        "the unbind finished"
+    );
+    assert!(
+        gadget_copies.get_opt("g1").await.unwrap().is_some(),
+        "the provider copy stays"
+    );
 }
 
 /// #31 item 10: `kbind schema` and `kbind resync` fire at the same CronJob tick. A binding

@@ -113,6 +113,9 @@ struct Run<'a> {
     namespace_uids: crate::bindings::admission::NamespaceUids,
     /// Quarantined Connections already reported this run.
     reported: BTreeSet<String>,
+    /// Connections skipped this run as quarantined (by name): a deleting binding over one waits,
+    /// its provider copies unmarked yet.
+    quarantined: BTreeSet<String>,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -223,6 +226,7 @@ impl<'a> Run<'a> {
             waited_out: i64::MIN,
             namespace_uids: Default::default(),
             reported: BTreeSet::new(),
+            quarantined: BTreeSet::new(),
         }
     }
 }
@@ -309,6 +313,7 @@ impl Run<'_> {
     ) {
         tracing::warn!(connection = %conn.name_any(), generation, "skipped: two runs in a row died while syncing it (docs/operations.md \"Poison items\")");
         self.summary.count("apisSkippedQuarantined", 1);
+        self.quarantined.insert(conn.name_any());
         if self.ctx.poison.newly_quarantined(item) && self.reported.insert(item.to_string()) {
             let note = format!(
                 "two runs of kbind resync in a row died while syncing through this Connection \
@@ -341,7 +346,7 @@ impl Run<'_> {
             &self.bindings,
             &self.selected,
             apis,
-            providers,
+            (providers, &self.quarantined),
             &mut self.writes,
         )
         .await;

@@ -127,6 +127,39 @@ pub fn released_status(b: &BindingRef, now: Timestamp) -> Value {
         b.generation,
         now,
     );
+    instances_released(conds)
+}
+
+/// `InstancesReleased=False ConnectionQuarantined` for a deleting ClusterBinding whose provider
+/// copies must be marked orphaned first, through a Connection this run may not contact: the
+/// unbind waits, and says what ends the wait. `None` when it says so already.
+pub fn held_status(b: &BindingRef, now: Timestamp) -> Option<Value> {
+    let mut conds = b.status.conditions.clone();
+    let message = format!(
+        "waiting: Connection {} is quarantined (two runs of kbind resync in a row died syncing \
+         through it), so the provider copies cannot be marked {}={} yet; clear the quarantine \
+         (docs/operations.md \"Poison items\") or delete the Connection, and the next run \
+         finishes the unbind",
+        b.connection,
+        crate::api::keys::ORPHANED,
+        crate::api::keys::ORPHANED_UNBOUND
+    );
+    conds
+        .set_condition(
+            INSTANCES_RELEASED,
+            S::False,
+            "ConnectionQuarantined",
+            &message,
+            b.generation,
+            now,
+        )
+        .then(|| instances_released(conds))
+}
+
+/// The status resync applies on a deleting binding: its `InstancesReleased` condition alone.
+fn instances_released(
+    conds: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+) -> Value {
     let owned: Vec<_> = conds
         .into_iter()
         .filter(|c| c.type_ == INSTANCES_RELEASED)
@@ -266,5 +299,36 @@ mod tests {
                 && m.contains("Connection c's spec.adoptionNamespaces"),
             "{m}"
         );
+    }
+
+    /// A deleting binding held by its quarantined Connection says so once, naming the Connection
+    /// and both ways out; held again, nothing changes; released, the condition turns True.
+    #[test]
+    fn a_binding_held_by_a_quarantined_connection_says_so_once() {
+        let mut b = binding(vec![]);
+        b.deleting = true;
+        let out = held_status(&b, Timestamp::UNIX_EPOCH).expect("first time: written");
+        let c = &out["conditions"][0];
+        assert_eq!(out["conditions"].as_array().map(Vec::len), Some(1), "{out}");
+        assert_eq!(
+            (&c["type"], &c["status"], &c["reason"]),
+            (
+                &json!("InstancesReleased"),
+                &json!("False"),
+                &json!("ConnectionQuarantined")
+            )
+        );
+        let m = c["message"].as_str().unwrap();
+        for needle in [
+            "Connection c is quarantined",
+            "Poison items",
+            "delete the Connection",
+        ] {
+            assert!(m.contains(needle), "{needle}: {m}");
+        }
+        b.status.conditions = serde_json::from_value(out["conditions"].clone()).unwrap();
+        assert_eq!(held_status(&b, Timestamp::UNIX_EPOCH), None, "unchanged");
+        let released = released_status(&b, Timestamp::UNIX_EPOCH);
+        assert_eq!(released["conditions"][0]["status"], "True");
     }
 }

@@ -7,7 +7,7 @@ use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use super::{BindingRef, BoundApi, Provider, covering};
 use crate::api::BindingKey;
@@ -36,7 +36,7 @@ pub async fn release_deleting_bindings(
     bindings: &[BindingRef],
     selected: &std::collections::BTreeSet<BindingKey>,
     apis: &[BoundApi],
-    providers: &HashMap<String, Option<Provider>>,
+    (providers, quarantined): (&HashMap<String, Option<Provider>>, &BTreeSet<String>),
     writes: &mut Writes,
 ) -> i64 {
     let mut released = 0;
@@ -44,7 +44,11 @@ pub async fn release_deleting_bindings(
         .iter()
         .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
     {
-        let provider = providers.get(&b.connection).and_then(Option::as_ref);
+        let provider = match providers.get(&b.connection) {
+            Some(p) => Reached::Tried(p.as_ref()),
+            None if quarantined.contains(&b.connection) => Reached::Quarantined,
+            None => Reached::Tried(None),
+        };
         match release_one(ctx, client, b, bindings, apis, provider, writes).await {
             Ok(true) => released += 1,
             Ok(false) => {}
@@ -57,6 +61,15 @@ pub async fn release_deleting_bindings(
     released
 }
 
+/// How this run reached a deleting binding's provider.
+#[derive(Clone, Copy)]
+enum Reached<'a> {
+    /// Connected (`Some`), or tried and not usable (`None`: its copies stay unmarked).
+    Tried(Option<&'a Provider>),
+    /// Not tried: its Connection is quarantined.
+    Quarantined,
+}
+
 /// Release one deleting binding's instances; true once `InstancesReleased` is recorded.
 async fn release_one(
     ctx: &PassContext,
@@ -64,7 +77,7 @@ async fn release_one(
     b: &BindingRef,
     bindings: &[BindingRef],
     apis: &[BoundApi],
-    provider: Option<&Provider>,
+    provider: Reached<'_>,
     writes: &mut Writes,
 ) -> Result<bool, kube::Error> {
     if b.status.conditions.is_true(INSTANCES_RELEASED) {
@@ -85,6 +98,26 @@ async fn release_one(
                     .any(|o| !o.deleting && o.apis.contains(&a.name))
         })
         .collect();
+    let provider = match provider {
+        Reached::Tried(p) => p,
+        // Its copies are marked once a person has looked at the Connection (a quarantine lasts
+        // until it changes): released now, they would stay unmarked for good.
+        Reached::Quarantined if !unbound.is_empty() => {
+            tracing::warn!(binding = %b.key, connection = %b.connection, "the Connection is quarantined (docs/operations.md \"Poison items\"): the provider copies are not marked orphaned yet, so the binding waits");
+            if let Some(status) = super::record::held_status(b, Timestamp::now())
+                && writes.will(
+                    "apply-status",
+                    b.key.to_string(),
+                    "InstancesReleased=False ConnectionQuarantined",
+                )
+            {
+                write(client, &b.key, status).await?;
+                writes.bookkeeping_done();
+            }
+            return Ok(false);
+        }
+        Reached::Quarantined => None,
+    };
     let mut kept = 0;
     for api in &unbound {
         match provider {
