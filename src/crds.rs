@@ -44,7 +44,7 @@ pub fn print(kcp: bool) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("kbind crds: {e}");
+            crate::logging::print_error("crds", &e);
             1
         }
     }

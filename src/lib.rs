@@ -12,6 +12,7 @@ pub mod connection;
 pub mod crds;
 pub mod discovery;
 pub mod issue;
+pub mod logging;
 pub mod pass;
 pub mod registry;
 pub mod relsync;

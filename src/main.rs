@@ -31,7 +31,7 @@ fn init_logging(format: Option<LogFormat>, level: LogLevel) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(kbind::logging::ScrubbedStderr { json });
     if json {
         builder.json().init();
     } else {

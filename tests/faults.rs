@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind::api::core::ClusterBinding;
-use kbind_testkit::faults::{FaultConfig, FaultProxy};
+use kbind_testkit::faults::{FaultConfig, FaultProxy, Refusal};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -150,9 +150,14 @@ impl Faulty {
     /// One run of `pass` (schema or resync) through the proxies. The proxies speak plain HTTP
     /// to kbind, so the provider Secret's `http://` server is re-allowed explicitly.
     async fn run(&self, pass: &str) -> (i32, Value, String) {
+        self.run_with(pass, &[]).await
+    }
+
+    /// [`Faulty::run`] with `extra` flags.
+    async fn run_with(&self, pass: &str, extra: &[&str]) -> (i32, Value, String) {
         let selector = format!("kbind-test={}", self.fx.label);
         let kc = self.consumer_kubeconfig.to_string_lossy().to_string();
-        support::kbind_async(&[
+        let mut args = vec![
             pass,
             "--kubeconfig",
             &kc,
@@ -170,8 +175,9 @@ impl Faulty {
             "90s",
             "-o",
             "json",
-        ])
-        .await
+        ];
+        args.extend_from_slice(extra);
+        support::kbind_async(&args).await
     }
 
     fn figures(&self, what: &str, runs: usize) {
@@ -690,4 +696,204 @@ async fn relsync_scim_converges_under_faults() {
             ("scim", &upstream),
         ],
     );
+}
+
+/// The token of a kubeconfig (the test servers' users authenticate by token).
+fn token_of(kubeconfig: &str) -> String {
+    kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().to_string())
+        .expect("a token user")
+}
+
+/// #27 item 3: an upstream whose error text quotes the job's own token, the Connection's token,
+/// a signed URL and a credential field. That text is followed to every place kbind prints:
+/// a Connection's condition (schema, its identity read refused), an Event and the log (resync,
+/// a provider write refused), the summary and the exit (schema, its own Lease and then its own
+/// cluster's identity refused), and the metrics pushed to a real Pushgateway. Each exit gets the error, none gets a secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
+    let f = Faulty::new("flt-echo").await;
+    let pgw = support::pushgateway::Pushgateway::start().await;
+    let consumer_token = token_of(&std::fs::read_to_string(&f.fx.env.consumer).unwrap());
+    let provider_token = token_of(&std::fs::read_to_string(&f.fx.env.provider).unwrap());
+    const SIGNED: &str = "sig-4be1c0de-never-print";
+    const FIELD: &str = "Sh0uldNeverBePrinted";
+    let quoting = |token: &str| {
+        format!(
+            "denied: {token} is not known here; see https://help.example/why?sig={SIGNED}#t client_secret={FIELD}"
+        )
+    };
+    let refuse = |proxy: &FaultProxy, method: http::Method, path: &str, token: &str| {
+        proxy.refuse(Some(Refusal {
+            method,
+            path_contains: path.into(),
+            message: quoting(token),
+        }))
+    };
+    let flags = ["--log-level", "debug", "--pushgateway-url", pgw.url()];
+
+    // Bound and synced, no refusal yet.
+    let api =
+        f.fx.provider_crd("gizmos", "Namespaced", Some("true"), None)
+            .await;
+    let conn =
+        f.fx.connection("p", "provider", json!({"source": "CRD"}), false)
+            .await;
+    let cb = f.fx.cluster_binding("cb", &conn, &[&api]).await;
+    let (code, s, stderr) = f.run("schema").await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    support::wait_established(&Api::all(f.fx.consumer.clone()), &api).await;
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": f.fx.ns}})).unwrap();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(f.fx.provider.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&f.fx.group, "v1", "Gizmo"),
+        "gizmos",
+    );
+    let objects: Api<DynamicObject> = Api::namespaced_with(f.fx.consumer.clone(), &f.fx.ns, &ar);
+    let mut o = DynamicObject::new("e1", &ar).data(json!({"spec": {"size": 1}}));
+    o.metadata.namespace = Some(f.fx.ns.clone());
+    let e1 = objects.create(&PostParams::default(), &o).await.unwrap();
+    let mut printed = Vec::new();
+
+    // An Event and the log: the provider refuses resync's create, quoting the Connection's token.
+    refuse(&f.provider, http::Method::POST, "/gizmos", &provider_token);
+    let (code, s, stderr) = f.run_with("resync", &flags).await;
+    assert_eq!(code, 0, "{s}\n{stderr}");
+    assert!(
+        f.provider.stats.refused() >= 1,
+        "the create was refused: {s}"
+    );
+    let note = support::event_note(
+        &f.fx.consumer,
+        &f.fx.ns,
+        "PermissionDenied",
+        &e1.uid().unwrap(),
+    )
+    .await
+    .expect("a PermissionDenied Event on the object");
+    assert!(
+        note.contains("https://help.example/why"),
+        "the error is in the Event: {note}"
+    );
+    assert!(
+        stderr.contains("https://help.example/why"),
+        "the error is in the log: {stderr}"
+    );
+    printed.push(("resync's log", stderr));
+    printed.push(("resync's summary", s.to_string()));
+
+    // A condition: the provider refuses schema's identity read.
+    refuse(
+        &f.provider,
+        http::Method::GET,
+        "/namespaces/kube-system",
+        &provider_token,
+    );
+    let (code, s, stderr) = f.run_with("schema", &flags).await;
+    assert!(
+        f.provider.stats.refused() >= 2,
+        "the read was refused: {s}\n{stderr}"
+    );
+    let c = f.fx.conn(&conn).await;
+    let conds = serde_json::to_string(&c.status.clone().unwrap_or_default().conditions).unwrap();
+    assert!(
+        conds.contains("https://help.example/why"),
+        "the error is in a condition: {conds}"
+    );
+    printed.push(("schema's log", stderr));
+    printed.push(("schema's summary", format!("{code} {s}")));
+    f.provider.refuse(None);
+
+    // The summary and the exit: kbind's own cluster refuses its Lease, quoting the job's token.
+    refuse(
+        &f.consumer,
+        http::Method::GET,
+        "/leases/kbind-schema",
+        &consumer_token,
+    );
+    let (code, s, stderr) = f.run_with("schema", &flags).await;
+    f.consumer.refuse(None);
+    assert_ne!(code, 0, "{s}\n{stderr}");
+    assert_eq!(s["outcome"], "failed", "{s}");
+    let message = s["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("https://help.example/why"),
+        "the error is in the summary: {s}"
+    );
+    printed.push(("the failed run's log", stderr));
+    printed.push(("the failed run's summary", s.to_string()));
+
+    // The same for a failure after the Lease is held: the job's cluster refuses its identity read.
+    refuse(
+        &f.consumer,
+        http::Method::GET,
+        "/namespaces/kube-system",
+        &consumer_token,
+    );
+    let (code, s, stderr) = f.run_with("schema", &flags).await;
+    f.consumer.refuse(None);
+    assert_ne!(code, 0, "{s}\n{stderr}");
+    let message = s["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("identity") && message.contains("https://help.example/why"),
+        "the error is in the summary: {s}"
+    );
+    printed.push(("the second failed run's log", stderr));
+    printed.push(("the second failed run's summary", s.to_string()));
+
+    // The metrics of all four runs, as Prometheus would scrape them.
+    let metrics = pgw.scrape_text().await;
+    assert!(
+        metrics.contains(r#"job="kbind-schema""#) && metrics.contains(r#"job="kbind-resync""#),
+        "every run pushed: {metrics}"
+    );
+    assert!(metrics.contains(r#"outcome="failed"} 1"#), "{metrics}");
+    printed.push(("the Pushgateway", metrics));
+
+    // What the runs left in the cluster: the objects' status and every Event they wrote.
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(f.fx.consumer.clone(), &f.fx.ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let default_events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(f.fx.consumer.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap();
+    printed.push(("Events", serde_json::to_string(&events.items).unwrap()));
+    printed.push((
+        "Events in default",
+        serde_json::to_string(&default_events.items).unwrap(),
+    ));
+    printed.push(("the Connection", serde_json::to_string(&c).unwrap()));
+    let b = Api::<ClusterBinding>::all(f.fx.consumer.clone())
+        .get(&cb)
+        .await
+        .unwrap();
+    printed.push(("the ClusterBinding", serde_json::to_string(&b).unwrap()));
+    printed.push((
+        "the object",
+        serde_json::to_string(&objects.get("e1").await.unwrap()).unwrap(),
+    ));
+
+    for (exit, text) in &printed {
+        for (what, secret) in [
+            ("the job's token", consumer_token.as_str()),
+            ("the Connection's token", provider_token.as_str()),
+            ("a query string", SIGNED),
+            ("a credential field", FIELD),
+        ] {
+            assert!(!text.contains(secret), "{what} reached {exit}: {text}");
+        }
+    }
 }

@@ -25,7 +25,7 @@ pub(super) async fn write(
     // The consumer: compare first, refuse foreign objects, then write.
     let config = own_config(common).await?;
     let consumer = counted_client(config, Arc::new(RequestCounter::default()))
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))?;
     namespace_exists(
         &consumer,
         &args.credential_namespace,

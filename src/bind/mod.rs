@@ -222,7 +222,7 @@ pub async fn run(common: CommonArgs, args: BindArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("kbind bind: {}", scrub(&e.to_string()));
+            crate::logging::print_error("bind", &e);
             e.exit_code()
         }
     }

@@ -21,7 +21,6 @@ use crate::pass::budget::Exhausted;
 use crate::pass::concurrency::InFlight;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary};
-use crate::scrub::scrub;
 
 /// What every CatalogEntry of one run reads (the run state of the apply step).
 pub(super) struct Observed<'a> {
@@ -240,7 +239,7 @@ impl Observed<'_> {
                 }
                 Err(e) => {
                     summary.count("failed", 1);
-                    tracing::warn!(binding = %b.key(), error = %scrub(&e.to_string()), "core binding not reconciled");
+                    tracing::warn!(binding = %b.key(), error = %e, "core binding not reconciled");
                 }
             }
         }

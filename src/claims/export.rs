@@ -10,7 +10,6 @@ use serde_json::json;
 use crate::api::providers::CatalogEntry;
 use crate::pass::client::{RequestCounter, counted_client, own_config};
 use crate::pass::{CommonArgs, PassError};
-use crate::scrub::scrub;
 
 use super::hub::{self, Hub};
 use super::{HubArgs, policy};
@@ -24,7 +23,7 @@ pub async fn run(common: CommonArgs, entry: String, args: HubArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("kbind claims export: {e}");
+            crate::logging::print_error("claims export", &e);
             e.exit_code()
         }
     }
@@ -34,7 +33,7 @@ async fn render(common: &CommonArgs, entry: &str, args: &HubArgs) -> Result<Stri
     let config = own_config(common).await?;
     let counter = Arc::new(RequestCounter::default());
     let client = counted_client(config.clone(), counter.clone())
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))?;
     let hub = if args.single_cluster {
         Hub::Single {
             client: client.clone(),
@@ -45,7 +44,7 @@ async fn render(common: &CommonArgs, entry: &str, args: &HubArgs) -> Result<Stri
         root.cluster_url = hub::server_root(&root.cluster_url).map_err(bad)?;
         Hub::Kcp {
             root: counted_client(root, counter)
-                .map_err(|e| PassError::kube("building a kcp client", &e))?,
+                .map_err(|e| PassError::kube("building a kcp client", e))?,
             endpoints: Vec::new(),
         }
     };
@@ -56,7 +55,7 @@ async fn render(common: &CommonArgs, entry: &str, args: &HubArgs) -> Result<Stri
             entries
                 .get_opt(&name)
                 .await
-                .map_err(|e| PassError::kube(format!("reading CatalogEntry {name}"), &e))?
+                .map_err(|e| PassError::kube(format!("reading CatalogEntry {name}"), e))?
                 .ok_or_else(|| PassError::Config(format!("CatalogEntry {name} not found")))
         }
     };
@@ -107,8 +106,5 @@ async fn render(common: &CommonArgs, entry: &str, args: &HubArgs) -> Result<Stri
 }
 
 fn bad(e: hub::HubError) -> PassError {
-    PassError::Unreachable {
-        what: "kcp".into(),
-        message: scrub(&e.to_string()),
-    }
+    PassError::unreachable("kcp", e)
 }

@@ -222,10 +222,7 @@ fn blocked_by(e: &HubError) -> Blocked {
 }
 
 fn unreachable(e: HubError) -> PassError {
-    PassError::Unreachable {
-        what: "kcp".into(),
-        message: scrub(&e.to_string()),
-    }
+    PassError::unreachable("kcp", e)
 }
 
 /// A binding write failed (forbidden, rejected): an Event on the CatalogEntry names it.
@@ -236,7 +233,7 @@ async fn warn_entry(ctx: &PassContext, entry: &CatalogEntry, b: &SlimBinding, e:
         _ => "BindingWriteFailed",
     };
     let note = format!("APIBinding {} in workspace {}: {e}", b.name, b.cluster);
-    tracing::warn!(entry = %entry.name_any(), reason, note = %scrub(&note), "binding not written");
+    tracing::warn!(entry = %entry.name_any(), reason, note = %note, "binding not written");
     let oref: ObjectReference = entry.object_ref(&());
     ctx.recorder
         .publish(&oref, EventType::Warning, reason, &note)

@@ -28,7 +28,7 @@ pub(super) async fn entries(
     // selector's), so every run and every shard agrees on the winner.
     let catalog = list::all(&entries_api, &ListParams::default())
         .await
-        .map_err(|e| PassError::kube("listing CatalogEntries", &e))?;
+        .map_err(|e| PassError::kube("listing CatalogEntries", e))?;
     let losers = policy::duplicate_entries(catalog.iter().map(|e| {
         (
             &e.spec.export,
@@ -40,7 +40,7 @@ pub(super) async fn entries(
         None => catalog.clone(),
         Some(sel) => list::all(&entries_api, &ListParams::default().labels(sel))
             .await
-            .map_err(|e| PassError::kube("listing CatalogEntries", &e))?,
+            .map_err(|e| PassError::kube("listing CatalogEntries", e))?,
     };
     entries.retain(|e| shard::owns(ctx.args.shard, &e.name_any()));
     entries.sort_by_key(|e| e.name_any());
@@ -113,7 +113,7 @@ pub(super) async fn grants(
     let api: Api<Grant> = Api::namespaced(client.clone(), ns);
     let grants = list::all(&api, &ListParams::default())
         .await
-        .map_err(|e| PassError::kube(format!("listing Grants in {ns}"), &e))?;
+        .map_err(|e| PassError::kube(format!("listing Grants in {ns}"), e))?;
     let mut out: BTreeMap<GrantKey, Consent> = BTreeMap::new();
     for g in grants {
         out.entry((g.spec.workspace.clone(), g.spec.provider.clone()))
@@ -184,7 +184,7 @@ pub(super) async fn connect(ctx: &PassContext, args: &HubArgs) -> Result<Hub, Pa
         let mut c = config.clone();
         c.cluster_url = url;
         counted_client(c, ctx.counter.clone())
-            .map_err(|e| PassError::kube("building a kcp client", &e))
+            .map_err(|e| PassError::kube("building a kcp client", e))
     };
     let root = client_for(root_url)?;
     let slice = args.core_endpoint_slice.as_deref().unwrap_or(&core.export);

@@ -261,7 +261,7 @@ pub(super) async fn write(
     match apply_status(&api, &name, manager, value, None).await {
         Ok(_) => writes.bookkeeping_done(),
         Err(e) => {
-            tracing::warn!(entry = %name, error = %scrub(&e.to_string()), "status not recorded")
+            tracing::warn!(entry = %name, error = %e, "status not recorded")
         }
     }
 }

@@ -164,7 +164,7 @@ async fn stale_heartbeats(
 ) {
     if let Err((name, e)) = delete_leases(client, ns, leases, "older than its Grant", writes).await
     {
-        tracing::warn!(grant = %grant, lease = %name, error = %scrub(&e.to_string()), "a heartbeat older than its Grant was not deleted");
+        tracing::warn!(grant = %grant, lease = %name, error = %e, "a heartbeat older than its Grant was not deleted");
     }
 }
 

@@ -33,7 +33,6 @@ use crate::pass::client::{RequestCounter, counted_client, own_config};
 use crate::pass::summary::Sweep;
 use crate::pass::writes::Writes;
 use crate::pass::{CommonArgs, PassContext, PassError, Summary};
-use crate::scrub::scrub;
 
 pub use args::IssueArgs;
 use plan::Config;
@@ -175,10 +174,7 @@ impl Run<'_> {
             &owns,
         )
         .await
-        .map_err(|e| PassError::Unreachable {
-            what: "observing Grants".into(),
-            message: scrub(&e.to_string()),
-        })
+        .map_err(|e| PassError::unreachable("observing Grants", e))
     }
 }
 
@@ -192,7 +188,7 @@ pub async fn print_kubeconfig(common: CommonArgs, grant: String) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("kbind issue --print-kubeconfig: {e}");
+            crate::logging::print_error("issue --print-kubeconfig", &e);
             e.exit_code()
         }
     }
@@ -201,11 +197,11 @@ pub async fn print_kubeconfig(common: CommonArgs, grant: String) -> i32 {
 async fn read_kubeconfig(common: &CommonArgs, grant: &str) -> Result<String, PassError> {
     let config = own_config(common).await?;
     let client = counted_client(config, Arc::new(RequestCounter::default()))
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))?;
     let g = Api::<Grant>::all(client.clone())
         .get_opt(grant)
         .await
-        .map_err(|e| PassError::kube(format!("reading Grant {grant}"), &e))?
+        .map_err(|e| PassError::kube(format!("reading Grant {grant}"), e))?
         .ok_or_else(|| PassError::Config(format!("Grant {grant} not found")))?;
     let r = g.status.and_then(|s| s.secret_ref).ok_or_else(|| {
         PassError::Config(format!(
@@ -214,9 +210,8 @@ async fn read_kubeconfig(common: &CommonArgs, grant: &str) -> Result<String, Pas
     })?;
     let s = crate::secrets::read(&client, &r.namespace, &r.name)
         .await
-        .map_err(|e| PassError::Unreachable {
-            what: format!("reading Secret {}/{}", r.namespace, r.name),
-            message: scrub(&e.to_string()),
+        .map_err(|e| {
+            PassError::unreachable(format!("reading Secret {}/{}", r.namespace, r.name), e)
         })?;
     if s.metadata
         .labels

@@ -39,10 +39,7 @@ impl Run<'_> {
             self.cfg.confinement,
         )
         .await
-        .map_err(|e| PassError::Unreachable {
-            what: "observing Grants".into(),
-            message: scrub(&e.to_string()),
-        })?;
+        .map_err(|e| PassError::unreachable("observing Grants", e))?;
         // Counts of state, not of events: a later sweep of the same run says them again.
         self.summary.counts.remove("blocked");
         self.summary
@@ -96,9 +93,11 @@ impl Run<'_> {
     async fn confinement_in_force(&self) -> Result<(), PassError> {
         let gaps = observe::confinement_gaps(&self.ctx.client)
             .await
-            .map_err(|e| PassError::Unreachable {
-                what: "reading the admission policies confining issued identities".into(),
-                message: scrub(&e.to_string()),
+            .map_err(|e| {
+                PassError::unreachable(
+                    "reading the admission policies confining issued identities",
+                    e,
+                )
             })?;
         if gaps.is_empty() {
             return Ok(());
@@ -184,7 +183,7 @@ impl Run<'_> {
         match finalizer::set(&grants, name, None, &self.manager, REVOKE_FINALIZER, false).await {
             Ok(()) => self.writes.bookkeeping_done(),
             Err(e) => {
-                tracing::warn!(grant = %name, error = %scrub(&e.to_string()), "finalizer not released")
+                tracing::warn!(grant = %name, error = %e, "finalizer not released")
             }
         }
     }
@@ -371,7 +370,7 @@ impl Run<'_> {
         match crate::pass::status::apply_status(api, name, &self.manager, body, None).await {
             Ok(_) => self.writes.bookkeeping_done(),
             Err(e) => {
-                tracing::warn!(kind = %kind, name = %name, error = %scrub(&e.to_string()), "status not written")
+                tracing::warn!(kind = %kind, name = %name, error = %e, "status not written")
             }
         }
     }

@@ -92,7 +92,7 @@ pub async fn own_client(
     counter: Arc<RequestCounter>,
 ) -> Result<Client, PassError> {
     counted_client(own_config(args).await?, counter)
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))
 }
 
 /// What went wrong finding the job's own kubeconfig.
@@ -196,7 +196,25 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
             PassError::Config(format!("no in-cluster config and no kubeconfig: {e}"))
         })?,
     };
+    register_secrets(&config.auth_info);
     Ok(with_timeouts(config, args.request_timeout))
+}
+
+/// The job's own credentials are redacted by value from here on, as a Connection's are: its
+/// apiserver, or a proxy before it, may quote them back in an error that becomes the summary's
+/// message or a log line (docs/contract.md). A token file (in-cluster: the ServiceAccount's)
+/// is read for it; one that cannot be read now is kube's to report.
+fn register_secrets(auth: &kube::config::AuthInfo) {
+    use secrecy::ExposeSecret;
+    for s in [&auth.token, &auth.password, &auth.client_key_data]
+        .into_iter()
+        .flatten()
+    {
+        crate::scrub::register_secret(s.expose_secret());
+    }
+    if let Some(Ok(t)) = auth.token_file.as_ref().map(std::fs::read_to_string) {
+        crate::scrub::register_secret(&t);
+    }
 }
 
 #[cfg(test)]

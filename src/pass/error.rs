@@ -1,15 +1,23 @@
-//! What can end a pass, and the exit code each gives (DESIGN "Exit codes").
+//! What can end a pass, and the exit code each gives (DESIGN "Exit codes"). The cause stays typed
+//! as its `#[source]`; the text is scrubbed where it is printed (the summary, a log line, a
+//! command's error line: docs/architecture.md "Errors"), never here.
 
-use crate::scrub::scrub;
+/// What `Unreachable` wraps: the typed error of whatever could not be reached.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
     /// Bad flags, bad kubeconfig, missing required configuration: the user must fix something.
     #[error("configuration error: {0}")]
     Config(String),
-    /// The job's own cluster could not be reached or refused us: no progress possible.
-    #[error("{what}: {message}")]
-    Unreachable { what: String, message: String },
+    /// The job's own cluster (or a store the pass cannot work without) could not be reached or
+    /// refused us: no progress possible.
+    #[error("{what}: {source}")]
+    Unreachable {
+        what: String,
+        #[source]
+        source: Cause,
+    },
 }
 
 impl PassError {
@@ -20,11 +28,16 @@ impl PassError {
         }
     }
 
-    /// Wrap a kube error on the job's own cluster; the text is scrubbed before it goes anywhere.
-    pub fn kube(what: impl Into<String>, err: &kube::Error) -> Self {
+    /// A kube error on the job's own cluster while doing `what`.
+    pub fn kube(what: impl Into<String>, err: kube::Error) -> Self {
+        Self::unreachable(what, err)
+    }
+
+    /// `what` failed because of `source`.
+    pub fn unreachable(what: impl Into<String>, source: impl Into<Cause>) -> Self {
         Self::Unreachable {
             what: what.into(),
-            message: scrub(&err.to_string()),
+            source: source.into(),
         }
     }
 }

@@ -79,7 +79,7 @@ impl Recorder {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.is_already_exists() => false,
             Err(e) => {
-                tracing::warn!(reason, error = %scrub(&e.to_string()), "could not record Event");
+                tracing::warn!(reason, error = %e, "could not record Event");
                 false
             }
         }

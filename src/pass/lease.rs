@@ -233,7 +233,7 @@ pub async fn acquire(
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
-                    tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
+                    tracing::debug!(error = %e, "Lease write reported an error but landed");
                     Ok(guard(None, None, None, tracker(Default::default()), None))
                 }
                 Err(e) => Err(e),
@@ -288,7 +288,7 @@ pub async fn acquire(
                     })
                 }
                 Err(e) if landed(&api, name, holder).await => {
-                    tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), "Lease write reported an error but landed");
+                    tracing::debug!(error = %e, "Lease write reported an error but landed");
                     Ok(guard(cursor, previous, None, poison, swept))
                 }
                 Err(e) => Err(e),
@@ -328,7 +328,7 @@ impl LeaseGuard {
             match self.try_release(&cursor, swept).await {
                 Ok(()) => return,
                 Err(e) => {
-                    tracing::debug!(lease = %self.name, attempt, error = %crate::scrub::scrub(&e.to_string()), "lease release failed");
+                    tracing::debug!(lease = %self.name, attempt, error = %e, "lease release failed");
                     if attempt < 3 {
                         tokio::time::sleep(std::time::Duration::from_millis(300 * attempt)).await;
                     }

@@ -96,7 +96,7 @@ where
     let (client, lease_client) = match own_config(&args).await.and_then(|config| {
         let build = |c| {
             counted_client(c, counter.clone())
-                .map_err(|e| PassError::kube("building the Kubernetes client", &e))
+                .map_err(|e| PassError::kube("building the Kubernetes client", e))
         };
         Ok((build(config.clone())?, build(config)?))
     }) {
@@ -215,7 +215,7 @@ async fn take_lease(
         Err(e) if e.is_not_found() => Err(PassError::Config(format!(
             "Lease namespace {ns:?} does not exist: create it or pass --lease-namespace"
         ))),
-        Err(e) => Err(PassError::kube(format!("taking Lease {ns}/{name}"), &e)),
+        Err(e) => Err(PassError::kube(format!("taking Lease {ns}/{name}"), e)),
     }
 }
 

@@ -147,10 +147,16 @@ impl Summary {
         } else {
             OutputFormat::Json
         });
+        // Printed here and nowhere else: its message (a failure's text, a holder's name) is
+        // scrubbed here, whatever built it.
+        let shown = Self {
+            message: crate::scrub::scrub_bounded(&self.message, 1024),
+            ..self.clone()
+        };
         match format {
-            OutputFormat::Json => serde_json::to_string(self).unwrap_or_default(),
-            OutputFormat::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
-            OutputFormat::Text => self.render_text(),
+            OutputFormat::Json => serde_json::to_string(&shown).unwrap_or_default(),
+            OutputFormat::Yaml => serde_saphyr::to_string(&shown).unwrap_or_default(),
+            OutputFormat::Text => shown.render_text(),
         }
     }
 

@@ -204,7 +204,7 @@ pub(super) async fn add_finalizers(
             .map_err(|e| {
                 PassError::kube(
                     format!("adding finalizer {CLEANUP_FINALIZER} to RelationshipSource {k}"),
-                    &e,
+                    e,
                 )
             })? {
             Some(updated) => {
@@ -299,7 +299,7 @@ pub(super) async fn clean_up<S: RelationshipStore>(
         Ok(true) => lock(writes).bookkeeping_done(),
         Ok(false) => {}
         Err(e) => {
-            tracing::warn!(source = %k, error = %crate::scrub::scrub(&e.to_string()), "recording the cleanup failure")
+            tracing::warn!(source = %k, error = %e, "recording the cleanup failure")
         }
     }
 }

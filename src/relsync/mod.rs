@@ -94,7 +94,7 @@ async fn spicedb_token(client: &Client, args: &RelsyncArgs) -> Result<Token, Pas
         let s = Api::<Secret>::namespaced(client.clone(), ns)
             .get(name)
             .await
-            .map_err(|e| PassError::kube(format!("reading Secret {ns}/{name}"), &e))?;
+            .map_err(|e| PassError::kube(format!("reading Secret {ns}/{name}"), e))?;
         let v = s
             .data
             .and_then(|d| {
@@ -167,10 +167,8 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     let store = spicedb_store(&ctx, &args).await?;
     // Checked once, before any source. An unreachable SpiceDB still lets this run say, on each
     // deleted source, why its finalizer stays; then the pass fails.
-    let reachable = store
-        .ping()
-        .await
-        .map_err(|e| crate::scrub::scrub(&e.to_string()));
+    let reachable = store.ping().await;
+    let unreachable = reachable.as_ref().err().map(ToString::to_string);
 
     // Observe.
     let mut mine = observe_sources(&ctx, &args, &mut summary).await?;
@@ -184,18 +182,15 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         cleanup::clean_up(
             &ctx,
             &store,
-            reachable.as_ref().err(),
+            unreachable.as_ref(),
             src,
             &writes,
             &mut summary,
         )
         .await;
     }
-    if let Err(message) = reachable {
-        return Err(PassError::Unreachable {
-            what: "SpiceDB".into(),
-            message,
-        });
+    if let Err(e) = reachable {
+        return Err(PassError::unreachable("SpiceDB", e));
     }
     if let Some(only) = &args.source
         && mine.is_empty()
@@ -307,7 +302,7 @@ async fn observe_sources(
         kube::Error::Api(s) if s.code == 400 => {
             PassError::Config(format!("--selector: {}", s.message))
         }
-        _ => PassError::kube("listing RelationshipSources", &e),
+        _ => PassError::kube("listing RelationshipSources", e),
     })?;
     summary.count("sources", sources.len() as i64);
     Ok(sources
@@ -387,7 +382,7 @@ async fn record_source(
         let wrote = record::write(&sapi, &src.name_any(), src, rec, &ctx.field_manager())
             .await
             .map_err(|e| {
-                PassError::kube(format!("recording status of RelationshipSource {k}"), &e)
+                PassError::kube(format!("recording status of RelationshipSource {k}"), e)
             })?;
         if wrote {
             lock(writes).bookkeeping_done();

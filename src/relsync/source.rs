@@ -250,7 +250,7 @@ impl SourceRun<'_> {
                     Some(held)
                 }
                 Err(e) => {
-                    tracing::warn!(source = %key(self.src), error = %crate::scrub::scrub(&e.to_string()), "bulk read failed; reading per scope");
+                    tracing::warn!(source = %key(self.src), error = %e, "bulk read failed; reading per scope");
                     None
                 }
             };
@@ -311,7 +311,7 @@ impl SourceRun<'_> {
                     break;
                 }
                 ScopeResult::Cut(why) | ScopeResult::Stopped(why) => {
-                    tracing::info!(source = %key(self.src), scope = %scope.id, why = %crate::scrub::scrub(&why), "stopping this source's walk; the next pass resumes here");
+                    tracing::info!(source = %key(self.src), scope = %scope.id, why = %why, "stopping this source's walk; the next pass resumes here");
                     w.stopped = true;
                     break;
                 }

@@ -353,7 +353,7 @@ async fn mark_conflict(
         .patch(&obj.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
-        tracing::warn!(error = %scrub(&e.to_string()), "could not annotate the conflict");
+        tracing::warn!(error = %e, "could not annotate the conflict");
     }
     let note = match reason {
         FOREIGN_OBJECT_EXISTS => {

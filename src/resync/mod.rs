@@ -353,7 +353,7 @@ impl Run<'_> {
         self.summary.count("bindingsReleased", released);
         self.record(client, stopped.is_none())
             .await
-            .map_err(|e| PassError::kube("recording binding status", &e))?;
+            .map_err(|e| PassError::kube("recording binding status", e))?;
         for c in self.counts.values() {
             self.summary.count("inSync", c.in_sync);
             self.summary.count("pending", c.pending);

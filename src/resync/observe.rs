@@ -38,7 +38,7 @@ pub(super) async fn consumer(
 ) -> Result<Consumer, PassError> {
     let client = &ctx.client;
     let lp = ListParams::default();
-    let err = |what: &'static str| move |e: kube::Error| PassError::kube(what, &e);
+    let err = |what: &'static str| move |e: kube::Error| PassError::kube(what, e);
     let connections = crate::connection::list(client, &lp)
         .await
         .map_err(err("listing Connections"))?;
@@ -86,7 +86,7 @@ async fn selected_by(client: &Client, sel: &str) -> Result<BTreeSet<BindingKey>,
         kube::Error::Api(s) if e.is_bad_request() => {
             PassError::Config(format!("--selector: {}", s.message))
         }
-        _ => PassError::kube("listing bindings by --selector", &e),
+        _ => PassError::kube("listing bindings by --selector", e),
     };
     let mut keep: BTreeSet<BindingKey> =
         list::metadata(&Api::<ClusterBinding>::all(client.clone()), &lp)
@@ -249,7 +249,7 @@ pub(super) async fn connect(
     )
     .await
     {
-        tracing::warn!(connection = %name, error = %crate::scrub::scrub(&e.to_string()), "heartbeat Lease not renewed");
+        tracing::warn!(connection = %name, error = %e, "heartbeat Lease not renewed");
     }
     Some(Provider {
         client: provider,

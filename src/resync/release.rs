@@ -54,7 +54,7 @@ pub async fn release_deleting_bindings(
             Ok(false) => {}
             // Not fatal: the binding keeps its finalizer and the next run tries again.
             Err(e) => {
-                tracing::warn!(binding = %b.key, error = %crate::scrub::scrub(&e.to_string()), "instances not released yet")
+                tracing::warn!(binding = %b.key, error = %e, "instances not released yet")
             }
         }
     }
@@ -129,7 +129,7 @@ async fn release_one(
                 // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
                 // at the re-bind instead; it is never deleted either way.
                 Err(e) => {
-                    tracing::warn!(binding = %b.key, api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "provider copies not marked orphaned")
+                    tracing::warn!(binding = %b.key, api = %api.name, error = %e, "provider copies not marked orphaned")
                 }
             },
             None => {

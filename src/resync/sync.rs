@@ -118,7 +118,7 @@ impl Run<'_> {
         {
             Ok(o) => o,
             Err(e) => {
-                tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing consumer objects failed");
+                tracing::warn!(api = %api.name, error = %e, "listing consumer objects failed");
                 self.summary.count("errors", 1);
                 return None;
             }
@@ -149,7 +149,7 @@ impl Run<'_> {
                 .collect(),
             Err(e) => {
                 // A forbidden or failed provider read: every covered object counts as denied.
-                tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects failed");
+                tracing::warn!(api = %api.name, error = %e, "listing provider objects failed");
                 self.summary.count("errors", 1);
                 for c in &consumer {
                     if let Some(b) = covering(
@@ -170,7 +170,7 @@ impl Run<'_> {
         };
         if let Err(e) = observe_conflicts(&provider_api, &consumer, &mut provider_by_key).await {
             // Not fatal: the conflicted objects meet their 409 again and stay marked.
-            tracing::warn!(api = %api.name, error = %crate::scrub::scrub(&e.to_string()), "listing provider names for conflicted objects failed");
+            tracing::warn!(api = %api.name, error = %e, "listing provider names for conflicted objects failed");
         }
         for c in &mut consumer {
             // Unknown this run (the namespaces could not be listed): our own copy keeps the
@@ -222,7 +222,7 @@ impl Run<'_> {
                 Ok(objs) => out.extend(objs),
                 Err(e) => {
                     let forbidden = e.is_forbidden();
-                    tracing::warn!(api = %api.name, namespace = %ns, error = %crate::scrub::scrub(&e.to_string()), "listing provider objects in a namespace failed");
+                    tracing::warn!(api = %api.name, namespace = %ns, error = %e, "listing provider objects in a namespace failed");
                     if !forbidden {
                         self.summary.count("errors", 1);
                     }

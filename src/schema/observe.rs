@@ -33,26 +33,23 @@ pub(super) async fn observe(ctx: &PassContext, selector: Option<&str>) -> Result
             kube::Error::Api(s) if e.is_bad_request() => {
                 PassError::Config(format!("--selector: {}", s.message))
             }
-            _ => PassError::kube("listing Connections", &e),
+            _ => PassError::kube("listing Connections", e),
         })?;
     let (observed, _) = crate::bindings::observe(&client, &connections, false)
         .await
-        .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", &e))?;
+        .map_err(|e| PassError::kube("listing ClusterBindings and Bindings", e))?;
     let crds = list::map_metadata(
         &Api::<CustomResourceDefinition>::all(client.clone()),
         &lp,
         crd_meta,
     )
     .await
-    .map_err(|e| PassError::kube("listing CustomResourceDefinitions", &e))?
+    .map_err(|e| PassError::kube("listing CustomResourceDefinitions", e))?
     .into_iter()
     .collect();
     let local_uid = connection::cluster_uid(&client)
         .await
-        .map_err(|e| PassError::Unreachable {
-            what: "reading the consumer cluster identity".into(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| PassError::unreachable("reading the consumer cluster identity", e))?;
     let bindings: Vec<BindingObj> = observed.into_iter().map(BindingObj::from).collect();
     let views = bindings.iter().map(|b| b.view.clone()).collect();
     Ok(World {

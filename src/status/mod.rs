@@ -169,7 +169,7 @@ pub async fn run(common: CommonArgs, args: StatusArgs, passes: &[Descriptor]) ->
     let report = match collect(&common, &args, passes).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("kbind status: {e}");
+            crate::logging::print_error("status", &e);
             return e.exit_code();
         }
     };
@@ -187,7 +187,7 @@ pub async fn run(common: CommonArgs, args: StatusArgs, passes: &[Descriptor]) ->
             let _ = std::io::stdout().write_all(t.as_bytes());
         }
         Err(e) => {
-            eprintln!("kbind status: rendering the report: {e}");
+            crate::logging::print_error("status", &format!("rendering the report: {e}"));
             return 1;
         }
     }
@@ -203,7 +203,7 @@ pub async fn collect(
 ) -> Result<Report, PassError> {
     let config = own_config(common).await?;
     let client = counted_client(config, Arc::new(RequestCounter::default()))
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))?;
     let lp = match &args.selector {
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
@@ -320,7 +320,7 @@ where
             "listing {kind}.{group}: {}",
             crate::scrub::scrub(&s.message)
         ))),
-        Err(e) => Err(PassError::kube(format!("listing {kind}.{group}"), &e)),
+        Err(e) => Err(PassError::kube(format!("listing {kind}.{group}"), e)),
     }
 }
 

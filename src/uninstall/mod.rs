@@ -284,7 +284,7 @@ pub async fn run(common: CommonArgs, args: UninstallArgs, passes: &[Descriptor])
             if report.failed > 0 { 1 } else { 0 }
         }
         Err(e) => {
-            eprintln!("kbind uninstall: {}", scrub(&e.to_string()));
+            crate::logging::print_error("uninstall", &e);
             e.exit_code()
         }
     }
@@ -304,7 +304,7 @@ async fn uninstall(
     let dry_run = !args.yes;
     let config = own_config(common).await?;
     let client = counted_client(config, Arc::new(RequestCounter::default()))
-        .map_err(|e| PassError::kube("building the Kubernetes client", &e))?;
+        .map_err(|e| PassError::kube("building the Kubernetes client", e))?;
 
     let mut leases_held = Vec::new();
     let mut lease_check_error = None;

@@ -208,6 +208,17 @@ impl Pushgateway {
         Scrape::parse(&resp.text().await.expect("scrape body"))
     }
 
+    /// `GET /metrics` as text, for tests that search it.
+    pub async fn scrape_text(&self) -> String {
+        let resp = self
+            .request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .expect("scrape the Pushgateway");
+        assert!(resp.status().is_success(), "scrape: {}", resp.status());
+        resp.text().await.expect("scrape body")
+    }
+
     /// Push `body` (text format) to the group `job`/`instance` as another client would; returns
     /// the status and the answer.
     pub async fn push(&self, method: &str, job: &str, instance: &str, body: &str) -> (u16, String) {

@@ -106,10 +106,23 @@ impl FaultConfig {
     }
 }
 
+/// Requests the proxy answers itself with a 403 Status carrying `message`, whatever the rate: an
+/// upstream whose error text quotes what it should not (a token, a signed URL), for tests that
+/// follow such text to every place kbind could print it.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    pub method: http::Method,
+    /// Matched against the request's path (query string included).
+    pub path_contains: String,
+    pub message: String,
+}
+
 /// What the proxy did, for the tests' figures.
 #[derive(Debug, Default)]
 pub struct FaultStats {
     requests: AtomicU64,
+    /// Requests answered by a [`Refusal`].
+    refused: AtomicU64,
     injected: std::sync::Mutex<BTreeMap<Injected, u64>>,
     /// Every distinct User-Agent a client sent (none: `""`).
     user_agents: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -122,6 +135,9 @@ impl FaultStats {
     pub fn injected(&self) -> BTreeMap<Injected, u64> {
         lock(&self.injected).clone()
     }
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
     pub fn total_injected(&self) -> u64 {
         lock(&self.injected).values().sum()
     }
@@ -133,6 +149,7 @@ impl FaultStats {
 
 struct Proxy {
     upstream: String,
+    refusal: Arc<std::sync::Mutex<Option<Refusal>>>,
     http: reqwest::Client,
     config: FaultConfig,
     /// The current rate as f64 bits: tests set up with faults off, then turn them on.
@@ -149,6 +166,7 @@ pub struct FaultProxy {
     pub addr: SocketAddr,
     pub stats: Arc<FaultStats>,
     rate: Arc<AtomicU64>,
+    refusal: Arc<std::sync::Mutex<Option<Refusal>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -163,7 +181,9 @@ impl FaultProxy {
             .map_err(std::io::Error::other)?;
         let stats = Arc::new(FaultStats::default());
         let rate = Arc::new(AtomicU64::new(config.rate.to_bits()));
+        let refusal = Arc::new(std::sync::Mutex::new(None));
         let proxy = Arc::new(Proxy {
+            refusal: refusal.clone(),
             upstream: upstream.trim_end_matches('/').to_string(),
             http,
             config,
@@ -194,12 +214,18 @@ impl FaultProxy {
             addr,
             stats,
             rate,
+            refusal,
             task,
         })
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Refuse the requests `refusal` names from the next request on (`None`: forward them again).
+    pub fn refuse(&self, refusal: Option<Refusal>) {
+        *lock(&self.refusal) = refusal;
     }
 
     /// Change the fault rate from the next request on.
@@ -298,6 +324,18 @@ impl Proxy {
         if !self.config.delay.is_zero() {
             tokio::time::sleep(self.config.delay).await;
         }
+        if let Some(r) = self.refused(&req) {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": r.message, "reason": "Forbidden", "code": 403});
+            let mut resp = Response::new(full(body.to_string()));
+            *resp.status_mut() = StatusCode::FORBIDDEN;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
+            return Ok(resp);
+        }
         let fault = self.draw();
         if let Some(f) = fault {
             *lock(&self.stats.injected).entry(f).or_default() += 1;
@@ -356,6 +394,15 @@ impl Proxy {
         resp.headers_mut()
             .insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
         Ok(resp)
+    }
+
+    /// The refusal that answers `req`, if one is set and matches it.
+    fn refused(&self, req: &Request<Incoming>) -> Option<Refusal> {
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        lock(&self.refusal)
+            .as_ref()
+            .filter(|r| r.method == req.method() && path.contains(&r.path_contains))
+            .cloned()
     }
 
     async fn forward(
@@ -449,6 +496,7 @@ mod tests {
         crate::install_crypto_provider();
         let p = Proxy {
             upstream: String::new(),
+            refusal: Arc::default(),
             http: reqwest::Client::new(),
             config: FaultConfig::rate(0.05, 7),
             rate: Arc::new(AtomicU64::new(0.05f64.to_bits())),
@@ -477,6 +525,7 @@ mod tests {
         for seed in 0..200 {
             let p = Proxy {
                 upstream: String::new(),
+                refusal: Arc::default(),
                 http: reqwest::Client::new(),
                 config: FaultConfig::rate(0.05, seed),
                 rate: Arc::new(AtomicU64::new(0.05f64.to_bits())),

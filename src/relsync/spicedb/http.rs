@@ -41,7 +41,7 @@ where
                 let Some(wait) = BACKOFF.within(attempt, None, ends.map(Instant::into_std)) else {
                     return Err(e);
                 };
-                tracing::debug!(error = %crate::scrub::scrub(&e.to_string()), attempt, "SpiceDB: transient failure; retrying");
+                tracing::debug!(error = %e, attempt, "SpiceDB: transient failure; retrying");
                 tokio::time::sleep(wait).await;
                 attempt += 1;
             }

@@ -66,7 +66,7 @@ pub async fn orphan(
             action == OrphanAction::Delete
         }
         Err(e) => {
-            tracing::warn!(object = %target, error = %scrub(&e.to_string()), "orphan not handled; the next run retries");
+            tracing::warn!(object = %target, error = %e, "orphan not handled; the next run retries");
             false
         }
     }
