@@ -171,8 +171,14 @@ pub async fn acquire(
     duration_secs: i32,
 ) -> Result<Acquired, kube::Error> {
     let duration_secs = duration_secs.max(1);
-    let api: Api<Lease> = Api::namespaced(client, namespace);
-    let started = Instant::now();
+    let taking = Taking {
+        api: Api::namespaced(client, namespace),
+        namespace,
+        name,
+        holder,
+        duration: Duration::from_secs(u64::from(duration_secs.unsigned_abs())),
+        started: Instant::now(),
+    };
     let now = Timestamp::now();
     let spec = LeaseSpec {
         holder_identity: Some(holder.to_string()),
@@ -181,118 +187,160 @@ pub async fn acquire(
         renew_time: Some(MicroTime(now)),
         ..Default::default()
     };
-    let duration = Duration::from_secs(u64::from(duration_secs.unsigned_abs()));
-    // A careful item start waits for its Lease write at most one renewal period.
-    let tracker = |record| Arc::new(Tracker::new(record, duration / 3));
-    let guard = |cursor: Option<String>,
-                 taken_over: Option<String>,
-                 written: Option<Lease>,
-                 poison: Arc<Tracker>,
-                 swept_at: Option<Timestamp>| {
-        Acquired::Held(Box::new(LeaseGuard {
-            api: api.clone(),
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            holder: holder.to_string(),
-            duration,
-            renewed_at: started,
-            written,
-            cursor,
-            taken_over,
-            poison,
-            swept_at,
-        }))
-    };
-    match api.get_opt(name).await? {
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    lease_transitions: Some(0),
-                    ..spec
-                }),
-            };
-            match api.create(&PostParams::default(), &lease).await {
-                Ok(l) => Ok(guard(
-                    None,
-                    None,
-                    Some(l),
-                    tracker(Default::default()),
-                    None,
-                )),
-                Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
-                    // Our own earlier attempt may be what the conflict is with.
-                    Ok(match current_holder(&api, name).await {
-                        h if h == holder => {
-                            guard(None, None, None, tracker(Default::default()), None)
-                        }
-                        h => Acquired::HeldBy(h),
-                    })
-                }
-                Err(e) if landed(&api, name, holder).await => {
-                    tracing::debug!(error = %e, "Lease write reported an error but landed");
-                    Ok(guard(None, None, None, tracker(Default::default()), None))
-                }
-                Err(e) => Err(e),
-            }
+    match taking.api.get_opt(name).await? {
+        None => taking.create(spec).await,
+        Some(existing) => taking.take_over(existing, spec, now).await,
+    }
+}
+
+/// One attempt at the Lease.
+struct Taking<'a> {
+    api: Api<Lease>,
+    namespace: &'a str,
+    name: &'a str,
+    holder: &'a str,
+    duration: Duration,
+    started: Instant,
+}
+
+/// What a Lease taken over carries from the runs before.
+struct Carried {
+    cursor: Option<String>,
+    taken_over: Option<String>,
+    poison: Arc<Tracker>,
+    swept_at: Option<Timestamp>,
+}
+
+impl Taking<'_> {
+    /// A careful item start waits for its Lease write at most one renewal period.
+    fn tracker(&self, record: poison::Record) -> Arc<Tracker> {
+        Arc::new(Tracker::new(record, self.duration / 3))
+    }
+
+    /// Nothing carried: a new Lease, or one created by our own earlier attempt.
+    fn fresh(&self) -> Carried {
+        Carried {
+            cursor: None,
+            taken_over: None,
+            poison: self.tracker(Default::default()),
+            swept_at: None,
         }
-        Some(existing) => {
-            let old = existing.spec.clone().unwrap_or_default();
-            let previous = match verdict(&old, now, holder) {
-                Verdict::Skip(h) => return Ok(Acquired::HeldBy(h)),
-                Verdict::Take { previous } => previous,
-            };
-            let transitions = old.lease_transitions.unwrap_or(0) + 1;
-            let cursor = existing
+    }
+
+    fn held(&self, written: Option<Lease>, c: Carried) -> Acquired {
+        Acquired::Held(Box::new(LeaseGuard {
+            api: self.api.clone(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            holder: self.holder.to_string(),
+            duration: self.duration,
+            renewed_at: self.started,
+            written,
+            cursor: c.cursor,
+            taken_over: c.taken_over,
+            poison: c.poison,
+            swept_at: c.swept_at,
+        }))
+    }
+
+    /// No Lease yet: create it; a racing creator wins unless it was us.
+    async fn create(&self, spec: LeaseSpec) -> Result<Acquired, kube::Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                lease_transitions: Some(0),
+                ..spec
+            }),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(l) => Ok(self.held(Some(l), self.fresh())),
+            Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
+                // Our own earlier attempt may be what the conflict is with.
+                Ok(match current_holder(&self.api, self.name).await {
+                    h if h == self.holder => self.held(None, self.fresh()),
+                    h => Acquired::HeldBy(h),
+                })
+            }
+            Err(e) if landed(&self.api, self.name, self.holder).await => {
+                tracing::debug!(error = %e, "Lease write reported an error but landed");
+                Ok(self.held(None, self.fresh()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A Lease exists: skip while another live holder has it, else take it over, carrying its
+    /// cursor, last full sweep and poison record (a holder that did not release it died).
+    async fn take_over(
+        &self,
+        existing: Lease,
+        spec: LeaseSpec,
+        now: Timestamp,
+    ) -> Result<Acquired, kube::Error> {
+        let old = existing.spec.clone().unwrap_or_default();
+        let previous = match verdict(&old, now, self.holder) {
+            Verdict::Skip(h) => return Ok(Acquired::HeldBy(h)),
+            Verdict::Take { previous } => previous,
+        };
+        let transitions = old.lease_transitions.unwrap_or(0) + 1;
+        let cursor = existing
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CURSOR_ANNOTATION))
+            .cloned();
+        let swept = swept_at(&existing);
+        let mut taken = existing;
+        // A holder that did not release the Lease died (src/pass/poison.rs).
+        let record = poison::take(
+            taken
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(CURSOR_ANNOTATION))
-                .cloned();
-            let swept = swept_at(&existing);
-            let mut taken = existing;
-            // A holder that did not release the Lease died (src/pass/poison.rs).
-            let record = poison::take(
-                taken
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .unwrap_or(&Default::default()),
-                previous.is_some(),
-            );
-            if !record.newly_quarantined.is_empty() {
-                tracing::warn!(items = ?record.newly_quarantined, "two runs in a row died while working on these: skipping them until they change");
+                .unwrap_or(&Default::default()),
+            previous.is_some(),
+        );
+        if !record.newly_quarantined.is_empty() {
+            tracing::warn!(items = ?record.newly_quarantined, "two runs in a row died while working on these: skipping them until they change");
+        }
+        Tracker::annotate_takeover(
+            &record,
+            taken
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default),
+        );
+        let carried = || Carried {
+            cursor: cursor.clone(),
+            taken_over: previous.clone(),
+            poison: self.tracker(record.clone()),
+            swept_at: swept,
+        };
+        taken.spec = Some(LeaseSpec {
+            lease_transitions: Some(transitions),
+            ..spec
+        });
+        // replace carries metadata.resourceVersion: a racing taker gets 409.
+        match self
+            .api
+            .replace(self.name, &PostParams::default(), &taken)
+            .await
+        {
+            Ok(l) => Ok(self.held(Some(l), carried())),
+            Err(kube::Error::Api(s)) if s.is_conflict() => {
+                Ok(match current_holder(&self.api, self.name).await {
+                    h if h == self.holder => self.held(None, carried()),
+                    h => Acquired::HeldBy(h),
+                })
             }
-            Tracker::annotate_takeover(
-                &record,
-                taken
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(Default::default),
-            );
-            let poison = tracker(record);
-            taken.spec = Some(LeaseSpec {
-                lease_transitions: Some(transitions),
-                ..spec
-            });
-            // replace carries metadata.resourceVersion: a racing taker gets 409.
-            match api.replace(name, &PostParams::default(), &taken).await {
-                Ok(l) => Ok(guard(cursor, previous, Some(l), poison, swept)),
-                Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    Ok(match current_holder(&api, name).await {
-                        h if h == holder => guard(cursor, previous, None, poison, swept),
-                        h => Acquired::HeldBy(h),
-                    })
-                }
-                Err(e) if landed(&api, name, holder).await => {
-                    tracing::debug!(error = %e, "Lease write reported an error but landed");
-                    Ok(guard(cursor, previous, None, poison, swept))
-                }
-                Err(e) => Err(e),
+            Err(e) if landed(&self.api, self.name, self.holder).await => {
+                tracing::debug!(error = %e, "Lease write reported an error but landed");
+                Ok(self.held(None, carried()))
             }
+            Err(e) => Err(e),
         }
     }
 }

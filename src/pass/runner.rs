@@ -92,14 +92,7 @@ where
         summary.peak_rss_bytes = super::summary::peak_rss_bytes();
         (summary, code)
     };
-    // The Lease gets a client of its own, so its renewals never queue behind the pass's work.
-    let (client, lease_client) = match own_config(&args).await.and_then(|config| {
-        let build = |c| {
-            counted_client(c, counter.clone())
-                .map_err(|e| PassError::kube("building the Kubernetes client", e))
-        };
-        Ok((build(config.clone())?, build(config)?))
-    }) {
+    let (client, lease_client) = match clients(&args, &counter).await {
         Ok(c) => c,
         Err(e) => return fail(pass, dry_run, e, finish, &counter, &budget),
     };
@@ -143,10 +136,45 @@ where
     let progress = super::progress::Progress::start(pass, budget.clone(), counter.clone());
     let mut result = body(ctx).await;
     progress.stop();
+    if let Ok(s) = result.as_mut() {
+        s.lease_taken_over = taken_over;
+    }
+    lease_writes += give_up_lease(guard, renewal, &mut result, started_at).await;
+    match result {
+        Ok(mut s) => {
+            s.bookkeeping_writes += lease_writes;
+            finish(s, 0, &counter, &budget)
+        }
+        Err(e) => fail(pass, dry_run, e, finish, &counter, &budget),
+    }
+}
+
+/// The pass's client and the Lease's: its own, so renewals never queue behind the pass's work.
+async fn clients(
+    args: &CommonArgs,
+    counter: &Arc<RequestCounter>,
+) -> Result<(Client, Client), PassError> {
+    let config = own_config(args).await?;
+    let build = |c| {
+        counted_client(c, counter.clone())
+            .map_err(|e| PassError::kube("building the Kubernetes client", e))
+    };
+    Ok((build(config.clone())?, build(config)?))
+}
+
+/// Stop renewing, then release the Lease with where the next run resumes and, after a complete
+/// full sweep, when it started; a lost Lease is said in the summary. Returns the Lease writes.
+async fn give_up_lease(
+    guard: Option<Box<lease::LeaseGuard>>,
+    renewal: Option<lease::Renewal>,
+    result: &mut Result<Summary, PassError>,
+    started_at: k8s_openapi::jiff::Timestamp,
+) -> u64 {
+    let mut writes = 0;
     // Renewal stops before the release, so it cannot write the Lease after we give it up.
     if let Some(r) = renewal {
         let report = r.stop().await;
-        lease_writes += report.renewals;
+        writes += report.renewals;
         if let (Some(why), Ok(s)) = (report.lost, result.as_mut()) {
             s.message = if s.message.is_empty() {
                 format!("lease lost: {why}")
@@ -155,36 +183,26 @@ where
             };
         }
     }
-    if let Ok(s) = result.as_mut() {
-        s.lease_taken_over = taken_over;
-    }
-    if let Some(g) = guard {
-        // A failed run keeps the previous cursor so no work is skipped.
-        let cursor = match &result {
-            Ok(s) => s.resume_after.clone(),
-            Err(_) => g.cursor.clone(),
-        };
-        // A full sweep counts once it covered everything: not stopped early, even before its
-        // first root object (no resume point then).
-        let swept = match &result {
-            Ok(s)
-                if s.sweep == Some(super::summary::Sweep::Full)
-                    && s.outcome == super::summary::Outcome::Completed =>
-            {
-                Some(started_at)
-            }
-            _ => None,
-        };
-        g.release(cursor, swept).await;
-        lease_writes += 1;
-    }
-    match result {
-        Ok(mut s) => {
-            s.bookkeeping_writes += lease_writes;
-            finish(s, 0, &counter, &budget)
+    let Some(g) = guard else {
+        return writes;
+    };
+    // A failed run keeps the previous cursor so no work is skipped.
+    let cursor = match &*result {
+        Ok(s) => s.resume_after.clone(),
+        Err(_) => g.cursor.clone(),
+    };
+    // A full sweep counts once it covered everything: not stopped early, even before its
+    // first root object (no resume point then).
+    let swept = match &*result {
+        Ok(s)
+            if s.sweep == Some(super::summary::Sweep::Full) && s.outcome == Outcome::Completed =>
+        {
+            Some(started_at)
         }
-        Err(e) => fail(pass, dry_run, e, finish, &counter, &budget),
-    }
+        _ => None,
+    };
+    g.release(cursor, swept).await;
+    writes + 1
 }
 
 /// Take the pass Lease `kbind-<pass>[-<i>-of-<n>]`, renewed later while the pass runs so a

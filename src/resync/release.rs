@@ -83,12 +83,43 @@ async fn release_one(
     if b.status.conditions.is_true(INSTANCES_RELEASED) {
         return Ok(false);
     }
-    let mut done = true;
-    // APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding,
-    // no other live binding listing the API, a CRD kbind created): their consumer objects
-    // go with the CRD. A CRD kbind only stamped stays with its objects, like a Binding's.
-    let unbound: Vec<&BoundApi> = apis
-        .iter()
+    let unbound = unbound_apis(b, bindings, apis);
+    let provider = match provider {
+        Reached::Tried(p) => p,
+        // Its copies are marked once a person has looked at the Connection (a quarantine lasts
+        // until it changes): released now, they would stay unmarked for good.
+        Reached::Quarantined if !unbound.is_empty() => {
+            hold_while_quarantined(client, b, writes).await?;
+            return Ok(false);
+        }
+        Reached::Quarantined => None,
+    };
+    let Some(kept) = mark_all_unbound(ctx, client, b, provider, &unbound, writes).await else {
+        return Ok(false);
+    };
+    if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
+        return Ok(false);
+    }
+    if !unbound.is_empty() {
+        copies_kept(ctx, b, &unbound, kept).await;
+    }
+    let status = super::record::released_status(b, Timestamp::now());
+    if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
+        write(client, &b.key, status).await?;
+        writes.bookkeeping_done();
+    }
+    Ok(true)
+}
+
+/// APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding, no
+/// other live binding listing the API, a CRD kbind created): their consumer objects go with the
+/// CRD. A CRD kbind only stamped stays with its objects, like a Binding's.
+fn unbound_apis<'a>(
+    b: &BindingRef,
+    bindings: &[BindingRef],
+    apis: &'a [BoundApi],
+) -> Vec<&'a BoundApi> {
+    apis.iter()
         .filter(|a| b.apis.contains(&a.name) && a.connection == b.connection)
         .filter(|a| {
             a.created
@@ -97,29 +128,41 @@ async fn release_one(
                     .iter()
                     .any(|o| !o.deleting && o.apis.contains(&a.name))
         })
-        .collect();
-    let provider = match provider {
-        Reached::Tried(p) => p,
-        // Its copies are marked once a person has looked at the Connection (a quarantine lasts
-        // until it changes): released now, they would stay unmarked for good.
-        Reached::Quarantined if !unbound.is_empty() => {
-            tracing::warn!(binding = %b.key, connection = %b.connection, "the Connection is quarantined (docs/operations.md \"Poison items\"): the provider copies are not marked orphaned yet, so the binding waits");
-            if let Some(status) = super::record::held_status(b, Timestamp::now())
-                && writes.will(
-                    "apply-status",
-                    b.key.to_string(),
-                    "InstancesReleased=False ConnectionQuarantined",
-                )
-            {
-                write(client, &b.key, status).await?;
-                writes.bookkeeping_done();
-            }
-            return Ok(false);
-        }
-        Reached::Quarantined => None,
-    };
-    let mut kept = 0;
-    for api in &unbound {
+        .collect()
+}
+
+/// The binding waits for its quarantined Connection, and says so once.
+async fn hold_while_quarantined(
+    client: &Client,
+    b: &BindingRef,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    tracing::warn!(binding = %b.key, connection = %b.connection, "the Connection is quarantined (docs/operations.md \"Poison items\"): the provider copies are not marked orphaned yet, so the binding waits");
+    if let Some(status) = super::record::held_status(b, Timestamp::now())
+        && writes.will(
+            "apply-status",
+            b.key.to_string(),
+            "InstancesReleased=False ConnectionQuarantined",
+        )
+    {
+        write(client, &b.key, status).await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+/// Mark the provider copies of every unbound API orphaned: how many copies there are, or
+/// `None` when some are left for the next run (the budget ran out).
+async fn mark_all_unbound(
+    ctx: &PassContext,
+    client: &Client,
+    b: &BindingRef,
+    provider: Option<&Provider>,
+    unbound: &[&BoundApi],
+    writes: &mut Writes,
+) -> Option<i64> {
+    let (mut kept, mut done) = (0, true);
+    for api in unbound {
         match provider {
             Some(p) => match mark_unbound(ctx, client, p, api, writes).await {
                 Ok((n, complete)) => {
@@ -137,21 +180,7 @@ async fn release_one(
             }
         }
     }
-    if !done {
-        return Ok(false);
-    }
-    if !release_finalizers(ctx, client, b, bindings, apis, writes).await? {
-        return Ok(false);
-    }
-    if !unbound.is_empty() {
-        copies_kept(ctx, b, &unbound, kept).await;
-    }
-    let status = super::record::released_status(b, Timestamp::now());
-    if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
-        write(client, &b.key, status).await?;
-        writes.bookkeeping_done();
-    }
-    Ok(true)
+    done.then_some(kept)
 }
 
 /// The `ProviderCopiesKept` Event on a released ClusterBinding: which consumer CRDs `kbind schema`

@@ -59,8 +59,6 @@ struct World {
 }
 
 pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, PassError> {
-    let mut summary = Summary::new(PASS, ctx.args.dry_run);
-    let mut writes = Writes::new(ctx.args.dry_run);
     let mut world = observe::observe(&ctx, args.selector.as_deref()).await?;
     world.policy = CredentialPolicy::new(&args.credentials, crate::pass::args::install_namespace());
     let names: Vec<String> = world
@@ -80,107 +78,44 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     );
     // Progress lines say "done/planned" Connections (docs/operations.md, "Logs").
     ctx.budget.plan(order.len() as u64);
-    let mut done: i64 = 0;
-    let mut stopped = None;
-    let mut last = None;
-    let mut statuses = apply::StatusWrites::new(args.write.write_concurrency, ctx.args.dry_run);
     // A one-off run with --selector does everything for what it selects, and is no full sweep.
     let sweep = match &args.selector {
         Some(_) => Sweep::Full,
         None => crate::pass::sweep::due(args.full_sweep_every, ctx.swept_at, Timestamp::now()),
     };
-    summary.sweep = args.selector.is_none().then_some(sweep);
+    let mut run = Run {
+        statuses: apply::StatusWrites::new(args.write.write_concurrency, ctx.args.dry_run),
+        summary: Summary::new(PASS, ctx.args.dry_run),
+        writes: Writes::new(ctx.args.dry_run),
+        ctx: &ctx,
+        args: &args,
+        world,
+        sweep,
+    };
+    run.summary.sweep = args.selector.is_none().then_some(sweep);
+    let (mut done, mut stopped, mut last) = (0, None, None);
     for name in &order {
-        let Some(conn) = connection(&world.connections, name).cloned() else {
-            continue;
-        };
-        let secret = conn.spec.kubeconfig_secret_ref.clone();
-        if sweep == Sweep::Changed && plan::sweep::changed(&conn, &world.views).is_none() {
-            summary.count("unchanged", 1);
-            world.providers.done(&secret);
-            done += 1;
-            continue;
-        }
-        if let Err(why) = ctx.budget.take() {
-            stopped = Some(why);
-            break;
-        }
-        last = Some(name.clone());
-        let item = poison_item(name);
-        let generation = conn.metadata.generation.unwrap_or(0);
-        if ctx.poison.check(&item, generation) == Verdict::Quarantined {
-            tracing::warn!(connection = %name, generation, "skipped: two runs in a row died while working on it (docs/operations.md \"Poison items\")");
-            if let Some(w) = apply::quarantined(&ctx, &world, &conn, &mut writes).await
-                && let Err(e) = statuses.push(w, false, &mut writes).await
-            {
-                tracing::warn!(connection = %name, error = %e, "connection status not written; next run retries");
-                summary.count("errors", 1);
+        match run.turn(name).await {
+            Turn::Absent => {}
+            Turn::Done => done += 1,
+            Turn::Worked => {
+                last = Some(name.clone());
+                done += 1;
             }
-            summary.count("quarantined", 1);
-            summary.count("notReady", 1);
-            done += 1;
-            continue;
-        }
-        ctx.poison.enter(&item, generation).await;
-        let reconciled = match reconcile(
-            &ctx,
-            &mut world,
-            conn,
-            &mut writes,
-            args.write.write_concurrency,
-        )
-        .await
-        {
-            Ok((ready, Some(w))) => statuses.push(w, ready, &mut writes).await.map(|()| ready),
-            other => other.map(|(ready, _)| ready),
-        };
-        match reconciled {
-            Ok(ready) => summary.count(if ready { "ready" } else { "notReady" }, 1),
-            Err(e) => {
-                tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
-                summary.count("errors", 1);
+            Turn::Stopped(why) => {
+                stopped = Some(why);
+                break;
             }
         }
-        ctx.poison.leave(&item);
-        world.providers.done(&secret);
-        done += 1;
     }
     if args.selector.is_none() {
         // A deleted Connection leaves the quarantine record.
         ctx.poison
             .forget_absent("Connection", names.iter().map(String::as_str));
     }
-    for (connection, ready, error) in statuses.finish(&mut writes).await {
-        tracing::warn!(%connection, %error, "connection status not written; next run retries");
-        summary.count(if ready { "ready" } else { "notReady" }, -1);
-        summary.count("errors", 1);
-    }
-    // Bindings whose Connection does not exist (the shard owning that name reports them).
-    let orphans: Vec<BindingObj> = world
-        .bindings
-        .iter()
-        .filter(|b| {
-            args.selector.is_none()
-                && !names.contains(&b.view.connection)
-                && shard::owns(ctx.args.shard, &b.view.connection)
-        })
-        .cloned()
-        .collect();
-    for b in &orphans {
-        if let Err(e) = teardown::orphan_binding(
-            &world.client,
-            &world.manager,
-            b,
-            &world.bindings,
-            &world.crds,
-            &mut writes,
-        )
-        .await
-        {
-            tracing::warn!(binding = %b.view.key, error = %e, "binding not reconciled");
-            summary.count("errors", 1);
-        }
-    }
+    run.finish_statuses().await;
+    run.orphaned_bindings(&names).await;
+    let mut summary = run.summary;
     summary.count("connections", done);
     let stopped = stopped.map(|why| Stopped {
         message: format!(
@@ -189,8 +124,145 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         ),
         resume_after: last,
     });
-    summary.finish(writes, stopped);
+    summary.finish(run.writes, stopped);
     Ok(summary)
+}
+
+/// One run over the Connections in resume order: what it has observed, counted and written.
+struct Run<'a> {
+    ctx: &'a PassContext,
+    args: &'a args::SchemaArgs,
+    world: World,
+    sweep: Sweep,
+    summary: Summary,
+    writes: Writes,
+    statuses: apply::StatusWrites,
+}
+
+/// How one Connection's turn ended.
+enum Turn {
+    /// Gone since the run observed it.
+    Absent,
+    /// Nothing to do (unchanged between full sweeps).
+    Done,
+    /// Worked on (reconciled, failed, or skipped as quarantined): the resume point moves here.
+    Worked,
+    /// The budget ran out before it.
+    Stopped(crate::pass::budget::Exhausted),
+}
+
+impl Run<'_> {
+    /// One Connection: skipped when unchanged between full sweeps or quarantined, else
+    /// reconciled and its status queued; a failure is counted and left for the next run.
+    async fn turn(&mut self, name: &str) -> Turn {
+        let Some(conn) = connection(&self.world.connections, name).cloned() else {
+            return Turn::Absent;
+        };
+        let secret = conn.spec.kubeconfig_secret_ref.clone();
+        if self.sweep == Sweep::Changed && plan::sweep::changed(&conn, &self.world.views).is_none()
+        {
+            self.summary.count("unchanged", 1);
+            self.world.providers.done(&secret);
+            return Turn::Done;
+        }
+        if let Err(why) = self.ctx.budget.take() {
+            return Turn::Stopped(why);
+        }
+        let item = poison_item(name);
+        let generation = conn.metadata.generation.unwrap_or(0);
+        if self.ctx.poison.check(&item, generation) == Verdict::Quarantined {
+            self.quarantined(&conn, generation).await;
+            return Turn::Worked;
+        }
+        self.ctx.poison.enter(&item, generation).await;
+        let concurrency = self.args.write.write_concurrency;
+        let reconciled = match reconcile(
+            self.ctx,
+            &mut self.world,
+            conn,
+            &mut self.writes,
+            concurrency,
+        )
+        .await
+        {
+            Ok((ready, Some(w))) => self
+                .statuses
+                .push(w, ready, &mut self.writes)
+                .await
+                .map(|()| ready),
+            other => other.map(|(ready, _)| ready),
+        };
+        match reconciled {
+            Ok(ready) => self
+                .summary
+                .count(if ready { "ready" } else { "notReady" }, 1),
+            Err(e) => {
+                tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
+                self.summary.count("errors", 1);
+            }
+        }
+        self.ctx.poison.leave(&item);
+        self.world.providers.done(&secret);
+        Turn::Worked
+    }
+
+    /// A quarantined Connection is not contacted: it says so on its status (once).
+    async fn quarantined(&mut self, conn: &Connection, generation: i64) {
+        let name = conn.name_any();
+        tracing::warn!(connection = %name, generation, "skipped: two runs in a row died while working on it (docs/operations.md \"Poison items\")");
+        if let Some(w) = apply::quarantined(self.ctx, &self.world, conn, &mut self.writes).await
+            && let Err(e) = self.statuses.push(w, false, &mut self.writes).await
+        {
+            tracing::warn!(connection = %name, error = %e, "connection status not written; next run retries");
+            self.summary.count("errors", 1);
+        }
+        self.summary.count("quarantined", 1);
+        self.summary.count("notReady", 1);
+    }
+
+    /// The Connection status writes still queued; a failed one is counted again as an error.
+    async fn finish_statuses(&mut self) {
+        let empty = apply::StatusWrites::new(self.args.write.write_concurrency, true);
+        let statuses = std::mem::replace(&mut self.statuses, empty);
+        for (connection, ready, error) in statuses.finish(&mut self.writes).await {
+            tracing::warn!(%connection, %error, "connection status not written; next run retries");
+            self.summary
+                .count(if ready { "ready" } else { "notReady" }, -1);
+            self.summary.count("errors", 1);
+        }
+    }
+
+    /// Bindings whose Connection does not exist (the shard owning that name reports them).
+    async fn orphaned_bindings(&mut self, names: &[String]) {
+        if self.args.selector.is_some() {
+            return;
+        }
+        let orphans: Vec<BindingObj> = self
+            .world
+            .bindings
+            .iter()
+            .filter(|b| {
+                !names.contains(&b.view.connection)
+                    && shard::owns(self.ctx.args.shard, &b.view.connection)
+            })
+            .cloned()
+            .collect();
+        for b in &orphans {
+            if let Err(e) = teardown::orphan_binding(
+                &self.world.client,
+                &self.world.manager,
+                b,
+                &self.world.bindings,
+                &self.world.crds,
+                &mut self.writes,
+            )
+            .await
+            {
+                tracing::warn!(binding = %b.view.key, error = %e, "binding not reconciled");
+                self.summary.count("errors", 1);
+            }
+        }
+    }
 }
 
 /// A Connection as poison isolation names it (src/pass/poison.rs).
