@@ -6,22 +6,21 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
 use crate::pass::StatusCode;
-use crate::scrub::scrub;
 
-/// Why a Secret could not be read. The API error stays typed; its text is scrubbed when shown.
+/// Why a Secret could not be read. The API error stays typed; its text is scrubbed where it is printed.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     #[error("Secret {namespace}/{name} not found")]
     NotFound { namespace: String, name: String },
     /// The job's identity may not read it (403): an RBAC problem, not a bad credential.
-    #[error("reading Secret {namespace}/{name} failed: {}", scrub(&source.to_string()))]
+    #[error("reading Secret {namespace}/{name} failed: {source}")]
     Forbidden {
         namespace: String,
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("reading Secret {namespace}/{name} failed: {}", scrub(&source.to_string()))]
+    #[error("reading Secret {namespace}/{name} failed: {source}")]
     Unreadable {
         namespace: String,
         name: String,

@@ -35,7 +35,6 @@ use serde_json::Value;
 use crate::connection::{CredentialError, IdentityError};
 use crate::discovery::DiscoveryError;
 use crate::pass::{CommonArgs, OutputFormat, PassError};
-use crate::scrub::scrub;
 
 pub use args::BindArgs;
 use plan::{Action, Chosen, Desired, Inputs, Kind};
@@ -89,7 +88,7 @@ pub enum BindError {
         "Export {export} not found on the provider (is catalog.kbind.io installed there, and the name right?)"
     )]
     ExportNotFound { export: String },
-    #[error("reading Export {export} on the provider: {}", scrub(&source.to_string()))]
+    #[error("reading Export {export} on the provider: {source}")]
     ExportUnreadable {
         export: String,
         #[source]
@@ -150,7 +149,7 @@ pub enum BindError {
     NamespaceMissing { namespace: String, what: String },
     #[error(transparent)]
     Consumer(#[from] PassError),
-    #[error("{what}: {}", scrub(&source.to_string()))]
+    #[error("{what}: {source}")]
     ConsumerRequest {
         what: String,
         #[source]

@@ -107,7 +107,7 @@ impl NamespaceLabels {
                 (Self(Ok(labels)), uids)
             }
             Err(e) => {
-                let why = crate::scrub::scrub(&e.to_string());
+                let why = e.to_string();
                 tracing::warn!(error = %why, "namespaces unreadable: no namespaced Binding is admitted this run");
                 (Self(Err(why)), BTreeMap::new())
             }

@@ -296,9 +296,8 @@ pub fn server_root(url: &http::Uri) -> Result<http::Uri, HubError> {
         Some(i) => &text[..i],
         None => text.trim_end_matches('/'),
     };
-    root.parse().map_err(|_| HubError::BadEndpoint {
-        url: crate::scrub::scrub(&text),
-    })
+    root.parse()
+        .map_err(|_| HubError::BadEndpoint { url: text })
 }
 
 fn display_path(path: &str) -> &str {

@@ -35,7 +35,6 @@ use crate::api::providers::{CatalogEntry, ExportRef};
 use crate::pass::budget::Exhausted;
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary};
-use crate::scrub::scrub;
 
 use apply::Observed;
 pub use args::{ClaimsArgs, HubArgs};
@@ -217,7 +216,7 @@ fn blocked_by(e: &HubError) -> Blocked {
         } else {
             "ExportUnreadable"
         },
-        message: scrub(&e.to_string()),
+        message: e.to_string(),
     }
 }
 

@@ -15,7 +15,6 @@ use crate::api::kcp::APIExport;
 use crate::api::providers::{CatalogEntry, ExportRef, Grant};
 use crate::pass::client::{counted_client, own_config};
 use crate::pass::{PassContext, PassError, list, shard};
-use crate::scrub::scrub;
 
 /// This shard's CatalogEntries (those the selector matches), sorted by name, and the
 /// duplicates of the whole catalog: entry name -> the older entry naming the same export.
@@ -196,7 +195,7 @@ pub(super) async fn connect(ctx: &PassContext, args: &HubArgs) -> Result<Hub, Pa
         let uri: http::Uri = url.parse().map_err(|_| {
             PassError::Config(format!(
                 "APIExportEndpointSlice {slice} lists an invalid URL {}",
-                scrub(&url)
+                url
             ))
         })?;
         endpoints.push(client_for(uri)?);

@@ -13,7 +13,6 @@ use crate::api::providers::{CatalogEntry, CatalogEntryStatus, Requirement};
 use crate::pass::PassContext;
 use crate::pass::status::apply_status;
 use crate::pass::writes::Writes;
-use crate::scrub::scrub;
 
 pub const READY: &str = "Ready";
 pub const EXPORT_COMPLETE: &str = "ExportComplete";
@@ -196,11 +195,7 @@ fn kcp_maintained(maintained: &[MaintainedBinding]) -> (ConditionStatus, &'stati
     };
     let unknown: Vec<String> = maintained
         .iter()
-        .filter_map(|m| {
-            m.by.as_ref()
-                .err()
-                .map(|e| format!("{} ({})", name(m), scrub(e)))
-        })
+        .filter_map(|m| m.by.as_ref().err().map(|e| format!("{} ({e})", name(m))))
         .collect();
     if !unknown.is_empty() {
         return (

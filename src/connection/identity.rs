@@ -11,21 +11,17 @@ use std::sync::Arc;
 use crate::pass::StatusCode;
 
 /// Why the identity could not be read. The API error stays typed (shared, as one provider's
-/// identity is read once per pass and reused); its text is scrubbed when shown.
+/// identity is read once per pass and reused); its text is scrubbed where it is printed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum IdentityError {
-    #[error("reading the cluster identity was forbidden: {}", shown(.0))]
+    #[error("reading the cluster identity was forbidden: {0}")]
     Forbidden(#[source] Arc<kube::Error>),
     #[error("the cluster identity object has no UID")]
     NoUid,
-    #[error("cluster unreachable or refused the request: {}", shown(.0))]
+    #[error("cluster unreachable or refused the request: {0}")]
     Unreachable(#[source] Arc<kube::Error>),
-    #[error("credentials were rejected (401): {}", shown(.0))]
+    #[error("credentials were rejected (401): {0}")]
     Unauthorized(#[source] Arc<kube::Error>),
-}
-
-fn shown(e: &kube::Error) -> String {
-    crate::scrub::scrub(&e.to_string())
 }
 
 pub fn classify(e: kube::Error) -> IdentityError {

@@ -387,12 +387,12 @@ pub(super) fn current(
     (cluster, user)
 }
 
-/// Why no client could be built from a validated kubeconfig; the text is scrubbed when shown.
+/// Why no client could be built from a validated kubeconfig; the text is scrubbed where it is printed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{}", scrub(&.0.to_string()))]
+    #[error("{0}")]
     Config(#[source] kube::config::KubeconfigError),
-    #[error("{}", scrub(&.0.to_string()))]
+    #[error("{0}")]
     Client(#[source] kube::Error),
 }
 

@@ -24,7 +24,6 @@ use super::{CredentialError, CredentialPolicy};
 use crate::api::core::SecretKeyRef;
 use crate::api::keys;
 use crate::pass::StatusCode;
-use crate::scrub::scrub;
 use crate::secrets::SecretError;
 
 /// Why the pull did not bring the local Secret in step; the local credential stays in use.
@@ -56,7 +55,7 @@ pub enum RefreshError {
         "the kubeconfig in the Grant's Secret {from} on the provider changes the {what}; rotation by pull accepts only a new token for the same server, certificate authority and TLS server name, so the current one is kept (to move to another endpoint, run kbind bind again with the new kubeconfig)"
     )]
     EndpointChanged { from: String, what: &'static str },
-    #[error("writing the pulled kubeconfig into Secret {secret}: {}", scrub(&source.to_string()))]
+    #[error("writing the pulled kubeconfig into Secret {secret}: {source}")]
     WriteFailed {
         secret: String,
         #[source]

@@ -18,7 +18,6 @@ use kube::{Api, Client};
 use crate::api::core::SchemaSource;
 use crate::api::keys;
 use crate::pass::StatusCode;
-use crate::scrub::scrub;
 use crdpull::{Export, export_of, from_provider_crd};
 use openapi::{DiscoveredVersion, is_builtin_group, synthesize};
 
@@ -43,7 +42,7 @@ fn error(what: &str, e: &kube::Error) -> DiscoveryError {
     let forbidden = e.is_forbidden();
     DiscoveryError {
         forbidden,
-        message: format!("{what}: {}", scrub(&e.to_string())),
+        message: format!("{what}: {}", e),
     }
 }
 
@@ -250,9 +249,7 @@ async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError>
                 d.exports.push(export_of(crd, false));
                 check_size(&d)?;
             }
-            Err(e) => d
-                .skipped
-                .push((format!("{plural}.{group}"), scrub(&e.to_string()))),
+            Err(e) => d.skipped.push((format!("{plural}.{group}"), e.to_string())),
         }
     }
     d.exports.sort_by(|a, b| a.api.name.cmp(&b.api.name));

@@ -13,7 +13,6 @@ use serde_json::Value;
 
 use crate::pass::StatusCode;
 use crate::pass::writes::Writes;
-use crate::scrub::scrub;
 
 use super::plan::{Blocked, Config, GrantPlan, ISSUE_FAILED, PERMISSIONS_NOT_GRANTABLE, Token};
 use super::render::{self, GrantRef, Kind, Slot, object_name};
@@ -71,13 +70,13 @@ fn blocked(kind: &str, is_rbac: bool, name: &str, e: &kube::Error) -> Blocked {
             reason: PERMISSIONS_NOT_GRANTABLE,
             message: format!(
                 "the issuer may not grant what {kind} {name} holds (it can only grant permissions it holds itself): {}",
-                scrub(&e.to_string())
+                e
             ),
         };
     }
     Blocked {
         reason: ISSUE_FAILED,
-        message: format!("writing {kind} {name}: {}", scrub(&e.to_string())),
+        message: format!("writing {kind} {name}: {}", e),
     }
 }
 
@@ -383,12 +382,12 @@ pub async fn revoke(
         match r {
             Ok(()) => writes.data_done(),
             Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(format!("deleting {kind} {name}: {}", scrub(&e.to_string()))),
+            Err(e) => return Err(format!("deleting {kind} {name}: {}", e)),
         }
     }
     delete_leases(client, ns, leases, &format!("revoke Grant {grant}"), writes)
         .await
-        .map_err(|(name, e)| format!("deleting Lease {name}: {}", scrub(&e.to_string())))
+        .map_err(|(name, e)| format!("deleting Lease {name}: {}", e))
 }
 
 /// Body for a status write.

@@ -11,7 +11,6 @@ use crate::api::catalog::Export;
 use crate::api::iam::{Grant, REVOKE_FINALIZER};
 use crate::pass::budget::Exhausted;
 use crate::pass::{PassError, finalizer};
-use crate::scrub::scrub;
 
 use super::plan::{self, Blocked, Pin, Token};
 use super::record::{self, GrantOutcome};
@@ -303,10 +302,7 @@ impl Run<'_> {
                 Err(e) => {
                     outcome.blocked = Some(Blocked {
                         reason: plan::ISSUE_FAILED,
-                        message: format!(
-                            "adding finalizer {REVOKE_FINALIZER}: {}",
-                            scrub(&e.to_string())
-                        ),
+                        message: format!("adding finalizer {REVOKE_FINALIZER}: {}", e),
                     });
                     return Ok(());
                 }

@@ -9,7 +9,7 @@
 //! success time an alert watches for staleness (docs/monitoring.md says which figures are the
 //! last run's and which the last successful run's). A dry run pushes nothing.
 //!
-//! A push that fails only logs a warning (its text scrubbed: no query string, no credentials);
+//! A push that fails only logs a warning (its text scrubbed by the log writer: no query string, no credentials);
 //! it never changes the exit code. It is bounded by `--request-timeout` and by the pass
 //! deadline plus its grace (at least one second, so a pass that used all its time still
 //! reports).

@@ -117,7 +117,7 @@ fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
     move |e| AuthError::Kube {
         what,
         forbidden: e.is_forbidden(),
-        message: crate::scrub::scrub(&e.to_string()),
+        message: e.to_string(),
     }
 }
 
@@ -131,7 +131,7 @@ fn secret_err(what: String, e: crate::secrets::SecretError) -> AuthError {
         } => AuthError::SecretForbidden {
             namespace,
             secret: name,
-            message: crate::scrub::scrub(source.api_message().unwrap_or_default()),
+            message: source.api_message().unwrap_or_default().to_string(),
         },
         crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
         crate::secrets::SecretError::NotFound { name, .. } => AuthError::SecretNotFound(name),

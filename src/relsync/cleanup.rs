@@ -275,9 +275,20 @@ pub(super) async fn clean_up<S: RelationshipStore>(
             "its relationships could not be deleted from SpiceDB, so finalizer {CLEANUP_FINALIZER} stays; the next run retries: {e}"
         ),
     };
-    let failure = crate::scrub::scrub(&failure);
     summary.count("sourcesCleanupFailed", 1);
     tracing::warn!(source = %k, reason = %failure, "deleted source not cleaned up yet");
+    record_failure(ctx, &api, src, &failure, writes).await;
+}
+
+/// `Ready=False CleanupFailed` saying why.
+async fn record_failure(
+    ctx: &PassContext,
+    api: &Api<RelationshipSource>,
+    src: &RelationshipSource,
+    failure: &str,
+    writes: &Mutex<Writes>,
+) {
+    let k = key(src);
     let go = lock(writes).will(
         "apply-status",
         format!("RelationshipSource {k}"),
@@ -288,11 +299,11 @@ pub(super) async fn clean_up<S: RelationshipStore>(
     }
     let now = Timestamp::now();
     match record::apply(
-        &api,
+        api,
         &src.name_any(),
         src,
         &ctx.field_manager(),
-        |prev, generation| record::cleanup_failed(prev, generation, &failure, now),
+        |prev, generation| record::cleanup_failed(prev, generation, failure, now),
     )
     .await
     {

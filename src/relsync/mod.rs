@@ -134,7 +134,7 @@ async fn directory(client: &Client, ns: &str, cfg: &KindConfig) -> Result<Direct
                 message: format!(
                     "reading ConfigMap {:?}: {}",
                     r.name,
-                    crate::scrub::scrub(&e.to_string())
+                    e
                 ),
             },
         })?

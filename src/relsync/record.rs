@@ -109,7 +109,7 @@ pub fn completed_cycle(rec: &PassRecord) -> bool {
 }
 
 /// The status of a deleting source whose cleanup could not finish: `Ready=False`
-/// `CleanupFailed` with the (scrubbed) reason; nothing else changes. The same failure again
+/// `CleanupFailed` with the reason (scrubbed as every condition message is); nothing else changes. The same failure again
 /// yields the same status, so a retry that fails the same way writes nothing.
 pub fn cleanup_failed(
     prev: Option<&RelationshipSourceStatus>,
@@ -118,9 +118,8 @@ pub fn cleanup_failed(
     now: Timestamp,
 ) -> RelationshipSourceStatus {
     let mut st = prev.cloned().unwrap_or_default();
-    let message = crate::scrub::scrub(message);
     st.conditions
-        .set_condition(READY, S::False, CLEANUP_FAILED, &message, generation, now);
+        .set_condition(READY, S::False, CLEANUP_FAILED, message, generation, now);
     st
 }
 
@@ -191,19 +190,10 @@ fn set_conditions(
 ) {
     match &rec.outcome {
         Outcome::Refused { reason, message } | Outcome::EnumerationFailed { reason, message } => {
-            let message = crate::scrub::scrub(message);
-            c.set_condition(READY, S::False, reason, &message, generation, now);
+            c.set_condition(READY, S::False, reason, message, generation, now);
         }
         Outcome::OutOfTime { message } => {
-            let message = crate::scrub::scrub(message);
-            c.set_condition(
-                READY,
-                S::False,
-                DEADLINE_EXCEEDED,
-                &message,
-                generation,
-                now,
-            );
+            c.set_condition(READY, S::False, DEADLINE_EXCEEDED, message, generation, now);
         }
         Outcome::Ran => {
             let msg = if rec.scoped {

@@ -157,7 +157,7 @@ async fn resolve(
         .map_err(|e| refusal(e.reason(), e.to_string()))?;
     let dir = directory(&ctx.client, &ns, &cfg).await?;
     let kind = kinds::build(&cfg, &cred, upstreams, turn.clone())
-        .map_err(|e| refusal("InvalidConfig", crate::scrub::scrub(&e.to_string())))?;
+        .map_err(|e| refusal("InvalidConfig", e.to_string()))?;
     Ok(Resolved { cred, dir, kind })
 }
 
@@ -211,7 +211,7 @@ impl SourceRun<'_> {
     /// The record of a source whose enumeration failed (or was cut off by its turn).
     fn enumeration_failed(&self, e: &kinds::KindError) -> PassRecord {
         let reason = e.enumeration_reason();
-        let msg = crate::scrub::scrub(&self.cred.token.redact(&e.to_string()));
+        let msg = self.cred.token.redact(&e.to_string());
         let mut rec = refused(false, reason, format!("enumerating scopes: {msg}"));
         rec.errors = vec![sample("", &msg)];
         if e.stops_pass() {

@@ -25,7 +25,6 @@ use crate::pass::StatusCode;
 use crate::pass::events::EventType;
 use crate::pass::finalizer::release;
 use crate::pass::writes::Writes;
-use crate::scrub::scrub;
 
 mod orphans;
 pub use orphans::{mark_orphaned, orphan};
@@ -262,10 +261,10 @@ async fn failed(
     e: &kube::Error,
 ) -> Outcome {
     let o = classify(e);
-    let msg = scrub(&match e {
+    let msg = match e {
         kube::Error::Api(s) => s.message.clone(),
         e => e.to_string(),
-    });
+    };
     let (reason, note) = match o {
         Outcome::Denied | Outcome::Unpinned => (
             "PermissionDenied",

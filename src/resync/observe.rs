@@ -268,9 +268,7 @@ async fn secret_unreadable(ctx: &PassContext, conn: &Connection, e: &SecretError
     let cause = e.kube_source().map(ToString::to_string).unwrap_or_default();
     let note = format!(
         "kbind resync could not read Secret {}/{}: {}",
-        r.namespace,
-        r.name,
-        crate::scrub::scrub(&cause)
+        r.namespace, r.name, cause
     );
     tracing::warn!(connection = %conn.name_any(), reason, note = %note, "not syncing");
     ctx.recorder

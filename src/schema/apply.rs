@@ -23,7 +23,6 @@ use crate::pass::concurrency::InFlight;
 use crate::pass::finalizer;
 use crate::pass::status::{apply_status, retry_on_conflict};
 use crate::pass::writes::Writes;
-use crate::scrub::scrub;
 
 mod crds;
 use crds::apply_autobind;

@@ -310,17 +310,7 @@ async fn reconcile(
         teardown::connection(apply::world_view(world), &conn, writes).await?;
         return Ok((false, None));
     }
-    if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
-        let api = Api::<Connection>::all(world.client.clone());
-        let what = format!("Connection {name}");
-        let written = apply::add_finalizer(world, &api, (&name, None), what, writes).await?;
-        // Our own write moved its resourceVersion; the status write below is preconditioned on
-        // the version this pass observed, which would now always conflict (and cost a re-read
-        // and a second status write). Same generation: the spec observed is still the spec.
-        if let Some(w) = written.filter(|w| w.meta().generation == conn.meta().generation) {
-            conn.metadata.resource_version = w.metadata.resource_version;
-        }
-    }
+    hold_with_finalizer(world, &mut conn, writes).await?;
     let conn = &conn;
 
     // Observe the provider: credentials, then (once they work) identity and discovery.
@@ -356,15 +346,7 @@ async fn reconcile(
     {
         observed.discovery = Some(memo.discover(p, conn.spec.schema.source).await);
     }
-    // From the second empty discovery in a row (when autoBind would delete the binding): which
-    // CRDs its teardown would delete still hold objects.
-    if let Some(b) = autobind_binding(world, conn).filter(|_| conn.spec.auto_bind)
-        && observed.exports().is_some_and(|d| d.exports.is_empty())
-        && status.empty_discoveries.unwrap_or(0) >= 1
-    {
-        let crds = teardown::crds_to_delete(b, &world.bindings, &world.crds);
-        observed.holding = observe::holding(&world.client, crds.iter().map(|(n, _)| *n)).await;
-    }
+    observed.holding = autobind_holding(world, conn, &observed).await;
 
     // Plan and apply the consumer CRD writes (the bindings they serve hold the cleanup
     // finalizer first), then plan the statuses and record them.
@@ -385,6 +367,57 @@ async fn reconcile(
     }
     let (autobind, autobind_uid) = autobind_view(world, conn);
     let plan = plan::plan_status(&observed, &actions, &outcomes, autobind, Timestamp::now());
+    exports_withdrawn(ctx, conn, &plan).await;
+    let after = plan::crds_after(&observed, &actions, &outcomes);
+    drop(observed);
+    world.crds = after;
+    apply::record(world, conn, &status, &plan, autobind_uid, writes).await
+}
+
+/// From the second empty discovery in a row (when autoBind would delete the binding): which
+/// CRDs its teardown would delete still hold objects.
+async fn autobind_holding(
+    world: &World,
+    conn: &Connection,
+    observed: &Observed<'_>,
+) -> BTreeMap<String, plan::Holding> {
+    match autobind_binding(world, conn).filter(|_| conn.spec.auto_bind) {
+        Some(b)
+            if observed.exports().is_some_and(|d| d.exports.is_empty())
+                && observed.status.empty_discoveries.unwrap_or(0) >= 1 =>
+        {
+            let crds = teardown::crds_to_delete(b, &world.bindings, &world.crds);
+            observe::holding(&world.client, crds.iter().map(|(n, _)| *n)).await
+        }
+        _ => BTreeMap::new(),
+    }
+}
+
+/// The Connection carries the cleanup finalizer before anything is written for it.
+async fn hold_with_finalizer(
+    world: &World,
+    conn: &mut Connection,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    if finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
+        return Ok(());
+    }
+    let name = conn.name_any();
+    let api = Api::<Connection>::all(world.client.clone());
+    let what = format!("Connection {name}");
+    let written = apply::add_finalizer(world, &api, (&name, None), what, writes).await?;
+    // Our own write moved its resourceVersion; the status write after reconcile is
+    // preconditioned on the version this pass observed, which would now always conflict (and
+    // cost a re-read and a second status write). Same generation: the spec observed is still
+    // the spec.
+    if let Some(w) = written.filter(|w| w.meta().generation == conn.meta().generation) {
+        conn.metadata.resource_version = w.metadata.resource_version;
+    }
+    Ok(())
+}
+
+/// The `ExportsWithdrawn` Warning Event, when the planned status carries that AutoBind condition.
+async fn exports_withdrawn(ctx: &PassContext, conn: &Connection, plan: &plan::StatusPlan) {
     if let Some(note) = plan::exports_withdrawn(&plan.connection) {
         ctx.recorder
             .publish(
@@ -395,10 +428,6 @@ async fn reconcile(
             )
             .await;
     }
-    let after = plan::crds_after(&observed, &actions, &outcomes);
-    drop(observed);
-    world.crds = after;
-    apply::record(world, conn, &status, &plan, autobind_uid, writes).await
 }
 
 /// What autoBind has to work with, and the UID of the ClusterBinding it maintains (if any).

@@ -269,7 +269,7 @@ fn short_reason(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
         other => {
-            let text = crate::scrub::scrub(&other.to_string());
+            let text = other.to_string();
             text.chars().take(80).collect()
         }
     }

@@ -33,7 +33,8 @@ pub struct View<'a> {
     pub bindings: &'a [BindingObj],
 }
 
-/// A deleting Connection.
+/// A deleting Connection: its autoBind ClusterBinding goes, then it waits for the bindings
+/// it serves; once none remain its Secret (unless shared) and itself lose the finalizer.
 pub async fn connection(
     v: View<'_>,
     conn: &Connection,
@@ -43,26 +44,7 @@ pub async fn connection(
     if !finalizer::has(conn.meta().finalizers.as_ref(), keys::CLEANUP_FINALIZER) {
         return Ok(());
     }
-    let uid = conn.uid().unwrap_or_default();
-    let autobind = v.bindings.iter().find(|b| {
-        b.view.key.namespace.is_none() && b.view.key.name == name && b.owner_uids.contains(&uid)
-    });
-    if let Some(ab) = autobind
-        && !ab.view.deleting
-        && writes.will(
-            "delete",
-            format!("ClusterBinding {name}"),
-            "autoBind binding of a deleted Connection",
-        )
-        && delete_observed(
-            &Api::<ClusterBinding>::all(v.client.clone()),
-            &name,
-            &ab.uid,
-        )
-        .await?
-    {
-        writes.data_done();
-    }
+    delete_autobind(&v, conn, writes).await?;
     // A Binding the Connection does not serve never holds it: it got nothing through it, and
     // once the Connection is gone its own teardown touches only consumer objects. So a tenant
     // cannot keep a Connection from being deleted (docs/operations.md "Deleting a Connection").
@@ -74,36 +56,7 @@ pub async fn connection(
         .collect();
     let conns: Api<Connection> = Api::all(v.client.clone());
     if !remaining.is_empty() {
-        let mut st = conn.status.clone().unwrap_or_default();
-        let msg = format!(
-            "deletion waits for bindings that reference this Connection: {}",
-            remaining.join(", ")
-        );
-        if st.conditions.set_condition(
-            READY,
-            S::False,
-            "BindingsRemain",
-            &msg,
-            conn.meta().generation,
-            Timestamp::now(),
-        ) && writes.will(
-            "apply-status",
-            format!("Connection {name}"),
-            "Ready=False BindingsRemain",
-        ) {
-            // The whole owned status: a server-side apply drops owned fields it omits.
-            let value = serde_json::to_value(&st).unwrap_or_default();
-            apply_status(
-                &conns,
-                &name,
-                v.manager,
-                value,
-                conn.resource_version().as_deref(),
-            )
-            .await?;
-            writes.bookkeeping_done();
-        }
-        return Ok(());
+        return bindings_remain(&v, &conns, conn, &remaining, writes).await;
     }
     let r = &conn.spec.kubeconfig_secret_ref;
     let secret_shared = v.connections.iter().any(|c| {
@@ -141,6 +94,78 @@ pub async fn connection(
             v.manager,
             keys::CLEANUP_FINALIZER,
             false,
+        )
+        .await?;
+        writes.bookkeeping_done();
+    }
+    Ok(())
+}
+
+/// The ClusterBinding autoBind made for this Connection (named after it, owned by it) goes
+/// with it.
+async fn delete_autobind(
+    v: &View<'_>,
+    conn: &Connection,
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = conn.name_any();
+    let uid = conn.uid().unwrap_or_default();
+    let autobind = v.bindings.iter().find(|b| {
+        b.view.key.namespace.is_none() && b.view.key.name == name && b.owner_uids.contains(&uid)
+    });
+    if let Some(ab) = autobind
+        && !ab.view.deleting
+        && writes.will(
+            "delete",
+            format!("ClusterBinding {name}"),
+            "autoBind binding of a deleted Connection",
+        )
+        && delete_observed(
+            &Api::<ClusterBinding>::all(v.client.clone()),
+            &name,
+            &ab.uid,
+        )
+        .await?
+    {
+        writes.data_done();
+    }
+    Ok(())
+}
+
+/// The deletion waits: `Ready=False BindingsRemain` names the bindings it waits for.
+async fn bindings_remain(
+    v: &View<'_>,
+    conns: &Api<Connection>,
+    conn: &Connection,
+    remaining: &[String],
+    writes: &mut Writes,
+) -> Result<(), kube::Error> {
+    let name = conn.name_any();
+    let mut st = conn.status.clone().unwrap_or_default();
+    let msg = format!(
+        "deletion waits for bindings that reference this Connection: {}",
+        remaining.join(", ")
+    );
+    if st.conditions.set_condition(
+        READY,
+        S::False,
+        "BindingsRemain",
+        &msg,
+        conn.meta().generation,
+        Timestamp::now(),
+    ) && writes.will(
+        "apply-status",
+        format!("Connection {name}"),
+        "Ready=False BindingsRemain",
+    ) {
+        // The whole owned status: a server-side apply drops owned fields it omits.
+        let value = serde_json::to_value(&st).unwrap_or_default();
+        apply_status(
+            conns,
+            &name,
+            v.manager,
+            value,
+            conn.resource_version().as_deref(),
         )
         .await?;
         writes.bookkeeping_done();

@@ -103,42 +103,7 @@ fn kind_cells(
                 why,
             ]],
         ),
-        Facts::RelationshipSource {
-            source_kind,
-            last_sync_time,
-            enum_complete,
-            resume_after,
-            scopes_processed,
-            scope_errors,
-        } => {
-            let cycle = if *enum_complete {
-                "complete".to_string()
-            } else if resume_after.is_empty() {
-                "started".to_string()
-            } else {
-                format!("after {resume_after}")
-            };
-            (
-                &[
-                    "KIND",
-                    "READY",
-                    "LAST-SYNC",
-                    "CYCLE",
-                    "SCOPES",
-                    "ERRORS",
-                    "REASON",
-                ],
-                vec![vec![
-                    source_kind.clone(),
-                    ready,
-                    last_sync_time.clone().unwrap_or_else(|| "-".into()),
-                    cycle,
-                    scopes_processed.to_string(),
-                    scope_errors.to_string(),
-                    why,
-                ]],
-            )
-        }
+        Facts::RelationshipSource { .. } => source_cells(facts, ready, why),
         Facts::Grant {
             workspace,
             provider,
@@ -164,40 +129,97 @@ fn kind_cells(
             ]],
         ),
         Facts::Collection { exports } => (&["EXPORTS"], vec![vec![exports.join(",")]]),
-        Facts::IssuedGrant {
-            consumer,
-            export,
-            collection,
-            expires_at,
-            consumer_cluster,
-        } => {
-            let target = match (export, collection) {
-                (Some(e), _) => format!("export/{e}"),
-                (None, Some(c)) => format!("collection/{c}"),
-                (None, None) => "-".into(),
-            };
-            (
-                &[
-                    "READY",
-                    "CONSUMER",
-                    "FOR",
-                    "EXPIRES",
-                    "CONSUMER-CLUSTER",
-                    "REASON",
-                ],
-                vec![vec![
-                    ready,
-                    consumer.clone(),
-                    target,
-                    expires_at.clone().unwrap_or_else(|| "-".into()),
-                    consumer_cluster
-                        .clone()
-                        .unwrap_or_else(|| "not-pinned".into()),
-                    why,
-                ]],
-            )
-        }
+        Facts::IssuedGrant { .. } => issued_grant_cells(facts, ready, why),
     }
+}
+
+/// A RelationshipSource's columns and row ([`kind_cells`]).
+fn source_cells(
+    facts: &Facts,
+    ready: String,
+    why: String,
+) -> (&'static [&'static str], Vec<Vec<String>>) {
+    let Facts::RelationshipSource {
+        source_kind,
+        last_sync_time,
+        enum_complete,
+        resume_after,
+        scopes_processed,
+        scope_errors,
+    } = facts
+    else {
+        return (&[], Vec::new());
+    };
+    let cycle = if *enum_complete {
+        "complete".to_string()
+    } else if resume_after.is_empty() {
+        "started".to_string()
+    } else {
+        format!("after {resume_after}")
+    };
+    (
+        &[
+            "KIND",
+            "READY",
+            "LAST-SYNC",
+            "CYCLE",
+            "SCOPES",
+            "ERRORS",
+            "REASON",
+        ],
+        vec![vec![
+            source_kind.clone(),
+            ready,
+            last_sync_time.clone().unwrap_or_else(|| "-".into()),
+            cycle,
+            scopes_processed.to_string(),
+            scope_errors.to_string(),
+            why,
+        ]],
+    )
+}
+
+/// An issued Grant's columns and row ([`kind_cells`]).
+fn issued_grant_cells(
+    facts: &Facts,
+    ready: String,
+    why: String,
+) -> (&'static [&'static str], Vec<Vec<String>>) {
+    let Facts::IssuedGrant {
+        consumer,
+        export,
+        collection,
+        expires_at,
+        consumer_cluster,
+    } = facts
+    else {
+        return (&[], Vec::new());
+    };
+    let target = match (export, collection) {
+        (Some(e), _) => format!("export/{e}"),
+        (None, Some(c)) => format!("collection/{c}"),
+        (None, None) => "-".into(),
+    };
+    (
+        &[
+            "READY",
+            "CONSUMER",
+            "FOR",
+            "EXPIRES",
+            "CONSUMER-CLUSTER",
+            "REASON",
+        ],
+        vec![vec![
+            ready,
+            consumer.clone(),
+            target,
+            expires_at.clone().unwrap_or_else(|| "-".into()),
+            consumer_cluster
+                .clone()
+                .unwrap_or_else(|| "not-pinned".into()),
+            why,
+        ]],
+    )
 }
 
 /// A binding's rows: one per bound API, or one row of dashes when it binds none yet.

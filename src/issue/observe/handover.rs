@@ -14,7 +14,6 @@ use crate::api::iam::{APPROVE_HANDOVER, Grant};
 use crate::api::keys::CONSUMER_CLUSTER;
 use crate::issue::record::CONSUMER_PINNED;
 use crate::pass::{StatusCode, list};
-use crate::scrub::scrub;
 
 use super::super::plan::handover::{Finding, Look, Target, counts, looks, namespace_defaults};
 use super::super::plan::{Catalog, Issued, Tenancy, resolve};
@@ -155,10 +154,7 @@ async fn look_at(
             }
             Ok(None) => {}
             Err(e) => {
-                return Some(Finding::Unchecked(format!(
-                    "listing {what}: {}",
-                    scrub(&e.to_string())
-                )));
+                return Some(Finding::Unchecked(format!("listing {what}: {}", e)));
             }
         }
     }
@@ -247,10 +243,7 @@ pub(super) async fn discovered(
             Err(kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_))) => None,
             Err(e) if e.is_not_found() => None,
             Err(e) => {
-                return Err(format!(
-                    "discovering API group {group:?}: {}",
-                    scrub(&e.to_string())
-                ));
+                return Err(format!("discovering API group {group:?}: {}", e));
             }
         };
         groups.insert(group.to_string(), g);

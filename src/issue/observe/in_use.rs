@@ -9,7 +9,6 @@ use kube::{Api, Client};
 
 use crate::api::iam::Grant;
 use crate::issue::IssueError;
-use crate::scrub::scrub;
 
 use super::super::plan::{Catalog, Holder, Issued};
 use super::super::render::Kind;
@@ -75,7 +74,7 @@ pub(super) async fn in_use(
             let found = match source {
                 Ok(ar) => first_carrying(client, ar, &uid, grants_ns)
                     .await
-                    .map_err(|e| format!("listing {what}: {}", scrub(&e.to_string()))),
+                    .map_err(|e| format!("listing {what}: {}", e)),
                 Err(why) => Err(why.clone()),
             };
             match found {

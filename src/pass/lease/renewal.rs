@@ -142,13 +142,13 @@ impl Renewer {
 
     /// Write a new renewTime over the Lease as last seen. A conflict re-reads it: still ours
     /// (our own earlier write landed, or only annotations changed), it is written again.
-    /// `Err` is a failure that says nothing about who holds the Lease (scrubbed text).
+    /// `Err` is a failure that says nothing about who holds the Lease (its text, scrubbed where it is printed).
     async fn renew_once(&mut self) -> Result<Renewed, String> {
-        let scrubbed = |e: kube::Error| crate::scrub::scrub(&e.to_string());
+        let text = |e: kube::Error| e.to_string();
         for _ in 0..3 {
             let mut lease = match self.last.take() {
                 Some(l) => l,
-                None => match self.api.get_opt(&self.name).await.map_err(scrubbed)? {
+                None => match self.api.get_opt(&self.name).await.map_err(text)? {
                     Some(l) => l,
                     None => return Ok(Renewed::Lost(format!("{} was deleted", self.what))),
                 },
@@ -188,7 +188,7 @@ impl Renewer {
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     return Ok(Renewed::Lost(format!("{} was deleted", self.what)));
                 }
-                Err(e) => return Err(scrubbed(e)),
+                Err(e) => return Err(text(e)),
             }
         }
         Err(format!("{} kept changing while being renewed", self.what))

@@ -189,7 +189,7 @@ impl Get<'_> {
         if *transient > TRANSIENT_RETRIES {
             return Err(KindError::Transport {
                 method: self.method.to_string(),
-                message: crate::scrub::scrub(&format!("GET {}: {message}", self.bare)),
+                message: format!("GET {}: {message}", self.bare),
             });
         }
         if self.http.pacer.turn().would_cross(wait) {

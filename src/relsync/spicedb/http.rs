@@ -186,7 +186,7 @@ fn parse_delete(v: &Value) -> Result<(u64, bool), SpiceError> {
     Ok((n, partial))
 }
 
-/// Shorten an error body for a message (it may quote our request; scrubbed by callers).
+/// Shorten an error body for a message (it may quote our request; scrubbed where it is printed).
 fn body_message(body: &str) -> String {
     serde_json::from_str::<Value>(body)
         .ok()
@@ -266,7 +266,7 @@ impl HttpStore {
             let message = match read_capped(resp, self.max_bytes).await {
                 Ok(b) => body_message(&String::from_utf8_lossy(&b)),
                 Err(UpstreamError::TooLarge { .. }) => "(an error answer too large to read)".into(),
-                Err(e) => crate::scrub::scrub(&e.to_string()),
+                Err(e) => e.to_string(),
             };
             return Err(SpiceError::Http {
                 what,

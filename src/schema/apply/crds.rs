@@ -105,9 +105,9 @@ async fn apply_crd(
             CrdOutcome::Done
         }
         Err(e) if e.is_forbidden() => {
-            CrdOutcome::Forbidden(scrub(e.api_message().unwrap_or_default()))
+            CrdOutcome::Forbidden(e.api_message().unwrap_or_default().to_string())
         }
-        Err(e) => CrdOutcome::Failed(scrub(&e.to_string())),
+        Err(e) => CrdOutcome::Failed(e.to_string()),
     }
 }
 
