@@ -174,81 +174,65 @@ async fn send(
         .map_err(|_| PushError::Timeout(bound))?
 }
 
+/// One sample: its label (name and value), if any, and its value.
+type Sample<'a> = (Option<(&'a str, &'a str)>, f64);
+
 /// The summary's figures in the text exposition format: gauges (each is this run's figure, not
 /// a running total, hence no `_total`), `last_success` only when given.
 pub fn exposition(summary: &Summary, code: i32, last_success: Option<f64>) -> String {
     let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, samples: &[(Option<(&str, &str)>, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (label, value) in samples {
-            match label {
-                Some((k, v)) => {
-                    let _ = writeln!(out, "{name}{{{k}=\"{}\"}} {value}", escape(v));
-                }
-                None => {
-                    let _ = writeln!(out, "{name} {value}");
-                }
-            }
-        }
-    };
-    let plain = |v: f64| [(None, v)];
-    gauge(
-        "kbind_pass_duration_seconds",
-        "How long the last run took.",
-        &plain(summary.duration_seconds),
-    );
-    gauge(
-        "kbind_pass_data_writes",
-        "Data writes the last run made (instances, CRDs, binding specs, APIBindings, relationships).",
-        &plain(summary.data_writes as f64),
-    );
-    gauge(
-        "kbind_pass_bookkeeping_writes",
-        "Bookkeeping writes the last run made (Leases, status).",
-        &plain(summary.bookkeeping_writes as f64),
-    );
-    gauge(
-        "kbind_pass_requests",
-        "Requests the last run sent to its own cluster.",
-        &plain(summary.requests as f64),
-    );
-    gauge(
-        "kbind_pass_exit_code",
-        "Exit code of the last run (0 ok, 1 failed, 2 configuration error).",
-        &plain(f64::from(code)),
-    );
-    let mut outcomes: Vec<(Option<(&str, &str)>, f64)> = OUTCOMES
-        .iter()
-        .map(|o| {
-            (
-                Some(("outcome", *o)),
-                f64::from(u8::from(summary.outcome.as_str() == *o)),
-            )
-        })
-        .collect();
-    if !OUTCOMES.contains(&summary.outcome.as_str()) {
-        outcomes.push((Some(("outcome", summary.outcome.as_str())), 1.0));
+    let plain = [
+        (
+            "kbind_pass_duration_seconds",
+            "How long the last run took.",
+            summary.duration_seconds,
+        ),
+        (
+            "kbind_pass_data_writes",
+            "Data writes the last run made (instances, CRDs, binding specs, APIBindings, relationships).",
+            summary.data_writes as f64,
+        ),
+        (
+            "kbind_pass_bookkeeping_writes",
+            "Bookkeeping writes the last run made (Leases, status).",
+            summary.bookkeeping_writes as f64,
+        ),
+        (
+            "kbind_pass_requests",
+            "Requests the last run sent to its own cluster.",
+            summary.requests as f64,
+        ),
+        (
+            "kbind_pass_exit_code",
+            "Exit code of the last run (0 ok, 1 failed, 2 configuration error).",
+            f64::from(code),
+        ),
+    ];
+    for (name, help, value) in plain {
+        gauge(&mut out, name, help, &[(None, value)]);
     }
     gauge(
+        &mut out,
         "kbind_pass_outcome",
         "1 for the outcome of the last run, 0 for the others.",
-        &outcomes,
+        &outcomes(summary),
     );
     if let Some(rss) = summary.peak_rss_bytes {
         gauge(
+            &mut out,
             "kbind_pass_peak_rss_bytes",
             "Peak resident memory of the last run.",
-            &plain(rss as f64),
+            &[(None, rss as f64)],
         );
     }
     if !summary.counts.is_empty() {
-        let counts: Vec<(Option<(&str, &str)>, f64)> = summary
+        let counts: Vec<Sample<'_>> = summary
             .counts
             .iter()
             .map(|(k, v)| (Some(("name", k.as_str())), *v as f64))
             .collect();
         gauge(
+            &mut out,
             "kbind_pass_count",
             "The pass's own counts (objects seen, conflicts, scopes, ...) from the last run that reported them.",
             &counts,
@@ -256,12 +240,42 @@ pub fn exposition(summary: &Summary, code: i32, last_success: Option<f64>) -> St
     }
     if let Some(t) = last_success {
         gauge(
+            &mut out,
             "kbind_last_success_timestamp_seconds",
             "When the last successful run (completed or partial) ended, in Unix seconds.",
-            &plain(t),
+            &[(None, t)],
         );
     }
     out
+}
+
+/// One sample per known outcome, 1 for this run's (an unknown one is added).
+fn outcomes(summary: &Summary) -> Vec<Sample<'_>> {
+    let mine = summary.outcome.as_str();
+    let mut samples: Vec<Sample<'_>> = OUTCOMES
+        .iter()
+        .map(|o| (Some(("outcome", *o)), f64::from(u8::from(mine == *o))))
+        .collect();
+    if !OUTCOMES.contains(&mine) {
+        samples.push((Some(("outcome", mine)), 1.0));
+    }
+    samples
+}
+
+/// A gauge family: its HELP and TYPE lines, then its samples.
+fn gauge(out: &mut String, name: &str, help: &str, samples: &[Sample<'_>]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (label, value) in samples {
+        match label {
+            Some((k, v)) => {
+                let _ = writeln!(out, "{name}{{{k}=\"{}\"}} {value}", escape(v));
+            }
+            None => {
+                let _ = writeln!(out, "{name} {value}");
+            }
+        }
+    }
 }
 
 /// A label value as the text format writes it: backslash, double quote and newline escaped.

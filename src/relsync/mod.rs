@@ -206,13 +206,33 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
     cleanup::add_finalizers(&ctx, &mut mine, &writes).await?;
 
     let order = due_order(&args, &mine, &mut summary);
+    let stopped = sync_due(&ctx, &args, &store, (&mine, order), &writes, &mut summary).await?;
+    let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
+    let stopped = stopped.map(|why| crate::pass::Stopped {
+        message: format!("stopped early ({why}); the next run continues"),
+        resume_after: None,
+    });
+    summary.finish(w, stopped);
+    Ok(summary)
+}
+
+/// Sync the due sources in `order`, each with an equal share of what is left of the deadline;
+/// returns why the run stopped early, if it did.
+async fn sync_due(
+    ctx: &PassContext,
+    args: &RelsyncArgs,
+    store: &HttpStore,
+    (mine, order): (&[RelationshipSource], Vec<String>),
+    writes: &Mutex<Writes>,
+    summary: &mut Summary,
+) -> Result<Option<String>, PassError> {
     let upstreams = Upstreams {
         slack_api_url: args.slack_api_url.clone(),
         rate: ratelimit::Rate {
             pace: args.pace,
             scale: args.upstream_rate_scale,
         },
-        limits: limits::Limits::of(&ctx, &args),
+        limits: limits::Limits::of(ctx, args),
     };
     let mut stopped = None;
     let mut out_of_share = 0;
@@ -232,17 +252,15 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
         let turn = Arc::new(limits::Turn::new(ctx.budget.clone(), share));
         tracing::debug!(source = %k, share = ?turn.share(), "source's turn");
         let (rec, throttles) =
-            source::sync_source(&ctx, &args, &store, &upstreams, src, &writes, turn.clone())
-                .await?;
+            source::sync_source(ctx, args, store, &upstreams, src, writes, turn.clone()).await?;
         if turn.remaining().is_zero() && ctx.budget.check().is_ok() {
             summary.count("sourcesOutOfShare", 1);
             out_of_share += 1;
         }
         summary.count("upstreamThrottles", throttles as i64);
-        count_source(&mut summary, &k, &rec);
-        record_source(&ctx, src, &rec, &writes).await?;
+        count_source(summary, &k, &rec);
+        record_source(ctx, src, &rec, writes).await?;
     }
-    let w = writes.into_inner().unwrap_or_else(|e| e.into_inner());
     if stopped.is_none()
         && let Err(why) = ctx.budget.check()
     {
@@ -253,12 +271,7 @@ pub async fn run(ctx: PassContext, args: RelsyncArgs) -> Result<Summary, PassErr
             "{out_of_share} source(s) used up their share of the deadline"
         ));
     }
-    let stopped = stopped.map(|why| crate::pass::Stopped {
-        message: format!("stopped early ({why}); the next run continues"),
-        resume_after: None,
-    });
-    summary.finish(w, stopped);
-    Ok(summary)
+    Ok(stopped)
 }
 
 /// The SpiceDB store, its requests ending with the pass. Upstream work stops where the budget

@@ -180,34 +180,7 @@ async fn write(
                 "metadata": {"name": name, "namespace": ns, "finalizers": []}});
             release(&consumer, &name, &body, FINALIZER_MANAGER, keys::SYNCER_FINALIZER).await
         }
-        Action::Create => match create(&provider.client, &prov, api, obj, &provider.local_uid).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_conflict() => {
-                // A name we did not list as ours: classify it with one GET.
-                let existing = prov.get_opt(&name).await.ok().flatten();
-                let own = existing.as_ref().map(|e| ownership(&super::observe::provider_obj(e), &provider.local_uid, obj, &Default::default()));
-                match own {
-                    Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => apply_spec(&prov, api, obj, &provider.local_uid).await,
-                    Some(Ownership::Unmarked) => {
-                        mark_conflict(ctx, &consumer, api, obj, FOREIGN_OBJECT_EXISTS).await;
-                        conflict = true;
-                        Ok(())
-                    }
-                    Some(Ownership::FromRecreatedNamespace) => {
-                        mark_conflict(ctx, &consumer, api, obj, keys::NAMESPACE_RECREATED).await;
-                        conflict = true;
-                        Ok(())
-                    }
-                    Some(_) => {
-                        mark_conflict(ctx, &consumer, api, obj, OWNED_BY_ANOTHER).await;
-                        conflict = true;
-                        Ok(())
-                    }
-                    None => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        },
+        Action::Create => create_or_mark(s, obj, (&prov, &consumer), policy).await.map(|c| conflict = c),
         Action::UpdateSpec => apply_spec(&prov, api, obj, &provider.local_uid).await,
         Action::StatusDown(status) => {
             let body = json!({"apiVersion": api.resource.api_version, "kind": api.resource.kind,
@@ -250,6 +223,44 @@ async fn write(
             Outcome::Done
         }
     })
+}
+
+/// Create the provider copy. A name already taken by an object not listed as ours is classified
+/// with one GET: adopted under `conflictPolicy: Adopt` when unmarked, else the consumer object
+/// is marked with the conflict. `Ok(true)`: a conflict was marked.
+async fn create_or_mark(
+    s: &ApiSync<'_>,
+    obj: &ConsumerObj,
+    (prov, consumer): (&Api<DynamicObject>, &Api<DynamicObject>),
+    policy: ConflictPolicy,
+) -> Result<bool, kube::Error> {
+    let (ctx, provider, api) = (s.ctx, s.provider, s.api);
+    let e = match create(&provider.client, prov, api, obj, &provider.local_uid).await {
+        Err(e) if e.is_conflict() => e,
+        r => return r.map(|()| false),
+    };
+    let existing = prov.get_opt(&obj.name).await.ok().flatten();
+    let own = existing.as_ref().map(|e| {
+        ownership(
+            &super::observe::provider_obj(e),
+            &provider.local_uid,
+            obj,
+            &Default::default(),
+        )
+    });
+    let reason = match own {
+        Some(Ownership::Unmarked) if policy == ConflictPolicy::Adopt => {
+            return apply_spec(prov, api, obj, &provider.local_uid)
+                .await
+                .map(|()| false);
+        }
+        Some(Ownership::Unmarked) => FOREIGN_OBJECT_EXISTS,
+        Some(Ownership::FromRecreatedNamespace) => keys::NAMESPACE_RECREATED,
+        Some(_) => OWNED_BY_ANOTHER,
+        None => return Err(e),
+    };
+    mark_conflict(ctx, consumer, api, obj, reason).await;
+    Ok(true)
 }
 
 /// Report a failed write (an Event on the consumer object, a log line) and classify it.

@@ -148,23 +148,8 @@ impl Run<'_> {
                 .map(|p| (obj_key(p.namespace.as_deref(), &p.name), p))
                 .collect(),
             Err(e) => {
-                // A forbidden or failed provider read: every covered object counts as denied.
                 tracing::warn!(api = %api.name, error = %e, "listing provider objects failed");
-                self.summary.count("errors", 1);
-                for c in &consumer {
-                    if let Some(b) = covering(
-                        &self.bindings,
-                        &api.name,
-                        &api.connection,
-                        c.namespace.as_deref(),
-                    ) {
-                        self.counts
-                            .entry((b.key.clone(), api.name.clone()))
-                            .or_default()
-                            .denied += 1;
-                        self.unread.insert(b.key.clone());
-                    }
-                }
+                self.provider_unread(api, &consumer);
                 return None;
             }
         };
@@ -172,9 +157,45 @@ impl Run<'_> {
             // Not fatal: the conflicted objects meet their 409 again and stay marked.
             tracing::warn!(api = %api.name, error = %e, "listing provider names for conflicted objects failed");
         }
-        for c in &mut consumer {
-            // Unknown this run (the namespaces could not be listed): our own copy keeps the
-            // namespace it recorded, as an apply without it would drop the marker.
+        self.namespace_uids_of(&mut consumer, &provider_by_key);
+        let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
+        consumer.sort_by_cached_key(|c| obj_key(c.namespace.as_deref(), &c.name));
+        Some(Sides {
+            consumer,
+            provider_by_key,
+            live_uids,
+        })
+    }
+
+    /// A forbidden or failed provider read: every covered object counts as denied, and its
+    /// binding as unread this run.
+    fn provider_unread(&mut self, api: &BoundApi, consumer: &[ConsumerObj]) {
+        self.summary.count("errors", 1);
+        for c in consumer {
+            if let Some(b) = covering(
+                &self.bindings,
+                &api.name,
+                &api.connection,
+                c.namespace.as_deref(),
+            ) {
+                self.counts
+                    .entry((b.key.clone(), api.name.clone()))
+                    .or_default()
+                    .denied += 1;
+                self.unread.insert(b.key.clone());
+            }
+        }
+    }
+
+    /// Each consumer object's namespace UID, for the copy's marker. Unknown this run (the
+    /// namespaces could not be listed): our own copy keeps the namespace it recorded, as an
+    /// apply without it would drop the marker.
+    fn namespace_uids_of(
+        &self,
+        consumer: &mut [ConsumerObj],
+        provider_by_key: &BTreeMap<String, ProviderObj>,
+    ) {
+        for c in consumer {
             c.namespace_uid = c
                 .namespace
                 .as_ref()
@@ -185,13 +206,6 @@ impl Run<'_> {
                         .then(|| p.namespace_marker.clone())?
                 });
         }
-        let live_uids: BTreeSet<String> = consumer.iter().map(|c| c.uid.clone()).collect();
-        consumer.sort_by_cached_key(|c| obj_key(c.namespace.as_deref(), &c.name));
-        Some(Sides {
-            consumer,
-            provider_by_key,
-            live_uids,
-        })
     }
 
     /// The provider side read namespace by namespace, for the namespaces of the consumer objects

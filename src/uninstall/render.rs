@@ -28,14 +28,8 @@ pub fn render(r: &Report, format: Option<OutputFormat>, is_tty: bool) -> String 
     }
 }
 
-fn render_text(r: &Report) -> String {
-    let mut out = String::new();
-    if r.dry_run {
-        out.push_str(
-            "kbind uninstall: dry run, nothing changed. With the kbind CronJobs suspended or \
-             deleted, run `kbind uninstall --yes` to release.\n",
-        );
-    }
+/// The pass Leases held, or why they could not be checked.
+fn leases_text(out: &mut String, r: &Report) {
     for h in &r.leases_held {
         let _ = writeln!(
             out,
@@ -54,6 +48,42 @@ fn render_text(r: &Report) -> String {
     if let Some(e) = &r.lease_check_error {
         let _ = writeln!(out, "warning: the pass Leases could not be checked: {e}");
     }
+}
+
+/// One object's line: what happened to its finalizer, and what a Grant left unrevoked.
+fn object_text(out: &mut String, dry_run: bool, o: &ObjectReport) {
+    let verb = match o.outcome {
+        Outcome::WouldRelease => "would release",
+        Outcome::Released => "released",
+        Outcome::Gone => "gone",
+        Outcome::Failed => "FAILED",
+    };
+    let _ = writeln!(
+        out,
+        "  {verb} {}{}{}",
+        o.key(),
+        if o.deleting { " (deleting)" } else { "" },
+        o.error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    );
+    if let Some(u) = &o.unrevoked
+        && o.outcome != Outcome::Gone
+    {
+        unrevoked_text(out, dry_run || o.outcome == Outcome::Failed, u);
+    }
+}
+
+fn render_text(r: &Report) -> String {
+    let mut out = String::new();
+    if r.dry_run {
+        out.push_str(
+            "kbind uninstall: dry run, nothing changed. With the kbind CronJobs suspended or \
+             deleted, run `kbind uninstall --yes` to release.\n",
+        );
+    }
+    leases_text(&mut out, r);
     let synced = |k: &&KindReport| k.finalizer == keys::SYNCER_FINALIZER;
     let quiet = r
         .kinds
@@ -85,27 +115,7 @@ fn render_text(r: &Report) -> String {
         };
         let _ = writeln!(out, "{} ({}) {}: {tally}", k.kind, k.resource, k.finalizer);
         for o in &k.objects {
-            let verb = match o.outcome {
-                Outcome::WouldRelease => "would release",
-                Outcome::Released => "released",
-                Outcome::Gone => "gone",
-                Outcome::Failed => "FAILED",
-            };
-            let _ = writeln!(
-                out,
-                "  {verb} {}{}{}",
-                o.key(),
-                if o.deleting { " (deleting)" } else { "" },
-                o.error
-                    .as_deref()
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default()
-            );
-            if let Some(u) = &o.unrevoked
-                && o.outcome != Outcome::Gone
-            {
-                unrevoked_text(&mut out, r.dry_run || o.outcome == Outcome::Failed, u);
-            }
+            object_text(&mut out, r.dry_run, o);
         }
     }
     if r.dry_run {
