@@ -1,7 +1,8 @@
 //! Log lines are scrubbed where they leave the process, whatever a call site put in a field (an
-//! error's text, a URL, a message quoting an upstream's answer): every line written to stderr
-//! went through [`crate::scrub`] first (docs/architecture.md "Errors"). A field is also bounded,
-//! so one huge upstream answer cannot flood the log.
+//! error's text, a URL, a message quoting an upstream's answer): every log line, command error
+//! line and panic message written to stderr went through [`crate::scrub`] first
+//! (docs/architecture.md "Errors"); clap's usage errors quote only the command line. A field is
+//! also bounded, so one huge upstream answer cannot flood the log.
 
 use std::io::Write;
 
@@ -58,6 +59,17 @@ impl Drop for Line {
         // Nowhere to report a failed write to stderr.
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
+}
+
+/// A panic's message goes through the scrub too: Rust quotes what it was handling (a string
+/// being sliced, an error being unwrapped) in it.
+pub fn scrub_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!(
+            "kbind panicked: {}",
+            crate::scrub::scrub_bounded(&info.to_string(), LINE_MAX)
+        );
+    }));
 }
 
 /// A command's error line on stderr (`kbind <command>: <error>`), scrubbed and bounded: the one

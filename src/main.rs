@@ -31,7 +31,9 @@ fn init_logging(format: Option<LogFormat>, level: LogLevel) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(kbind::logging::ScrubbedStderr { json });
+        .with_writer(kbind::logging::ScrubbedStderr { json })
+        // It would print an event that failed to format straight to stderr, unscrubbed.
+        .log_internal_errors(false);
     if json {
         builder.json().init();
     } else {
@@ -43,6 +45,7 @@ fn init_logging(format: Option<LogFormat>, level: LogLevel) {
 }
 
 fn main() {
+    kbind::logging::scrub_panics();
     let cli = Cli::parse();
     init_logging(cli.common.log_format, cli.common.log_level);
     std::process::exit(kbind::registry::run(cli.common, cli.command));

@@ -32,7 +32,9 @@ pub fn scrub(text: &str) -> String {
     bound(&strip_secrets(&redact_known(text)), 512)
 }
 
-/// [`scrub`] with another length bound (condition messages keep up to 1 KiB).
+/// [`scrub`] with another length bound (condition messages keep up to 1 KiB). Text cut short
+/// anywhere is scrubbed with this, before the cut: a cut could split a token or a URL's
+/// credentials so that the scrub no longer finds them.
 pub fn scrub_bounded(text: &str, max: usize) -> String {
     bound(&strip_secrets(&redact_known(text)), max)
 }
@@ -149,7 +151,11 @@ fn redact_fields(text: &str) -> String {
     let mut copied = 0;
     let mut i = 0;
     while i < bytes.len() {
-        let Some(name) = FIELDS.iter().find(|f| lower[i..].starts_with(**f)) else {
+        // Bytes, not `str`: `i` steps through multi-byte characters too.
+        let Some(name) = FIELDS
+            .iter()
+            .find(|f| lower.as_bytes()[i..].starts_with(f.as_bytes()))
+        else {
             i += 1;
             continue;
         };
@@ -223,15 +229,19 @@ fn redact_tokens(s: &str) -> String {
             redact_next = false;
             continue;
         }
-        if ["bearer", "basic"]
-            .iter()
-            .any(|k| bare == *k || bare.ends_with(&format!(":{k}")))
-            || bare.ends_with("authorization:")
+        // A value glued to its name (`error=Bearer x`, `error=xoxb-…`: a log field) counts too.
+        if ["bearer", "basic"].iter().any(|k| {
+            bare == *k || bare.ends_with(&format!(":{k}")) || bare.ends_with(&format!("={k}"))
+        }) || bare.ends_with("authorization:")
         {
             redact_next = true;
             out.push(word.to_string());
         } else if is_tokenish(word) {
             out.push(REDACTED.to_string());
+        } else if let Some((name, value)) = word.split_once('=')
+            && is_tokenish(value)
+        {
+            out.push(format!("{name}={REDACTED}"));
         } else {
             out.push(word.to_string());
         }
@@ -264,6 +274,26 @@ fn is_jwt(w: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Text that is not ASCII is scrubbed like any other, never a panic; a token glued to a
+    /// field name (`error=…`, as a text log line prints a field) is found too.
+    #[test]
+    fn unicode_and_glued_values() {
+        let jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0ifQ.c2lnbmF0dXJlLXZhbHVl";
+        let cases = [
+            ("café token=x1y2z3 über", "café token=[REDACTED] über"),
+            ("ééé https://h/ä?q=1 ü", "ééé https://h/ä ü"),
+            ("error=xoxb-1-2 failed", "error=[REDACTED] failed"),
+            (
+                "error=Bearer abc123 failed",
+                "error=Bearer [REDACTED] failed",
+            ),
+            (&format!("error={jwt}"), "error=[REDACTED]"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(scrub(input), want, "{input}");
+        }
+    }
 
     #[test]
     fn table() {

@@ -708,10 +708,12 @@ fn token_of(kubeconfig: &str) -> String {
 }
 
 /// #27 item 3: an upstream whose error text quotes the job's own token, the Connection's token,
-/// a signed URL and a credential field. That text is followed to every place kbind prints:
-/// a Connection's condition (schema, its identity read refused), an Event and the log (resync,
-/// a provider write refused), the summary and the exit (schema, its own Lease and then its own
-/// cluster's identity refused), and the metrics pushed to a real Pushgateway. Each exit gets the error, none gets a secret.
+/// a signed URL, a credential field and a JWT, in text that is not ASCII. That text is followed
+/// to every place kbind prints: a Connection's condition (schema, its identity read refused), an
+/// Event and the log as text (resync, a provider write refused), the summary, the exit and the
+/// JSON log (schema, its own Lease and then its own cluster's identity refused), a command's
+/// error line (kbind status, its listing refused), and the metrics pushed to a real
+/// Pushgateway. Each exit that can carry text gets the error; none gets a secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(feature = "servers"),
@@ -724,9 +726,11 @@ async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
     let provider_token = token_of(&std::fs::read_to_string(&f.fx.env.provider).unwrap());
     const SIGNED: &str = "sig-4be1c0de-never-print";
     const FIELD: &str = "Sh0uldNeverBePrinted";
+    const JWT: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrYmluZC10ZXN0In0.c2lnbmF0dXJlLWVjaG8";
+    // Not ASCII either: the scrub must not trip over it.
     let quoting = |token: &str| {
         format!(
-            "denied: {token} is not known here; see https://help.example/why?sig={SIGNED}#t client_secret={FIELD}"
+            "denied: {token} is not known here — see https://help.example/why?sig={SIGNED}#t client_secret={FIELD}, id {JWT}"
         )
     };
     let refuse = |proxy: &FaultProxy, method: http::Method, path: &str, token: &str| {
@@ -764,12 +768,15 @@ async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
     let e1 = objects.create(&PostParams::default(), &o).await.unwrap();
     let mut printed = Vec::new();
 
-    // An Event and the log: the provider refuses resync's create, quoting the Connection's token.
+    // An Event and the log, as text: the provider refuses resync's create, quoting the
+    // Connection's token.
     refuse(&f.provider, http::Method::POST, "/gizmos", &provider_token);
-    let (code, s, stderr) = f.run_with("resync", &flags).await;
+    let text_flags = [&flags[..], &["--log-format", "text"]].concat();
+    let refused = f.provider.stats.refused();
+    let (code, s, stderr) = f.run_with("resync", &text_flags).await;
     assert_eq!(code, 0, "{s}\n{stderr}");
     assert!(
-        f.provider.stats.refused() >= 1,
+        f.provider.stats.refused() > refused,
         "the create was refused: {s}"
     );
     let note = support::event_note(
@@ -798,9 +805,10 @@ async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
         "/namespaces/kube-system",
         &provider_token,
     );
+    let refused = f.provider.stats.refused();
     let (code, s, stderr) = f.run_with("schema", &flags).await;
     assert!(
-        f.provider.stats.refused() >= 2,
+        f.provider.stats.refused() > refused,
         "the read was refused: {s}\n{stderr}"
     );
     let c = f.fx.conn(&conn).await;
@@ -850,6 +858,23 @@ async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
     printed.push(("the second failed run's log", stderr));
     printed.push(("the second failed run's summary", s.to_string()));
 
+    // A command's error line: kbind status, its listing refused.
+    refuse(
+        &f.consumer,
+        http::Method::GET,
+        "/connections",
+        &consumer_token,
+    );
+    let kc = f.consumer_kubeconfig.to_string_lossy().to_string();
+    let (code, out, stderr) = support::kbind_output(&["status", "--kubeconfig", &kc]).await;
+    f.consumer.refuse(None);
+    assert_ne!(code, 0, "{out}\n{stderr}");
+    assert!(
+        stderr.contains("kbind status: ") && stderr.contains("https://help.example/why"),
+        "the error is on the command's error line: {stderr}"
+    );
+    printed.push(("kbind status's error line", format!("{out}\n{stderr}")));
+
     // The metrics of all four runs, as Prometheus would scrape them.
     let metrics = pgw.scrape_text().await;
     assert!(
@@ -892,6 +917,7 @@ async fn an_error_quoting_secrets_reaches_every_exit_without_them() {
             ("the Connection's token", provider_token.as_str()),
             ("a query string", SIGNED),
             ("a credential field", FIELD),
+            ("a JWT", JWT),
         ] {
             assert!(!text.contains(secret), "{what} reached {exit}: {text}");
         }

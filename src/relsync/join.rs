@@ -36,7 +36,7 @@ impl Directory {
     /// Parse a directory document (YAML or JSON map of email → user id).
     pub fn parse(text: &str) -> Result<Self, DirectoryError> {
         let raw: HashMap<String, String> = serde_saphyr::from_str(text)
-            .map_err(|e| DirectoryError(crate::scrub::bound(&e.to_string(), 200)))?;
+            .map_err(|e| DirectoryError(crate::scrub::scrub_bounded(&e.to_string(), 200)))?;
         Ok(Self::Map(
             raw.into_iter()
                 .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))

@@ -113,9 +113,6 @@ struct Run<'a> {
     namespace_uids: crate::bindings::admission::NamespaceUids,
     /// Quarantined Connections already reported this run.
     reported: BTreeSet<String>,
-    /// Connections skipped this run as quarantined (by name): a deleting binding over one waits,
-    /// its provider copies unmarked yet.
-    quarantined: BTreeSet<String>,
 }
 
 pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, PassError> {
@@ -175,7 +172,9 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         ctx.poison
             .forget_absent("Connection", names.iter().map(String::as_str));
     }
-    run.finish(&client, &apis, &reach.providers, stopped).await
+    let held = run.reach_deleting(&mut reach).await;
+    run.finish(&client, &apis, (&reach.providers, &held), stopped)
+        .await
 }
 
 /// How a run reaches providers: the consumer's Connections, the credential rules, the
@@ -226,7 +225,6 @@ impl<'a> Run<'a> {
             waited_out: i64::MIN,
             namespace_uids: Default::default(),
             reported: BTreeSet::new(),
-            quarantined: BTreeSet::new(),
         }
     }
 }
@@ -303,6 +301,51 @@ impl Run<'_> {
         result
     }
 
+    /// Reach the provider of every deleting binding this run releases, whether or not its sync
+    /// went there (its APIs no longer exported, the run stopped before them): its copies are
+    /// marked through it. Returns the Connections whose bindings must wait: quarantined, or
+    /// not reached before the budget ran out. A Connection that is gone is neither (its
+    /// bindings are released, their copies unmarked).
+    async fn reach_deleting(&mut self, reach: &mut Reach) -> BTreeMap<String, release::Hold> {
+        let ctx = self.ctx;
+        let wanted: BTreeSet<String> = self
+            .bindings
+            .iter()
+            .filter(|b| b.deleting && b.has_cleanup && self.selected.contains(&b.key))
+            .map(|b| b.connection.clone())
+            .filter(|c| !reach.providers.contains_key(c))
+            .collect();
+        let mut held = BTreeMap::new();
+        for name in wanted {
+            let Some(conn) = reach.connections.iter().find(|c| c.name_any() == name) else {
+                continue;
+            };
+            let item = crate::pass::poison::item("Connection", None, &name);
+            let generation = conn.metadata.generation.unwrap_or(0);
+            if ctx.poison.check(&item, generation) == crate::pass::poison::Verdict::Quarantined {
+                held.insert(name, release::Hold::Quarantined);
+                continue;
+            }
+            if ctx.budget.check().is_err() {
+                held.insert(name, release::Hold::OutOfBudget);
+                continue;
+            }
+            ctx.poison.enter(&item, generation).await;
+            let p = observe::connect(
+                ctx,
+                &ctx.client,
+                conn,
+                &reach.policy,
+                &reach.local,
+                &mut self.writes,
+            )
+            .await;
+            ctx.poison.leave(&item);
+            reach.providers.insert(name, p);
+        }
+        held
+    }
+
     /// A quarantined Connection's API is skipped. Resync keeps no condition of its own on a
     /// Connection: the run whose takeover quarantined it says so with a Warning Event.
     async fn quarantined(
@@ -313,7 +356,6 @@ impl Run<'_> {
     ) {
         tracing::warn!(connection = %conn.name_any(), generation, "skipped: two runs in a row died while syncing it (docs/operations.md \"Poison items\")");
         self.summary.count("apisSkippedQuarantined", 1);
-        self.quarantined.insert(conn.name_any());
         if self.ctx.poison.newly_quarantined(item) && self.reported.insert(item.to_string()) {
             let note = format!(
                 "two runs of kbind resync in a row died while syncing through this Connection \
@@ -337,7 +379,10 @@ impl Run<'_> {
         mut self,
         client: &Client,
         apis: &[BoundApi],
-        providers: &HashMap<String, Option<Provider>>,
+        (providers, held): (
+            &HashMap<String, Option<Provider>>,
+            &BTreeMap<String, release::Hold>,
+        ),
         stopped: Option<crate::pass::budget::Exhausted>,
     ) -> Result<Summary, PassError> {
         let released = release::release_deleting_bindings(
@@ -346,7 +391,7 @@ impl Run<'_> {
             &self.bindings,
             &self.selected,
             apis,
-            (providers, &self.quarantined),
+            (providers, held),
             &mut self.writes,
         )
         .await;

@@ -138,7 +138,7 @@ pub fn held_status(b: &BindingRef, now: Timestamp) -> Option<Value> {
     let message = format!(
         "waiting: Connection {} is quarantined (two runs of kbind resync in a row died syncing \
          through it), so the provider copies cannot be marked {}={} yet; clear the quarantine \
-         (docs/operations.md \"Poison items\") or delete the Connection, and the next run \
+         on the kbind-resync Lease (docs/operations.md \"Poison items\") and the next run \
          finishes the unbind",
         b.connection,
         crate::api::keys::ORPHANED,
@@ -302,7 +302,7 @@ mod tests {
     }
 
     /// A deleting binding held by its quarantined Connection says so once, naming the Connection
-    /// and both ways out; held again, nothing changes; released, the condition turns True.
+    /// and how to end the wait; held again, nothing changes; released, the condition turns True.
     #[test]
     fn a_binding_held_by_a_quarantined_connection_says_so_once() {
         let mut b = binding(vec![]);
@@ -322,7 +322,7 @@ mod tests {
         for needle in [
             "Connection c is quarantined",
             "Poison items",
-            "delete the Connection",
+            "kbind-resync Lease",
         ] {
             assert!(m.contains(needle), "{needle}: {m}");
         }

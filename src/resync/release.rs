@@ -7,7 +7,7 @@ use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use super::{BindingRef, BoundApi, Provider, covering};
 use crate::api::BindingKey;
@@ -36,7 +36,7 @@ pub async fn release_deleting_bindings(
     bindings: &[BindingRef],
     selected: &std::collections::BTreeSet<BindingKey>,
     apis: &[BoundApi],
-    (providers, quarantined): (&HashMap<String, Option<Provider>>, &BTreeSet<String>),
+    (providers, held): (&HashMap<String, Option<Provider>>, &BTreeMap<String, Hold>),
     writes: &mut Writes,
 ) -> i64 {
     let mut released = 0;
@@ -44,10 +44,10 @@ pub async fn release_deleting_bindings(
         .iter()
         .filter(|b| b.deleting && b.has_cleanup && selected.contains(&b.key))
     {
-        let provider = match providers.get(&b.connection) {
-            Some(p) => Reached::Tried(p.as_ref()),
-            None if quarantined.contains(&b.connection) => Reached::Quarantined,
-            None => Reached::Tried(None),
+        let provider = match (providers.get(&b.connection), held.get(&b.connection)) {
+            (Some(p), _) => Reached::Tried(p.as_ref()),
+            (None, Some(h)) => Reached::Held(*h),
+            (None, None) => Reached::Tried(None),
         };
         match release_one(ctx, client, b, bindings, apis, provider, writes).await {
             Ok(true) => released += 1,
@@ -61,13 +61,23 @@ pub async fn release_deleting_bindings(
     released
 }
 
+/// Why a run did not try a deleting binding's provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Its Connection is quarantined (docs/operations.md "Poison items").
+    Quarantined,
+    /// The budget ran out first; the next run tries.
+    OutOfBudget,
+}
+
 /// How this run reached a deleting binding's provider.
 #[derive(Clone, Copy)]
 enum Reached<'a> {
-    /// Connected (`Some`), or tried and not usable (`None`: its copies stay unmarked).
+    /// Connected (`Some`), or tried and not usable, or its Connection is gone (`None`: its
+    /// copies stay unmarked).
     Tried(Option<&'a Provider>),
-    /// Not tried: its Connection is quarantined.
-    Quarantined,
+    /// Not tried.
+    Held(Hold),
 }
 
 /// Release one deleting binding's instances; true once `InstancesReleased` is recorded.
@@ -88,11 +98,12 @@ async fn release_one(
         Reached::Tried(p) => p,
         // Its copies are marked once a person has looked at the Connection (a quarantine lasts
         // until it changes): released now, they would stay unmarked for good.
-        Reached::Quarantined if !unbound.is_empty() => {
+        Reached::Held(Hold::Quarantined) if !unbound.is_empty() => {
             hold_while_quarantined(client, b, writes).await?;
             return Ok(false);
         }
-        Reached::Quarantined => None,
+        Reached::Held(Hold::OutOfBudget) if !unbound.is_empty() => return Ok(false),
+        Reached::Held(_) => None,
     };
     let Some(kept) = mark_all_unbound(ctx, client, b, provider, &unbound, writes).await else {
         return Ok(false);

@@ -268,10 +268,8 @@ pub(super) async fn holding<'c>(
 fn short_reason(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
-        other => {
-            let text = other.to_string();
-            text.chars().take(80).collect()
-        }
+        // Cut short, so scrubbed first: a cut could split what the scrub looks for.
+        other => crate::scrub::scrub_bounded(&other.to_string(), 80),
     }
 }
 

@@ -318,7 +318,7 @@ where
         }
         Err(kube::Error::Api(s)) if s.code == 400 => Err(PassError::Config(format!(
             "listing {kind}.{group}: {}",
-            crate::scrub::scrub(&s.message)
+            s.message
         ))),
         Err(e) => Err(PassError::kube(format!("listing {kind}.{group}"), e)),
     }

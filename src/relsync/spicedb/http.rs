@@ -173,7 +173,7 @@ fn parse_delete(v: &Value) -> Result<(u64, bool), SpiceError> {
         Some(other) => {
             return Err(SpiceError::Delete(format!(
                 "undecodable count {}",
-                crate::scrub::bound(&other.to_string(), 40)
+                crate::scrub::scrub_bounded(&other.to_string(), 40)
             )));
         }
     };
@@ -186,12 +186,13 @@ fn parse_delete(v: &Value) -> Result<(u64, bool), SpiceError> {
     Ok((n, partial))
 }
 
-/// Shorten an error body for a message (it may quote our request; scrubbed where it is printed).
+/// Shorten an error body for a message (it may quote our request): scrubbed before the cut, as a
+/// cut could split what the scrub looks for.
 fn body_message(body: &str) -> String {
     serde_json::from_str::<Value>(body)
         .ok()
         .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_else(|| crate::scrub::bound(body.trim(), 300))
+        .unwrap_or_else(|| crate::scrub::scrub_bounded(body.trim(), 300))
 }
 
 impl HttpStore {
