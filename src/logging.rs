@@ -65,10 +65,9 @@ impl Drop for Line {
 /// being sliced, an error being unwrapped) in it.
 pub fn scrub_panics() {
     std::panic::set_hook(Box::new(|info| {
-        eprintln!(
-            "kbind panicked: {}",
-            crate::scrub::scrub_bounded(&info.to_string(), LINE_MAX)
-        );
+        let text = crate::scrub::scrub_bounded(&info.to_string(), LINE_MAX);
+        // A hook that panicked (stderr gone) would abort the process.
+        let _ = writeln!(std::io::stderr().lock(), "kbind panicked: {text}");
     }));
 }
 
@@ -133,6 +132,10 @@ mod tests {
         for secret in ["sig=abc", "t0ps3cr3t", "log-test-secret-9f8e7d"] {
             assert!(!out.contains(secret), "{secret}: {out}");
         }
+        // A value right after its field's name, as the text format prints it.
+        let jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJsb2cifQ.c2lnbmF0dXJlLWxvZw";
+        let out = scrub_line(format!("WARN failed error={jwt}\n").as_bytes(), false);
+        assert_eq!(out, "WARN failed error=[REDACTED]\n");
         let long = scrub_line("y".repeat(20_000).as_bytes(), false);
         assert!(long.len() <= LINE_MAX + 1 && long.ends_with('\n'));
         // Not JSON after all (a formatter's partial line): scrubbed as text.

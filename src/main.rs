@@ -27,13 +27,12 @@ fn init_logging(format: Option<LogFormat>, level: LogLevel) {
         Some(LogFormat::Text) => false,
         None => !std::io::stderr().is_terminal(),
     };
-    // Colour only on a terminal: `--log-format=text` in a pod or a file must stay plain text.
+    // No colour: its escape codes glue a field's name to its value, and the scrub must see the
+    // value as a word of its own (src/logging.rs).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(kbind::logging::ScrubbedStderr { json })
-        // It would print an event that failed to format straight to stderr, unscrubbed.
-        .log_internal_errors(false);
+        .with_ansi(false)
+        .with_writer(kbind::logging::ScrubbedStderr { json });
     if json {
         builder.json().init();
     } else {

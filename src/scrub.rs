@@ -212,9 +212,13 @@ fn redact_fields(text: &str) -> String {
 /// Redact the word after "Bearer"/"Basic" (however it is quoted or glued to `Authorization:`)
 /// and anything shaped like a Slack token or a JWT.
 fn redact_tokens(s: &str) -> String {
-    let mut out = Vec::new();
+    let mut out = String::with_capacity(s.len());
     let mut redact_next = false;
-    for word in s.split(' ') {
+    // Words end at any whitespace (a newline in a panic message or an upstream's body too);
+    // each keeps the whitespace after it.
+    for seg in s.split_inclusive(char::is_whitespace) {
+        let word = seg.trim_end_matches(char::is_whitespace);
+        let sep = &seg[word.len()..];
         // Quotes removed: `"Bearer`, `{"Authorization":"Bearer` and `Authorization:Bearer` alike.
         let norm: String = word
             .to_ascii_lowercase()
@@ -225,7 +229,7 @@ fn redact_tokens(s: &str) -> String {
         if redact_next && !bare.is_empty() && bare != "bearer" && bare != "basic" {
             // Keep the punctuation around it (a closing quote or brace).
             let keep = word.len() - word.trim_end_matches(['"', '\'', '}', ',', ']']).len();
-            out.push(format!("{REDACTED}{}", &word[word.len() - keep..]));
+            out.push_str(&format!("{REDACTED}{}{sep}", &word[word.len() - keep..]));
             redact_next = false;
             continue;
         }
@@ -235,18 +239,19 @@ fn redact_tokens(s: &str) -> String {
         }) || bare.ends_with("authorization:")
         {
             redact_next = true;
-            out.push(word.to_string());
+            out.push_str(word);
         } else if is_tokenish(word) {
-            out.push(REDACTED.to_string());
+            out.push_str(REDACTED);
         } else if let Some((name, value)) = word.split_once('=')
             && is_tokenish(value)
         {
-            out.push(format!("{name}={REDACTED}"));
+            out.push_str(&format!("{name}={REDACTED}"));
         } else {
-            out.push(word.to_string());
+            out.push_str(word);
         }
+        out.push_str(sep);
     }
-    out.join(" ")
+    out
 }
 
 fn is_tokenish(word: &str) -> bool {
@@ -289,6 +294,8 @@ mod tests {
                 "error=Bearer [REDACTED] failed",
             ),
             (&format!("error={jwt}"), "error=[REDACTED]"),
+            ("failed:\nxoxb-1-2\tnext", "failed:\n[REDACTED]\tnext"),
+            ("a  double space", "a  double space"),
         ];
         for (input, want) in cases {
             assert_eq!(scrub(input), want, "{input}");

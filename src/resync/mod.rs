@@ -172,7 +172,7 @@ pub async fn run(ctx: PassContext, args: args::ResyncArgs) -> Result<Summary, Pa
         ctx.poison
             .forget_absent("Connection", names.iter().map(String::as_str));
     }
-    let held = run.reach_deleting(&mut reach).await;
+    let held = run.reach_deleting(&mut reach, &apis).await;
     run.finish(&client, &apis, (&reach.providers, &held), stopped)
         .await
 }
@@ -301,17 +301,29 @@ impl Run<'_> {
         result
     }
 
-    /// Reach the provider of every deleting binding this run releases, whether or not its sync
-    /// went there (its APIs no longer exported, the run stopped before them): its copies are
-    /// marked through it. Returns the Connections whose bindings must wait: quarantined, or
-    /// not reached before the budget ran out. A Connection that is gone is neither (its
+    /// Reach the provider of every deleting binding this run releases whose copies must be
+    /// marked orphaned, whether or not its sync went there (its APIs no longer exported, the
+    /// run stopped before them). Returns the Connections whose bindings must wait: quarantined,
+    /// or not reached before the budget ran out. A Connection that is gone is neither (its
     /// bindings are released, their copies unmarked).
-    async fn reach_deleting(&mut self, reach: &mut Reach) -> BTreeMap<String, release::Hold> {
+    async fn reach_deleting(
+        &mut self,
+        reach: &mut Reach,
+        apis: &[BoundApi],
+    ) -> BTreeMap<String, release::Hold> {
+        use crate::api::conditions::Conditions;
         let ctx = self.ctx;
         let wanted: BTreeSet<String> = self
             .bindings
             .iter()
             .filter(|b| b.deleting && b.has_cleanup && self.selected.contains(&b.key))
+            // Released already (schema finishes it), or nothing to mark: no need to connect.
+            .filter(|b| {
+                !b.status
+                    .conditions
+                    .is_true(crate::api::core::condition::INSTANCES_RELEASED)
+                    && !release::unbound_apis(b, &self.bindings, apis).is_empty()
+            })
             .map(|b| b.connection.clone())
             .filter(|c| !reach.providers.contains_key(c))
             .collect();

@@ -137,8 +137,9 @@ pub fn held_status(b: &BindingRef, now: Timestamp) -> Option<Value> {
     let mut conds = b.status.conditions.clone();
     let message = format!(
         "waiting: Connection {} is quarantined (two runs of kbind resync in a row died syncing \
-         through it), so the provider copies cannot be marked {}={} yet; clear the quarantine \
-         on the kbind-resync Lease (docs/operations.md \"Poison items\") and the next run \
+         through it), so the provider copies cannot be marked {}={} yet; change the \
+         Connection's spec or clear the quarantine on the kbind-resync Lease (with \
+         -<i>-of-<n> when sharded; docs/operations.md \"Poison items\") and the next run \
          finishes the unbind",
         b.connection,
         crate::api::keys::ORPHANED,

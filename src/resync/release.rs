@@ -102,7 +102,10 @@ async fn release_one(
             hold_while_quarantined(client, b, writes).await?;
             return Ok(false);
         }
-        Reached::Held(Hold::OutOfBudget) if !unbound.is_empty() => return Ok(false),
+        Reached::Held(Hold::OutOfBudget) if !unbound.is_empty() => {
+            tracing::info!(binding = %b.key, connection = %b.connection, "the budget ran out before the provider was reached: the next run releases the binding");
+            return Ok(false);
+        }
         Reached::Held(_) => None,
     };
     let Some(kept) = mark_all_unbound(ctx, client, b, provider, &unbound, writes).await else {
@@ -125,7 +128,7 @@ async fn release_one(
 /// APIs whose consumer CRD `kbind schema` removes after this release (a ClusterBinding, no
 /// other live binding listing the API, a CRD kbind created): their consumer objects go with the
 /// CRD. A CRD kbind only stamped stays with its objects, like a Binding's.
-fn unbound_apis<'a>(
+pub(super) fn unbound_apis<'a>(
     b: &BindingRef,
     bindings: &[BindingRef],
     apis: &'a [BoundApi],
