@@ -1770,10 +1770,12 @@ async fn a_connection_serves_only_the_namespaces_it_admits() {
         );
         if round == 1 {
             assert_eq!(s["data_writes"], 0, "second schema run: {s}");
-            let status_write = u64::from(moved);
-            assert_eq!(
-                s["bookkeeping_writes"],
-                2 + status_write,
+            // Moved during the run, the exports may have moved after its discovery: no write.
+            let allowed: &[u64] = if moved { &[2, 3] } else { &[2] };
+            assert!(
+                s["bookkeeping_writes"]
+                    .as_u64()
+                    .is_some_and(|n| allowed.contains(&n)),
                 "Lease only, and the Connection's status when its exports moved: {s}"
             );
             assert_eq!(r["data_writes"], 0, "second resync run: {r}");
