@@ -2379,4 +2379,12 @@ async fn an_unbind_after_the_export_is_withdrawn_still_marks_the_copies() {
         "True",
         "{out}"
     );
+
+    // Released, the binding waits for kbind schema: the next resync run connects nowhere for it.
+    let again = s.resync(&[]);
+    assert_eq!(again["data_writes"], 0, "second resync run: {again}");
+    assert_eq!(
+        again["bookkeeping_writes"], 2,
+        "the Lease only, no heartbeat of a needless connect: {again}"
+    );
 }

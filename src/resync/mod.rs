@@ -187,6 +187,18 @@ struct Reach {
     providers: HashMap<String, Option<Provider>>,
 }
 
+impl Reach {
+    /// Connect to a Connection's provider and remember the outcome, usable or not, so each
+    /// Connection is tried once per run.
+    async fn connect(&mut self, ctx: &PassContext, name: &str, writes: &mut Writes) {
+        let Some(conn) = self.connections.iter().find(|c| c.name_any() == name) else {
+            return;
+        };
+        let p = observe::connect(ctx, &ctx.client, conn, &self.policy, &self.local, writes).await;
+        self.providers.insert(name.to_string(), p);
+    }
+}
+
 /// Resume where the last budget-limited run stopped (`<api>|<namespace>/<name>`): its API first
 /// (`apis` rotated to it), after its object. Returns the (API, object) cursor.
 fn resume(resume_after: Option<&str>, apis: &mut [BoundApi]) -> Option<(String, String)> {
@@ -274,16 +286,7 @@ impl Run<'_> {
         }
         ctx.poison.enter(&item, generation).await;
         if !reach.providers.contains_key(&api.connection) {
-            let p = observe::connect(
-                ctx,
-                &ctx.client,
-                conn,
-                &reach.policy,
-                &reach.local,
-                &mut self.writes,
-            )
-            .await;
-            reach.providers.insert(api.connection.clone(), p);
+            reach.connect(ctx, &api.connection, &mut self.writes).await;
         }
         let Some(Some(provider)) = reach.providers.get(&api.connection) else {
             ctx.poison.leave(&item);
@@ -343,17 +346,8 @@ impl Run<'_> {
                 continue;
             }
             ctx.poison.enter(&item, generation).await;
-            let p = observe::connect(
-                ctx,
-                &ctx.client,
-                conn,
-                &reach.policy,
-                &reach.local,
-                &mut self.writes,
-            )
-            .await;
+            reach.connect(ctx, &name, &mut self.writes).await;
             ctx.poison.leave(&item);
-            reach.providers.insert(name, p);
         }
         held
     }

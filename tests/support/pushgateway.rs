@@ -199,13 +199,7 @@ impl Pushgateway {
 
     /// `GET /metrics`, as Prometheus scrapes it.
     pub async fn scrape(&self) -> Scrape {
-        let resp = self
-            .request(reqwest::Method::GET, "/metrics")
-            .send()
-            .await
-            .expect("scrape the Pushgateway");
-        assert!(resp.status().is_success(), "scrape: {}", resp.status());
-        Scrape::parse(&resp.text().await.expect("scrape body"))
+        Scrape::parse(&self.scrape_text().await)
     }
 
     /// `GET /metrics` as text, for tests that search it.
