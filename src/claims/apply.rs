@@ -43,17 +43,10 @@ impl Observed<'_> {
         summary: &mut Summary,
     ) -> (EntryOutcome, Option<Exhausted>) {
         let name = entry.name_any();
-        let hash = policy::requirements_hash(&entry.spec.requires);
-        let mut outcome = EntryOutcome {
-            requirements_hash: hash.clone(),
-            ..Default::default()
+        let (mut outcome, export, own, resume) = match self.begin(entry).await {
+            Ok(begun) => begun,
+            Err(blocked) => return (blocked, None),
         };
-        let Some((export, own)) = self.entry_export(entry, &mut outcome).await else {
-            return (outcome, None);
-        };
-        let prev = entry.status.clone().unwrap_or_default();
-        let resume = record::resume_point(&prev, &hash);
-        outcome.resumed = resume.is_some();
         // Desired claims depend only on the consent; most workspaces share "none".
         let mut cache: BTreeMap<Option<Consent>, Desired> = BTreeMap::new();
         let mut last: Option<String> = None;
@@ -72,12 +65,7 @@ impl Observed<'_> {
             if let Some(by) = maintained.get(&key) {
                 // kcp owns these claims (docs/claims.md "Bindings kcp maintains"): no write.
                 summary.count("kcpMaintained", 1);
-                outcome.maintained.push(MaintainedBinding {
-                    workspace: b.cluster.clone(),
-                    binding: b.name.clone(),
-                    by: by.clone(),
-                });
-                outcome.checked += 1;
+                note_maintained(&mut outcome, b, by);
                 last = Some(key);
                 continue;
             }
@@ -85,13 +73,11 @@ impl Observed<'_> {
                 exhausted = Some(why);
                 break;
             }
-            let consent = self
-                .grants
-                .as_ref()
-                .and_then(|g| g.get(&(b.cluster.clone(), name.clone())).cloned());
-            let desired = cache.entry(consent.clone()).or_insert_with(|| {
-                policy::desired(&name, &entry.spec.requires, &export, &own, consent.as_ref())
-            });
+            let desired = cache
+                .entry(self.consent(b, &name))
+                .or_insert_with_key(|consent| {
+                    policy::desired(&name, &entry.spec.requires, &export, &own, consent.as_ref())
+                });
             let pending = match start_binding(b, desired, &export, false, writes, self.ctx) {
                 Started::Done(w) => {
                     self.count_binding(entry, b, Ok(w), &mut outcome).await;
@@ -105,12 +91,8 @@ impl Observed<'_> {
                 }
                 Started::Write(p) => p,
             };
-            while !flight.has_room() {
-                if let Some((b, r, w)) = flight.next().await {
-                    writes.absorb(w);
-                    self.count_binding(entry, b, r, &mut outcome).await;
-                }
-            }
+            self.make_room(entry, &mut flight, writes, &mut outcome)
+                .await;
             let mut one = writes.for_one();
             let desired = desired.clone();
             flight.push(async move {
@@ -123,18 +105,79 @@ impl Observed<'_> {
             outcome.checked += 1;
             last = Some(key);
         }
-        while let Some((b, r, w)) = flight.next().await {
-            writes.absorb(w);
-            self.count_binding(entry, b, r, &mut outcome).await;
+        while let Some(done) = flight.next().await {
+            self.absorb(entry, done, writes, &mut outcome).await;
         }
         if exhausted.is_some() {
             outcome.stopped_after = last.or(resume);
         }
-        summary.count("bindingsChecked", outcome.checked);
-        summary.count("bindingsUpdated", outcome.updated);
-        summary.count("failed", outcome.failed);
-        summary.count("missingOnExport", outcome.missing_on_export.len() as i64);
+        count_entry(summary, &outcome);
         (outcome, exhausted)
+    }
+
+    /// What the workspace of `b` consented to for provider `entry` (its Grant), if anything.
+    fn consent(&self, b: &SlimBinding, entry: &str) -> Option<Consent> {
+        self.grants
+            .as_ref()
+            .and_then(|g| g.get(&(b.cluster.clone(), entry.to_string())).cloned())
+    }
+
+    /// An entry's outcome so far, its export's claims and the identities its requirements may
+    /// carry, and where its cycle resumes; `Err` with the outcome blocked when the export
+    /// cannot be read.
+    async fn begin(
+        &self,
+        entry: &CatalogEntry,
+    ) -> Result<
+        (
+            EntryOutcome,
+            Vec<PermissionClaim>,
+            OwnIdentities,
+            Option<String>,
+        ),
+        EntryOutcome,
+    > {
+        let hash = policy::requirements_hash(&entry.spec.requires);
+        let mut outcome = EntryOutcome {
+            requirements_hash: hash.clone(),
+            ..Default::default()
+        };
+        let Some((export, own)) = self.entry_export(entry, &mut outcome).await else {
+            return Err(outcome);
+        };
+        let prev = entry.status.clone().unwrap_or_default();
+        let resume = record::resume_point(&prev, &hash);
+        outcome.resumed = resume.is_some();
+        Ok((outcome, export, own, resume))
+    }
+
+    /// Wait for writes in flight to finish until another may start.
+    async fn make_room<'b, F>(
+        &self,
+        entry: &CatalogEntry,
+        flight: &mut InFlight<F>,
+        writes: &mut Writes,
+        outcome: &mut EntryOutcome,
+    ) where
+        F: Future<Output = (&'b SlimBinding, Result<Written, HubError>, Writes)>,
+    {
+        while !flight.has_room() {
+            if let Some(done) = flight.next().await {
+                self.absorb(entry, done, writes, outcome).await;
+            }
+        }
+    }
+
+    /// A binding's write finished: its writes join the run's, its result the entry's counts.
+    async fn absorb(
+        &self,
+        entry: &CatalogEntry,
+        (b, r, w): (&SlimBinding, Result<Written, HubError>, Writes),
+        writes: &mut Writes,
+        outcome: &mut EntryOutcome,
+    ) {
+        writes.absorb(w);
+        self.count_binding(entry, b, r, outcome).await;
     }
 
     /// Count one provider binding's result (a failure also gets its Event).
@@ -249,6 +292,25 @@ impl Observed<'_> {
         }
         Ok(stopped)
     }
+}
+
+/// An entry's counts in the run's summary.
+fn count_entry(summary: &mut Summary, outcome: &EntryOutcome) {
+    summary.count("bindingsChecked", outcome.checked);
+    summary.count("bindingsUpdated", outcome.updated);
+    summary.count("failed", outcome.failed);
+    summary.count("missingOnExport", outcome.missing_on_export.len() as i64);
+}
+
+/// A binding whose claims kcp maintains (docs/claims.md "Bindings kcp maintains"): checked,
+/// never written.
+fn note_maintained(outcome: &mut EntryOutcome, b: &SlimBinding, by: &Result<String, String>) {
+    outcome.maintained.push(MaintainedBinding {
+        workspace: b.cluster.clone(),
+        binding: b.name.clone(),
+        by: by.clone(),
+    });
+    outcome.checked += 1;
 }
 
 /// What happened to one binding.

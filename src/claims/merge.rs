@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use crate::api::kcp::{AcceptablePermissionClaim, ClaimSelector, ClaimState, PermissionClaim};
 
-use super::policy::Desired;
+use super::policy::{Desired, DesiredClaim};
 
 /// Binding annotation listing the Rejected claims kbind wrote as placeholders.
 pub const PLACEHOLDERS: &str = "providers.kbind.io/rejected-placeholders";
@@ -115,31 +115,7 @@ pub fn merge(
             continue;
         };
         handled.insert(key.clone());
-        let mut next = e.clone();
-        let ours = marks.contains(&key);
-        match (e.state, want.state) {
-            (ClaimState::Rejected, ClaimState::Accepted) if force || ours => {
-                next.state = ClaimState::Accepted;
-                next.verbs.clone_from(&want.claim.verbs);
-                marks.remove(&key);
-            }
-            (ClaimState::Rejected, _) => {
-                // The tenant's own rejection is left exactly as it is.
-                if ours {
-                    next.verbs.clone_from(&want.claim.verbs);
-                }
-            }
-            (ClaimState::Accepted, ClaimState::Accepted) => {
-                next.verbs.clone_from(&want.claim.verbs);
-                marks.remove(&key);
-            }
-            (ClaimState::Accepted, ClaimState::Rejected) => {
-                next.state = ClaimState::Rejected;
-                next.verbs.clone_from(&want.claim.verbs);
-                marks.insert(key);
-            }
-        }
-        claims.push(next);
+        claims.push(held_claim(e, want, key, force, &mut marks));
     }
 
     for want in &desired.claims {
@@ -174,6 +150,41 @@ pub fn merge(
         placeholders: marks,
         changed,
     }
+}
+
+/// A claim the binding holds and the policy wants: what it becomes, with the hub's own
+/// rejection marks (`marks`) kept in step. A tenant's own rejection is left exactly as it is.
+fn held_claim(
+    e: &AcceptablePermissionClaim,
+    want: &DesiredClaim,
+    key: ClaimKey,
+    force: bool,
+    marks: &mut BTreeSet<ClaimKey>,
+) -> AcceptablePermissionClaim {
+    let mut next = e.clone();
+    let ours = marks.contains(&key);
+    match (e.state, want.state) {
+        (ClaimState::Rejected, ClaimState::Accepted) if force || ours => {
+            next.state = ClaimState::Accepted;
+            next.verbs.clone_from(&want.claim.verbs);
+            marks.remove(&key);
+        }
+        (ClaimState::Rejected, _) => {
+            if ours {
+                next.verbs.clone_from(&want.claim.verbs);
+            }
+        }
+        (ClaimState::Accepted, ClaimState::Accepted) => {
+            next.verbs.clone_from(&want.claim.verbs);
+            marks.remove(&key);
+        }
+        (ClaimState::Accepted, ClaimState::Rejected) => {
+            next.state = ClaimState::Rejected;
+            next.verbs.clone_from(&want.claim.verbs);
+            marks.insert(key);
+        }
+    }
+    next
 }
 
 #[cfg(test)]

@@ -105,79 +105,81 @@ pub fn next_status(
     st.cursor = outcome.stopped_after.clone().unwrap_or_default();
     st.missing_on_export.clone_from(&outcome.missing_on_export);
 
+    let (status, reason, message) = ready(&st, outcome);
+    set(&mut st, READY, status, reason, &message);
+    let (status, reason, message) = identity_known(outcome.identity_gap.as_ref());
+    set(&mut st, IDENTITY_KNOWN, status, reason, &message);
+    let (status, reason, message) = kcp_maintained(&outcome.maintained);
+    set(&mut st, KCP_MAINTAINED, status, reason, &message);
+    let (status, reason, message) = export_complete(&outcome.missing_on_export);
+    set(&mut st, EXPORT_COMPLETE, status, reason, &message);
+    st
+}
+
+/// The `Ready` condition of an entry whose export could be read: this cycle's counts so far
+/// (`st`), whether the budget stopped it and whether writes failed.
+fn ready(
+    st: &CatalogEntryStatus,
+    outcome: &EntryOutcome,
+) -> (ConditionStatus, &'static str, String) {
     let counts = format!(
         "{} bindings checked, {} updated this cycle",
         st.bindings_checked, st.bindings_updated
     );
     match (&outcome.stopped_after, outcome.failed) {
-        (Some(after), _) => set(
-            &mut st,
-            READY,
+        (Some(after), _) => (
             ConditionStatus::False,
             "InProgress",
-            &format!(
-                "{counts}; the budget ended the run after {after}, the next run resumes there"
-            ),
+            format!("{counts}; the budget ended the run after {after}, the next run resumes there"),
         ),
-        (None, 0) => set(&mut st, READY, ConditionStatus::True, "InStep", &counts),
-        (None, n) => set(
-            &mut st,
-            READY,
+        (None, 0) => (ConditionStatus::True, "InStep", counts),
+        (None, n) => (
             ConditionStatus::False,
             "WritesFailed",
-            &format!("{counts}; {n} binding writes failed this run (see Events)"),
+            format!("{counts}; {n} binding writes failed this run (see Events)"),
         ),
     }
-    match &outcome.identity_gap {
-        None => set(
-            &mut st,
-            IDENTITY_KNOWN,
+}
+
+/// The `IdentityKnown` condition: whether every identity own claims are recognised by was read.
+fn identity_known(gap: Option<&IdentityGap>) -> (ConditionStatus, &'static str, String) {
+    match gap {
+        None => (
             ConditionStatus::True,
             "IdentitiesRead",
-            "claims carrying the APIExport's own identityHash (or the core export's, or none) are the provider's own; any other identityHash is a composition needing the workspace's Grant",
+            "claims carrying the APIExport's own identityHash (or the core export's, or none) are the provider's own; any other identityHash is a composition needing the workspace's Grant".into(),
         ),
-        Some(gap) => set(
-            &mut st,
-            IDENTITY_KNOWN,
-            ConditionStatus::False,
-            gap.reason,
-            &gap.message,
-        ),
+        Some(gap) => (ConditionStatus::False, gap.reason, gap.message.clone()),
     }
-    let (status, reason, message) = kcp_maintained(&outcome.maintained);
-    set(&mut st, KCP_MAINTAINED, status, reason, &message);
-    if outcome.missing_on_export.is_empty() {
-        set(
-            &mut st,
-            EXPORT_COMPLETE,
+}
+
+/// The `ExportComplete` condition: the requirements the APIExport does not list, if any.
+fn export_complete(missing: &[Requirement]) -> (ConditionStatus, &'static str, String) {
+    if missing.is_empty() {
+        return (
             ConditionStatus::True,
             "AllRequirementsExported",
-            "the APIExport lists every requirement",
-        );
-    } else {
-        let names: Vec<String> = outcome
-            .missing_on_export
-            .iter()
-            .map(|r| {
-                if r.group.is_empty() {
-                    r.resource.clone()
-                } else {
-                    format!("{}/{}", r.group, r.resource)
-                }
-            })
-            .collect();
-        set(
-            &mut st,
-            EXPORT_COMPLETE,
-            ConditionStatus::False,
-            "RequirementsMissingOnExport",
-            &format!(
-                "not claimed because the APIExport does not list them: {} (run `kbind claims export` to render its claims)",
-                names.join(", ")
-            ),
+            "the APIExport lists every requirement".into(),
         );
     }
-    st
+    let names: Vec<String> = missing
+        .iter()
+        .map(|r| {
+            if r.group.is_empty() {
+                r.resource.clone()
+            } else {
+                format!("{}/{}", r.group, r.resource)
+            }
+        })
+        .collect();
+    (
+        ConditionStatus::False,
+        "RequirementsMissingOnExport",
+        format!(
+            "not claimed because the APIExport does not list them: {} (run `kbind claims export` to render its claims)",
+            names.join(", ")
+        ),
+    )
 }
 
 /// The `KcpMaintained` condition: which bindings kcp maintains (named, the first few), and any

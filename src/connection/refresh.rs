@@ -194,41 +194,52 @@ pub async fn refresh(
     manager: &str,
     write: impl FnOnce(&str) -> bool,
 ) -> (Secret, Result<Refreshed, RefreshError>) {
+    let from = format!("{}/{}", target.from.0, target.from.1);
+    let (pull, next) = match checked_pull(provider, local, target, &from).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return (local.clone(), Ok(Refreshed::Current)),
+        Err(e) => return (local.clone(), Err(e)),
+    };
+    if !write(&from) {
+        return (local.clone(), Ok(Refreshed::WouldUpdate));
+    }
+    match write_pulled(consumer, local, target.secret, &pull, manager).await {
+        Ok(()) => (next, Ok(Refreshed::Updated)),
+        Err(e) => (local.clone(), Err(e)),
+    }
+}
+
+/// Read the provider's Secret and decide the pull: `None` when the local kubeconfig already is
+/// the provider's, else the pull and the local Secret as it would be, checked by the rules of
+/// any Connection Secret and for the same endpoint.
+async fn checked_pull(
+    provider: &Client,
+    local: &Secret,
+    target: &Target<'_>,
+    from_s: &str,
+) -> Result<Option<(Pull, Secret)>, RefreshError> {
     let Target {
         secret: r,
         from,
         policy,
     } = *target;
-    let from_s = format!("{}/{}", from.0, from.1);
-    let remote = match crate::secrets::read(provider, &from.0, &from.1).await {
-        Ok(s) => s,
-        Err(e) => {
-            let e = RefreshError::Unreadable {
-                from: from_s,
-                source: Arc::new(e),
-            };
-            return (local.clone(), Err(e));
-        }
-    };
-    let pull = match plan(local, &remote, &r.key, &from_s) {
-        Ok(Some(p)) => p,
-        Ok(None) => return (local.clone(), Ok(Refreshed::Current)),
-        Err(e) => return (local.clone(), Err(e)),
+    let remote = crate::secrets::read(provider, &from.0, &from.1)
+        .await
+        .map_err(|e| RefreshError::Unreadable {
+            from: from_s.to_string(),
+            source: Arc::new(e),
+        })?;
+    let Some(pull) = plan(local, &remote, &r.key, from_s)? else {
+        return Ok(None);
     };
     let next = pulled(local, &r.key, &pull);
     // The same rules as any Connection Secret, before anything is written.
-    let theirs = match super::kubeconfig(Some(&next), r, policy).await {
-        Ok(k) => k,
-        Err(source) => {
-            return (
-                local.clone(),
-                Err(RefreshError::Refused {
-                    from: from_s,
-                    source,
-                }),
-            );
-        }
-    };
+    let theirs = super::kubeconfig(Some(&next), r, policy)
+        .await
+        .map_err(|source| RefreshError::Refused {
+            from: from_s.to_string(),
+            source,
+        })?;
     // Only a new token for the same endpoint: a provider cannot redirect the consumer.
     // The local kubeconfig just authenticated the read above, so it parses; parsed only (its
     // server was checked when the pass built the provider client), no second DNS lookup. Were
@@ -244,16 +255,24 @@ pub async fn refresh(
         Err(_) => Some("the current kubeconfig, which does not parse"),
     };
     if let Some(what) = change {
-        return (
-            local.clone(),
-            Err(RefreshError::EndpointChanged { from: from_s, what }),
-        );
+        return Err(RefreshError::EndpointChanged {
+            from: from_s.to_string(),
+            what,
+        });
     }
-    if !write(&from_s) {
-        return (local.clone(), Ok(Refreshed::WouldUpdate));
-    }
+    Ok(Some((pull, next)))
+}
+
+/// Write the pulled kubeconfig into the local Secret, preconditioned on what was read: a
+/// Secret changed meanwhile is pulled again next run.
+async fn write_pulled(
+    consumer: &Client,
+    local: &Secret,
+    r: &SecretKeyRef,
+    pull: &Pull,
+    manager: &str,
+) -> Result<(), RefreshError> {
     let mut meta = json!({"name": r.name, "namespace": r.namespace});
-    // Preconditioned on what was read: a Secret changed meanwhile is pulled again next run.
     if let Some(rv) = &local.metadata.resource_version {
         meta["resourceVersion"] = json!(rv);
     }
@@ -263,24 +282,18 @@ pub async fn refresh(
     let mut data = serde_json::Map::new();
     data.insert(r.key.clone(), json!(ByteString(pull.kubeconfig.clone())));
     let body = json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": data});
-    let secret_s = format!("{}/{}", r.namespace, r.name);
-    match Api::<Secret>::namespaced(consumer.clone(), &r.namespace)
+    Api::<Secret>::namespaced(consumer.clone(), &r.namespace)
         .patch(
             &r.name,
             &PatchParams::apply(manager).force(),
             &Patch::Apply(&body),
         )
         .await
-    {
-        Ok(_) => (next, Ok(Refreshed::Updated)),
-        Err(e) => (
-            local.clone(),
-            Err(RefreshError::WriteFailed {
-                secret: secret_s,
-                source: Arc::new(e),
-            }),
-        ),
-    }
+        .map(|_| ())
+        .map_err(|e| RefreshError::WriteFailed {
+            secret: format!("{}/{}", r.namespace, r.name),
+            source: Arc::new(e),
+        })
 }
 
 #[cfg(test)]

@@ -234,60 +234,8 @@ where
                 // A body that cannot be cloned (a stream) gets exactly one attempt.
                 let this = req.take().ok_or("request consumed")?;
                 let again = clone_request(&this);
-                let attempt_fut = async {
-                    let s = svc.ready().await.map_err(Into::into)?;
-                    let resp = s.call(this).await.map_err(Into::into)?;
-                    let status = resp.status();
-                    if status == StatusCode::TOO_MANY_REQUESTS {
-                        THROTTLED.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let retry_after = resp
-                        .headers()
-                        .get(http::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    let (parts, body) = resp.into_parts();
-                    let collected = http_body_util::Limited::new(body, policy.max_body)
-                        .collect()
-                        .await;
-                    Ok::<_, BoxError>((status, retry_after, parts, collected))
-                };
-                let result = match attempt_bound(LIMITS.get(), Instant::now()) {
-                    Some(bound) => match tokio::time::timeout(bound, attempt_fut).await {
-                        Ok(r) => r,
-                        Err(_) => Err(format!(
-                            "no complete answer within {bound:?} (--request-timeout, or the pass deadline)"
-                        )
-                        .into()),
-                    },
-                    None => attempt_fut.await,
-                };
-                let result =
-                    result.map(|(st, ra, parts, body)| (st, ra, parts, body.map(|b| b.to_bytes())));
-                let (verdict, outcome) = match result {
-                    Ok((status, _, _, Ok(b)))
-                        if status.is_success()
-                            && limit.is_some_and(|n| page_items::more_than(&b, n)) =>
-                    {
-                        let n = limit.unwrap_or_default();
-                        (Verdict::Done, Err(Refused::TooManyItems(n).into()))
-                    }
-                    Ok((status, retry_after, parts, Ok(b))) => (
-                        policy.verdict(&method, Some(status), retry_after.as_deref(), attempt),
-                        Ok(Response::from_parts(parts, Body::from(b))),
-                    ),
-                    Ok((_, _, _, Err(e))) => {
-                        if e.is::<http_body_util::LengthLimitError>() {
-                            (
-                                Verdict::Done,
-                                Err(Refused::TooLarge(policy.max_body).into()),
-                            )
-                        } else {
-                            (policy.verdict(&method, None, None, attempt), Err(e))
-                        }
-                    }
-                    Err(e) => (policy.verdict(&method, None, None, attempt), Err(e)),
-                };
+                let answer = attempt_once(&mut svc, this, policy.max_body).await;
+                let (verdict, outcome) = judge(&policy, &method, limit, attempt, answer);
                 let verdict = match verdict {
                     Verdict::RetryAfter(wait)
                         if wait_crosses_deadline(LIMITS.get(), Instant::now(), wait) =>
@@ -307,6 +255,87 @@ where
                 }
             }
         })
+    }
+}
+
+/// One attempt's answer: its status, `Retry-After`, head, and body (read whole, up to the limit).
+type Answer = (
+    StatusCode,
+    Option<String>,
+    http::response::Parts,
+    Result<Bytes, BoxError>,
+);
+
+/// Send one attempt and read its whole body, within the attempt's time bound.
+async fn attempt_once<S, B>(
+    svc: &mut S,
+    req: Request<Body>,
+    max_body: usize,
+) -> Result<Answer, BoxError>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let attempt = async {
+        let s = svc.ready().await.map_err(Into::into)?;
+        let resp = s.call(req).await.map_err(Into::into)?;
+        let status = resp.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            THROTTLED.fetch_add(1, Ordering::Relaxed);
+        }
+        let retry_after = resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let (parts, body) = resp.into_parts();
+        let collected = http_body_util::Limited::new(body, max_body).collect().await;
+        Ok::<_, BoxError>((status, retry_after, parts, collected.map(|b| b.to_bytes())))
+    };
+    match attempt_bound(LIMITS.get(), Instant::now()) {
+        Some(bound) => match tokio::time::timeout(bound, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "no complete answer within {bound:?} (--request-timeout, or the pass deadline)"
+            )
+            .into()),
+        },
+        None => attempt.await,
+    }
+}
+
+/// What an attempt's answer means: whether to try again, and what the caller gets if not.
+fn judge(
+    policy: &Policy,
+    method: &Method,
+    limit: Option<usize>,
+    attempt: u32,
+    answer: Result<Answer, BoxError>,
+) -> (Verdict, Result<Response<Body>, BoxError>) {
+    match answer {
+        Ok((status, _, _, Ok(b)))
+            if status.is_success() && limit.is_some_and(|n| page_items::more_than(&b, n)) =>
+        {
+            let n = limit.unwrap_or_default();
+            (Verdict::Done, Err(Refused::TooManyItems(n).into()))
+        }
+        Ok((status, retry_after, parts, Ok(b))) => (
+            policy.verdict(method, Some(status), retry_after.as_deref(), attempt),
+            Ok(Response::from_parts(parts, Body::from(b))),
+        ),
+        Ok((_, _, _, Err(e))) => {
+            if e.is::<http_body_util::LengthLimitError>() {
+                (
+                    Verdict::Done,
+                    Err(Refused::TooLarge(policy.max_body).into()),
+                )
+            } else {
+                (policy.verdict(method, None, None, attempt), Err(e))
+            }
+        }
+        Err(e) => (policy.verdict(method, None, None, attempt), Err(e)),
     }
 }
 

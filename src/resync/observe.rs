@@ -171,33 +171,7 @@ pub(super) async fn connect(
     writes: &mut Writes,
 ) -> Option<Provider> {
     let name = conn.name_any();
-    let st = conn.status.clone().unwrap_or_default();
-    // Connected, not Ready: one API's failed discovery or forbidden CRD write makes the
-    // Connection not Ready, yet its other APIs' consumer CRDs are in place and keep syncing
-    // (docs/resync.md "Per bound API"). The identity is checked again below either way.
-    if !crate::api::conditions::Conditions::is_true(
-        &st.conditions,
-        crate::api::core::condition::CONNECTED,
-    ) {
-        tracing::info!(connection = %name, "Connection is not Connected (see its conditions); not syncing");
-        return None;
-    }
-    let (Some(remote), Some(local)) = (st.remote_cluster_uid.clone(), st.local_cluster_uid.clone())
-    else {
-        tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
-        return None;
-    };
-    match live_local {
-        Ok(uid) if uid == &local => {}
-        Ok(uid) => {
-            tracing::warn!(connection = %name, found = %uid, recorded = %local, "the consumer cluster's identity differs from the Connection's localClusterUID; nothing is synced");
-            return None;
-        }
-        Err(e) => {
-            tracing::warn!(connection = %name, error = %e, "the consumer cluster's identity is unreadable; not syncing");
-            return None;
-        }
-    }
+    let (remote, local) = pinned(conn, live_local)?;
     let r = &conn.spec.kubeconfig_secret_ref;
     let secret = match connection::read_secret(client, policy, r).await {
         Ok(s) => s,
@@ -255,6 +229,41 @@ pub(super) async fn connect(
         client: provider,
         local_uid: local,
     })
+}
+
+/// The identities a Connection pinned (provider, consumer), when it is Connected and this
+/// consumer is still the cluster it pinned; else why not, logged.
+fn pinned(
+    conn: &Connection,
+    live_local: &Result<String, IdentityError>,
+) -> Option<(String, String)> {
+    let name = conn.name_any();
+    let st = conn.status.clone().unwrap_or_default();
+    // Connected, not Ready: one API's failed discovery or forbidden CRD write makes the
+    // Connection not Ready, yet its other APIs' consumer CRDs are in place and keep syncing
+    // (docs/resync.md "Per bound API"). The identity is checked again below either way.
+    if !crate::api::conditions::Conditions::is_true(
+        &st.conditions,
+        crate::api::core::condition::CONNECTED,
+    ) {
+        tracing::info!(connection = %name, "Connection is not Connected (see its conditions); not syncing");
+        return None;
+    }
+    let (Some(remote), Some(local)) = (st.remote_cluster_uid, st.local_cluster_uid) else {
+        tracing::info!(connection = %name, "no pinned identities yet (run kbind schema); not syncing");
+        return None;
+    };
+    match live_local {
+        Ok(uid) if uid == &local => Some((remote, local)),
+        Ok(uid) => {
+            tracing::warn!(connection = %name, found = %uid, recorded = %local, "the consumer cluster's identity differs from the Connection's localClusterUID; nothing is synced");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(connection = %name, error = %e, "the consumer cluster's identity is unreadable; not syncing");
+            None
+        }
+    }
 }
 
 /// Not "Secret not found": an RBAC gap must say so, on the Connection (an Event).

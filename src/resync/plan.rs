@@ -137,29 +137,7 @@ pub fn plan_object(
 ) -> (Vec<Action>, Standing) {
     let provider = p.map(|p| (p, ownership(p, local_uid, c, live_uids)));
     if c.deleting {
-        if !c.has_finalizer {
-            return (vec![], Standing::Deleting);
-        }
-        let mut a = Vec::new();
-        match provider {
-            Some((p, Ownership::Ours)) if !p.deleting => {
-                if c.orphan_on_delete {
-                    a.push(Action::OrphanProvider);
-                    a.push(Action::ReleaseFinalizer);
-                } else {
-                    // Released once the copy is gone (possibly on a later run).
-                    a.push(Action::DeleteProvider);
-                }
-            }
-            // Deletion in progress on the provider: wait, within bounds.
-            Some((_, Ownership::Ours)) => {
-                if c.deleting_since.is_some_and(|t| t < waited_out) {
-                    a.push(Action::ReleaseUnconfirmed);
-                }
-            }
-            _ => a.push(Action::ReleaseFinalizer),
-        }
-        return (a, Standing::Deleting);
+        return (deleting(c, provider, waited_out), Standing::Deleting);
     }
 
     let mut a = Vec::new();
@@ -219,6 +197,37 @@ pub fn plan_object(
         Standing::InSync
     };
     (a, standing)
+}
+
+/// A deleting consumer object: its copy goes first (or is orphaned on request), then its
+/// finalizer; a copy already terminating is waited for, within bounds.
+fn deleting(
+    c: &ConsumerObj,
+    provider: Option<(&ProviderObj, Ownership)>,
+    waited_out: i64,
+) -> Vec<Action> {
+    if !c.has_finalizer {
+        return vec![];
+    }
+    match provider {
+        Some((p, Ownership::Ours)) if !p.deleting => {
+            if c.orphan_on_delete {
+                vec![Action::OrphanProvider, Action::ReleaseFinalizer]
+            } else {
+                // Released once the copy is gone (possibly on a later run).
+                vec![Action::DeleteProvider]
+            }
+        }
+        // Deletion in progress on the provider: wait, within bounds.
+        Some((_, Ownership::Ours)) => {
+            if c.deleting_since.is_some_and(|t| t < waited_out) {
+                vec![Action::ReleaseUnconfirmed]
+            } else {
+                vec![]
+            }
+        }
+        _ => vec![Action::ReleaseFinalizer],
+    }
 }
 
 /// Provider copies of ours whose consumer object no longer exists (both markers must be ours and

@@ -37,42 +37,10 @@ pub(super) fn api_state(
     failed: &[String],
 ) -> ApiState {
     let problem = |reason: &'static str, message: String| ApiState::Problem { reason, message };
-    let Some(d) = d else {
-        return problem(
-            "ConnectionNotReady",
-            format!("Connection {} is not ready", o.name),
-        );
+    let e = match usable_export(o, d, b, api, denied, failed) {
+        Ok(e) => e,
+        Err(state) => return state,
     };
-    let Some(e) = d.exports.iter().find(|e| e.api.name == api) else {
-        if let Some((_, why)) = d.skipped.iter().find(|(n, _)| n == api) {
-            return problem(
-                "ExportUnusable",
-                format!("{api} is exported but cannot be pulled: {why}"),
-            );
-        }
-        return problem(
-            "APINotExported",
-            format!("{api} is not exported by Connection {}", o.name),
-        );
-    };
-    if b.key.namespace.is_some() && e.api.scope == "Cluster" {
-        return problem(
-            "ClusterScopedAPI",
-            format!("{api} is cluster-scoped: only a ClusterBinding can activate it"),
-        );
-    }
-    if denied.iter().any(|n| n == api) {
-        return problem(
-            "PermissionDenied",
-            format!("writing the consumer CRD {api} was forbidden"),
-        );
-    }
-    if failed.iter().any(|n| n == api) {
-        return problem(
-            "CRDWriteFailed",
-            format!("writing the consumer CRD {api} failed; retried next run"),
-        );
-    }
     match crds.get(api) {
         None if o.policy.pull_policy == PullPolicy::None => problem(
             "CRDMissing",
@@ -82,33 +50,7 @@ pub(super) fn api_state(
             "CRDPending",
             format!("consumer CRD {api} not installed yet"),
         ),
-        Some(m) if ours(m, o.name) => {
-            // Under pullPolicy None the schema is the external manager's: no drift to report.
-            let in_sync = o.policy.pull_policy == PullPolicy::None
-                || m.schema_hash.as_deref() == Some(e.api.schema_hash.as_str());
-            let mut warnings = Vec::new();
-            if e.webhook_conversion {
-                warnings.push(format!(
-                    "{api}: the provider converts versions with a webhook; the consumer CRD serves only {} and provider-side conversion is not reproduced",
-                    e.api.version
-                ));
-            }
-            // The resolver checks ClusterBindings first, even when not Ready.
-            if b.key.namespace.is_some()
-                && let Some(cb) = o.bindings.iter().find(|x| {
-                    x.key.namespace.is_none() && !x.deleting && x.apis.iter().any(|a| a == api)
-                })
-            {
-                warnings.push(format!("{api} is also listed by ClusterBinding {}, which takes precedence: this Binding does not sync it", cb.key.name));
-            }
-            ApiState::Bound {
-                scope: e.api.scope.clone(),
-                version: e.api.version.clone(),
-                hash: m.schema_hash.clone().unwrap_or_default(),
-                in_sync,
-                warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
-            }
-        }
+        Some(m) if ours(m, o.name) => bound(o, b, e, m),
         Some(m) => {
             let owner = match &m.connection {
                 Some(c) => format!("is managed by Connection {c}"),
@@ -119,6 +61,92 @@ pub(super) fn api_state(
                 format!("consumer CRD {api} {owner}; it is never overwritten"),
             )
         }
+    }
+}
+
+/// The export behind `api`, when this binding may use it and its consumer CRD write did not
+/// fail this run; else the problem that says why not.
+fn usable_export<'d>(
+    o: &Observed,
+    d: Option<&'d Discovered>,
+    b: &BindingView,
+    api: &str,
+    denied: &[String],
+    failed: &[String],
+) -> Result<&'d crate::discovery::crdpull::Export, ApiState> {
+    let problem = |reason: &'static str, message: String| ApiState::Problem { reason, message };
+    let Some(d) = d else {
+        return Err(problem(
+            "ConnectionNotReady",
+            format!("Connection {} is not ready", o.name),
+        ));
+    };
+    let Some(e) = d.exports.iter().find(|e| e.api.name == api) else {
+        if let Some((_, why)) = d.skipped.iter().find(|(n, _)| n == api) {
+            return Err(problem(
+                "ExportUnusable",
+                format!("{api} is exported but cannot be pulled: {why}"),
+            ));
+        }
+        return Err(problem(
+            "APINotExported",
+            format!("{api} is not exported by Connection {}", o.name),
+        ));
+    };
+    if b.key.namespace.is_some() && e.api.scope == "Cluster" {
+        return Err(problem(
+            "ClusterScopedAPI",
+            format!("{api} is cluster-scoped: only a ClusterBinding can activate it"),
+        ));
+    }
+    if denied.iter().any(|n| n == api) {
+        return Err(problem(
+            "PermissionDenied",
+            format!("writing the consumer CRD {api} was forbidden"),
+        ));
+    }
+    if failed.iter().any(|n| n == api) {
+        return Err(problem(
+            "CRDWriteFailed",
+            format!("writing the consumer CRD {api} failed; retried next run"),
+        ));
+    }
+    Ok(e)
+}
+
+/// An API bound through this Connection's own consumer CRD, with its drift and warnings.
+fn bound(
+    o: &Observed,
+    b: &BindingView,
+    e: &crate::discovery::crdpull::Export,
+    m: &CrdMeta,
+) -> ApiState {
+    let api = e.api.name.as_str();
+    // Under pullPolicy None the schema is the external manager's: no drift to report.
+    let in_sync = o.policy.pull_policy == PullPolicy::None
+        || m.schema_hash.as_deref() == Some(e.api.schema_hash.as_str());
+    let mut warnings = Vec::new();
+    if e.webhook_conversion {
+        warnings.push(format!(
+            "{api}: the provider converts versions with a webhook; the consumer CRD serves only {} and provider-side conversion is not reproduced",
+            e.api.version
+        ));
+    }
+    // The resolver checks ClusterBindings first, even when not Ready.
+    if b.key.namespace.is_some()
+        && let Some(cb) = o
+            .bindings
+            .iter()
+            .find(|x| x.key.namespace.is_none() && !x.deleting && x.apis.iter().any(|a| a == api))
+    {
+        warnings.push(format!("{api} is also listed by ClusterBinding {}, which takes precedence: this Binding does not sync it", cb.key.name));
+    }
+    ApiState::Bound {
+        scope: e.api.scope.clone(),
+        version: e.api.version.clone(),
+        hash: m.schema_hash.clone().unwrap_or_default(),
+        in_sync,
+        warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
     }
 }
 
