@@ -33,6 +33,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::providers::{CatalogEntry, ExportRef};
 use crate::pass::budget::Exhausted;
+use crate::pass::walk::{Items, Look, Phase, Roots, TurnError, Walk};
 use crate::pass::writes::Writes;
 use crate::pass::{PassContext, PassError, Summary};
 
@@ -59,7 +60,15 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
     let (entries, losers) = observe::entries(&ctx, args.selector.as_deref()).await?;
     let grants = observe::grants(&ctx.client, args.hub.grant_namespace.as_deref()).await?;
     let mut bindings = hub.list_bindings().await.map_err(unreachable)?;
-    summary.count("catalogEntries", entries.len() as i64);
+    // This shard's entries in name order; their own cursors say where each cycle resumes.
+    let walk = Walk::new(
+        "CatalogEntry",
+        entries.iter().map(ResourceExt::name_any),
+        ctx.args.shard,
+        None,
+    )
+    .items(Items::PerWrite);
+    summary.count("catalogEntries", walk.order().len() as i64);
 
     let mut stopped: Option<Exhausted> = None;
     let core_owner = ctx.args.shard.is_none_or(|s| s.index == 0);
@@ -86,43 +95,23 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
             .await?;
     }
     let by_export = by_export(&bindings, core.as_ref(), &mut summary);
-    let selected: Vec<&SlimBinding> = entries
-        .iter()
-        .filter_map(|e| by_export.get(&(e.spec.export.path.clone(), e.spec.export.name.clone())))
-        .flatten()
-        .copied()
-        .collect();
-    let maintained = maintain::find(&hub, &selected).await;
+    let maintained = maintain::find(&hub, &of_entries(&entries, &by_export)).await;
 
-    for entry in &entries {
-        if stopped.is_some() {
-            break;
-        }
-        let key = (
-            entry.spec.export.path.clone(),
-            entry.spec.export.name.clone(),
-        );
-        if let Some(winner) = losers.get(&entry.name_any()) {
-            summary.count("duplicateEntries", 1);
-            let outcome = EntryOutcome {
-                blocked: Some(Blocked {
-                    reason: record::DUPLICATE_ENTRY,
-                    message: format!(
-                        "CatalogEntry {winner} is older and names the same APIExport {}; this entry writes nothing to any binding until that one is deleted",
-                        display_export(&entry.spec.export)
-                    ),
-                }),
-                ..Default::default()
-            };
-            record::write(&ctx, entry, &outcome, &manager, &mut writes).await;
-            continue;
-        }
-        let mine = by_export.get(&key).map(Vec::as_slice).unwrap_or_default();
-        let (outcome, exhausted) = observed
-            .reconcile_entry(entry, mine, &maintained, &mut writes, &mut summary)
-            .await;
-        stopped = exhausted;
-        record::write(&ctx, entry, &outcome, &manager, &mut writes).await;
+    if stopped.is_none() {
+        let mut walking = Entries {
+            observed: &observed,
+            entries: &entries,
+            losers: &losers,
+            by_export: &by_export,
+            maintained: &maintained,
+            manager: &manager,
+            writes: &mut writes,
+            summary: &mut summary,
+        };
+        stopped = walk
+            .run(&ctx.budget, &ctx.poison, &mut walking)
+            .await
+            .stopped;
     }
 
     let stopped = stopped.map(|why| crate::pass::Stopped {
@@ -137,6 +126,69 @@ pub async fn run(ctx: PassContext, args: ClaimsArgs) -> Result<Summary, PassErro
         summary.outcome = crate::pass::Outcome::DryRun;
     }
     Ok(summary)
+}
+
+/// The walk over this run's CatalogEntries (src/pass/walk.rs): each entry's bindings from its
+/// cursor, and its status recorded, even when the budget ends the run inside it.
+struct Entries<'r, 'a> {
+    observed: &'r Observed<'a>,
+    entries: &'r [CatalogEntry],
+    /// Entry name → the older entry naming the same export.
+    losers: &'r BTreeMap<String, String>,
+    by_export: &'r BTreeMap<(String, String), Vec<&'r SlimBinding>>,
+    maintained: &'r maintain::Maintained,
+    manager: &'r str,
+    writes: &'r mut Writes,
+    summary: &'r mut Summary,
+}
+
+impl Roots for Entries<'_, '_> {
+    type Error = std::convert::Infallible;
+
+    fn look(&mut self, name: &str) -> Look {
+        match self.entries.iter().find(|e| e.name_any() == name) {
+            None => Look::Absent,
+            Some(e) => Look::Due {
+                generation: e.metadata.generation.unwrap_or(0),
+                phase: Phase::Apply,
+            },
+        }
+    }
+
+    async fn quarantined(&mut self, _name: &str, _generation: i64) {}
+
+    async fn apply(&mut self, name: &str) -> Result<(), TurnError<Self::Error>> {
+        let Some(entry) = self.entries.iter().find(|e| e.name_any() == name) else {
+            return Ok(());
+        };
+        let ctx = self.observed.ctx;
+        if let Some(winner) = self.losers.get(name) {
+            self.summary.count("duplicateEntries", 1);
+            let outcome = duplicate(entry, winner);
+            record::write(ctx, entry, &outcome, self.manager, self.writes).await;
+            return Ok(());
+        }
+        let key = (
+            entry.spec.export.path.clone(),
+            entry.spec.export.name.clone(),
+        );
+        let mine = self
+            .by_export
+            .get(&key)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let (outcome, exhausted) = self
+            .observed
+            .reconcile_entry(entry, mine, self.maintained, self.writes, self.summary)
+            .await;
+        // Recorded either way: the cursor says where the next run resumes.
+        record::write(ctx, entry, &outcome, self.manager, self.writes).await;
+        exhausted.map_or(Ok(()), |why| Err(why.into()))
+    }
+
+    async fn cleanup(&mut self, _name: &str) -> Result<(), TurnError<Self::Error>> {
+        Ok(())
+    }
 }
 
 /// The provider bindings by the export they bind, without the core bindings and (with a core
@@ -170,6 +222,35 @@ fn by_export<'a>(
     }
     summary.count("bindingsSeen", bindings.len() as i64);
     by_export
+}
+
+/// A CatalogEntry naming the same APIExport as the older `winner`: blocked, so it writes
+/// nothing to any binding.
+fn duplicate(entry: &CatalogEntry, winner: &str) -> EntryOutcome {
+    EntryOutcome {
+        blocked: Some(Blocked {
+            reason: record::DUPLICATE_ENTRY,
+            message: format!(
+                "CatalogEntry {winner} is older and names the same APIExport {}; this entry writes nothing to any binding until that one is deleted",
+                display_export(&entry.spec.export)
+            ),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The bindings of the exports `entries` name: only those can be kcp-maintained bindings of
+/// this run.
+fn of_entries<'a>(
+    entries: &[CatalogEntry],
+    by_export: &BTreeMap<(String, String), Vec<&'a SlimBinding>>,
+) -> Vec<&'a SlimBinding> {
+    entries
+        .iter()
+        .filter_map(|e| by_export.get(&(e.spec.export.path.clone(), e.spec.export.name.clone())))
+        .flatten()
+        .copied()
+        .collect()
 }
 
 /// `<name> in <path>` (or `in the hub`).

@@ -41,6 +41,8 @@ pub(super) async fn entries(
             .await
             .map_err(|e| PassError::kube("listing CatalogEntries", e))?,
     };
+    // This shard's share: the bindings kcp maintains are looked up for it alone (the walk
+    // over it, src/pass/walk.rs, takes the same share).
     entries.retain(|e| shard::owns(ctx.args.shard, &e.name_any()));
     entries.sort_by_key(|e| e.name_any());
     Ok((entries, losers))

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::api::catalog::Export;
 use crate::api::iam::{Grant, REVOKE_FINALIZER};
 use crate::pass::budget::Exhausted;
+use crate::pass::walk::{Items, Look, Phase, Roots, TurnError, Walk};
 use crate::pass::{PassError, finalizer};
 
 use super::plan::{self, Blocked, Pin, Token};
@@ -22,6 +23,61 @@ pub(super) struct Swept {
     pub awaiting: Vec<Grant>,
     /// Why it stopped before the last Grant.
     pub stopped: Option<Exhausted>,
+}
+
+/// One sweep's walk over the Grants (src/pass/walk.rs): a live Grant is worked on, a deleted
+/// one holding the revoke finalizer is revoked.
+struct Grants<'s, 'a> {
+    run: &'s mut Run<'a>,
+    obs: &'s observe::Observed,
+    pinned: BTreeMap<String, String>,
+    /// The Grants waiting for their first heartbeat (the pin window's).
+    awaiting: Vec<Grant>,
+}
+
+/// The observed Grant named `name`.
+fn grant<'o>(obs: &'o observe::Observed, name: &str) -> Option<&'o Grant> {
+    obs.grants.iter().find(|g| g.name_any() == name)
+}
+
+impl Roots for Grants<'_, '_> {
+    type Error = std::convert::Infallible;
+
+    fn look(&mut self, name: &str) -> Look {
+        let Some(g) = grant(self.obs, name) else {
+            return Look::Absent;
+        };
+        Look::Due {
+            generation: g.metadata.generation.unwrap_or(0),
+            phase: Phase::of(
+                g.metadata.deletion_timestamp.is_some(),
+                finalizer::has(g.metadata.finalizers.as_ref(), REVOKE_FINALIZER),
+            ),
+        }
+    }
+
+    async fn quarantined(&mut self, _name: &str, _generation: i64) {}
+
+    async fn apply(&mut self, name: &str) -> Result<(), TurnError<Self::Error>> {
+        let obs = self.obs;
+        let Some(g) = grant(obs, name) else {
+            return Ok(());
+        };
+        let empty = plan::Issued::default();
+        let issued = obs.issued.get(name).unwrap_or(&empty);
+        let waiting = self.run.work(g, issued, obs, &mut self.pinned).await?;
+        if plan::sweep::follows_after_sweep(g, waiting, self.run.cfg.now) {
+            self.awaiting.push(g.clone());
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&mut self, name: &str) -> Result<(), TurnError<Self::Error>> {
+        let empty = plan::Issued::default();
+        let issued = self.obs.issued.get(name).unwrap_or(&empty);
+        self.run.revoke(name, issued).await;
+        Ok(())
+    }
 }
 
 impl Run<'_> {
@@ -47,40 +103,26 @@ impl Run<'_> {
         // Exports first: their status says which APIs are missing.
         self.export_statuses(&obs).await;
 
-        // Consumer clusters already pinned (by any Grant, selected or not), so no two Grants
-        // hold one.
-        let mut pinned: BTreeMap<String, String> = obs.pinned.clone();
-        let mut stopped = None;
-        let mut awaiting = Vec::new();
-        let empty = plan::Issued::default();
-        for g in &obs.grants {
-            let name = g.name_any();
-            if !crate::pass::shard::owns(self.ctx.args.shard, &name) {
-                continue;
-            }
-            if let Err(why) = self.ctx.budget.check() {
-                stopped = Some(why);
-                break;
-            }
-            let issued = obs.issued.get(&name).unwrap_or(&empty);
-            if g.metadata.deletion_timestamp.is_some() {
-                if finalizer::has(g.metadata.finalizers.as_ref(), REVOKE_FINALIZER) {
-                    self.revoke(&name, issued).await;
-                }
-                continue;
-            }
-            match self.work(g, issued, &obs, &mut pinned).await {
-                Ok(waiting) => {
-                    if plan::sweep::follows_after_sweep(g, waiting, self.cfg.now) {
-                        awaiting.push(g.clone());
-                    }
-                }
-                Err(why) => {
-                    stopped = Some(why);
-                    break;
-                }
-            }
-        }
+        // In name order from the first every sweep, never resumed elsewhere: the first Grant
+        // to pin a consumer cluster holds it. The Grants take the budget per write.
+        let walk = Walk::new(
+            "Grant",
+            obs.grants.iter().map(ResourceExt::name_any),
+            self.ctx.args.shard,
+            None,
+        )
+        .items(Items::PerWrite);
+        let (budget, poison) = (self.ctx.budget.clone(), self.ctx.poison.clone());
+        let mut grants = Grants {
+            // Consumer clusters already pinned (by any Grant, selected or not), so no two
+            // Grants hold one.
+            pinned: obs.pinned.clone(),
+            run: self,
+            obs: &obs,
+            awaiting: Vec::new(),
+        };
+        let stopped = walk.run(&budget, &poison, &mut grants).await.stopped;
+        let awaiting = grants.awaiting;
         if stopped.is_none() && self.args.selector.is_none() {
             let live: BTreeSet<String> = obs.grants.iter().map(ResourceExt::name_any).collect();
             self.orphans(&obs.issued, &live).await;

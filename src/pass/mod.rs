@@ -26,6 +26,7 @@ pub mod status;
 pub mod status_code;
 pub mod summary;
 pub mod sweep;
+pub mod walk;
 pub mod writes;
 
 pub use args::{CommonArgs, OutputFormat};

@@ -27,10 +27,10 @@ use crate::connection::CredentialPolicy;
 use crate::discovery::crdpull;
 use crate::pass::events::EventType;
 use crate::pass::finalizer;
-use crate::pass::poison::Verdict;
 use crate::pass::summary::Sweep;
+use crate::pass::walk::{Look, Phase, Roots, TurnError, Walk};
 use crate::pass::writes::Writes;
-use crate::pass::{PassContext, PassError, Stopped, Summary, shard};
+use crate::pass::{PassContext, PassError, Summary, shard};
 use plan::{BindingView, CrdMeta, CrdOutcome, Observed};
 
 pub const PASS: &str = "schema";
@@ -69,15 +69,21 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     // Always the resume order, never "what changed first": a Connection that changes on every
     // run (a provider flipping its exports under autoBind) and is slow to answer would
     // otherwise take every run's budget, and no other Connection would be reached again.
-    let order = resume_order(&names, ctx.resume_after.as_deref(), ctx.args.shard);
+    let walk = Walk::new(
+        "Connection",
+        names.iter().cloned(),
+        ctx.args.shard,
+        ctx.resume_after.as_deref(),
+    )
+    .isolated();
     world.providers.expect(
-        order
+        walk.order()
             .iter()
             .filter_map(|name| connection(&world.connections, name))
             .map(|c| &c.spec.kubeconfig_secret_ref),
     );
     // Progress lines say "done/planned" Connections (docs/operations.md, "Logs").
-    ctx.budget.plan(order.len() as u64);
+    ctx.budget.plan(walk.order().len() as u64);
     // A one-off run with --selector does everything for what it selects, and is no full sweep.
     let sweep = match &args.selector {
         Some(_) => Sweep::Full,
@@ -93,21 +99,7 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
         sweep,
     };
     run.summary.sweep = args.selector.is_none().then_some(sweep);
-    let (mut done, mut stopped, mut last) = (0, None, None);
-    for name in &order {
-        match run.turn(name).await {
-            Turn::Absent => {}
-            Turn::Done => done += 1,
-            Turn::Worked => {
-                last = Some(name.clone());
-                done += 1;
-            }
-            Turn::Stopped(why) => {
-                stopped = Some(why);
-                break;
-            }
-        }
-    }
+    let walked = walk.run(&ctx.budget, &ctx.poison, &mut run).await;
     if args.selector.is_none() {
         // A deleted Connection leaves the quarantine record.
         ctx.poison
@@ -116,15 +108,9 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     run.finish_statuses().await;
     run.orphaned_bindings(&names).await;
     let mut summary = run.summary;
-    summary.count("connections", done);
-    let stopped = stopped.map(|why| Stopped {
-        message: format!(
-            "stopped early ({why:?}); {} Connections left for the next run",
-            order.len() as i64 - done
-        ),
-        resume_after: last,
-    });
-    summary.finish(run.writes, stopped);
+    summary.count("connections", walked.done as i64);
+    summary.count("errors", walked.failed as i64);
+    summary.finish(run.writes, walked.stopped("Connections"));
     Ok(summary)
 }
 
@@ -139,42 +125,40 @@ struct Run<'a> {
     statuses: apply::StatusWrites,
 }
 
-/// How one Connection's turn ended.
-enum Turn {
-    /// Gone since the run observed it.
-    Absent,
-    /// Nothing to do (unchanged between full sweeps).
-    Done,
-    /// Worked on (reconciled, failed, or skipped as quarantined): the resume point moves here.
-    Worked,
-    /// The budget ran out before it.
-    Stopped(crate::pass::budget::Exhausted),
-}
+/// The walk's view of a Connection (src/pass/walk.rs): skipped when unchanged between full
+/// sweeps, cleaned up while deleting, else reconciled and its status queued.
+impl Roots for Run<'_> {
+    type Error = kube::Error;
 
-impl Run<'_> {
-    /// One Connection: skipped when unchanged between full sweeps or quarantined, else
-    /// reconciled and its status queued; a failure is counted and left for the next run.
-    async fn turn(&mut self, name: &str) -> Turn {
-        let Some(conn) = connection(&self.world.connections, name).cloned() else {
-            return Turn::Absent;
+    fn look(&mut self, name: &str) -> Look {
+        let Some(conn) = connection(&self.world.connections, name) else {
+            return Look::Absent;
         };
-        let secret = conn.spec.kubeconfig_secret_ref.clone();
-        if self.sweep == Sweep::Changed && plan::sweep::changed(&conn, &self.world.views).is_none()
-        {
+        if self.sweep == Sweep::Changed && plan::sweep::changed(conn, &self.world.views).is_none() {
+            let secret = conn.spec.kubeconfig_secret_ref.clone();
             self.summary.count("unchanged", 1);
             self.world.providers.done(&secret);
-            return Turn::Done;
+            return Look::Unchanged;
         }
-        if let Err(why) = self.ctx.budget.take() {
-            return Turn::Stopped(why);
+        Look::Due {
+            generation: conn.metadata.generation.unwrap_or(0),
+            // A deleting Connection always has its bindings and teardown to finish; teardown
+            // releases the finalizer last.
+            phase: Phase::of(conn.meta().deletion_timestamp.is_some(), true),
         }
-        let item = poison_item(name);
-        let generation = conn.metadata.generation.unwrap_or(0);
-        if self.ctx.poison.check(&item, generation) == Verdict::Quarantined {
-            self.quarantined(&conn, generation).await;
-            return Turn::Worked;
+    }
+
+    async fn quarantined(&mut self, name: &str, _generation: i64) {
+        if let Some(conn) = connection(&self.world.connections, name).cloned() {
+            self.report_quarantined(&conn).await;
         }
-        self.ctx.poison.enter(&item, generation).await;
+    }
+
+    async fn apply(&mut self, name: &str) -> Result<(), TurnError<kube::Error>> {
+        let Some(conn) = connection(&self.world.connections, name).cloned() else {
+            return Ok(());
+        };
+        let secret = conn.spec.kubeconfig_secret_ref.clone();
         let concurrency = self.args.write.write_concurrency;
         let reconciled = match reconcile(
             self.ctx,
@@ -192,24 +176,34 @@ impl Run<'_> {
                 .map(|()| ready),
             other => other.map(|(ready, _)| ready),
         };
-        match reconciled {
-            Ok(ready) => self
-                .summary
-                .count(if ready { "ready" } else { "notReady" }, 1),
-            Err(e) => {
-                tracing::warn!(connection = %name, error = %e, "connection not reconciled; next run retries");
-                self.summary.count("errors", 1);
-            }
-        }
-        self.ctx.poison.leave(&item);
         self.world.providers.done(&secret);
-        Turn::Worked
+        let ready = reconciled.map_err(TurnError::Failed)?;
+        self.summary
+            .count(if ready { "ready" } else { "notReady" }, 1);
+        Ok(())
     }
 
+    async fn cleanup(&mut self, name: &str) -> Result<(), TurnError<kube::Error>> {
+        let Some(conn) = connection(&self.world.connections, name).cloned() else {
+            return Ok(());
+        };
+        // Its deleting bindings finish first; the Connection waits for them.
+        let torn = async {
+            apply::finish_deleting_bindings(&self.world, name, &mut self.writes).await?;
+            teardown::connection(apply::world_view(&self.world), &conn, &mut self.writes).await
+        }
+        .await;
+        self.world.providers.done(&conn.spec.kubeconfig_secret_ref);
+        torn.map_err(TurnError::Failed)?;
+        self.summary.count("notReady", 1);
+        Ok(())
+    }
+}
+
+impl Run<'_> {
     /// A quarantined Connection is not contacted: it says so on its status (once).
-    async fn quarantined(&mut self, conn: &Connection, generation: i64) {
+    async fn report_quarantined(&mut self, conn: &Connection) {
         let name = conn.name_any();
-        tracing::warn!(connection = %name, generation, "skipped: two runs in a row died while working on it (docs/operations.md \"Poison items\")");
         if let Some(w) = apply::quarantined(self.ctx, &self.world, conn, &mut self.writes).await
             && let Err(e) = self.statuses.push(w, false, &mut self.writes).await
         {
@@ -265,37 +259,12 @@ impl Run<'_> {
     }
 }
 
-/// A Connection as poison isolation names it (src/pass/poison.rs).
-fn poison_item(name: &str) -> String {
-    crate::pass::poison::item("Connection", None, name)
-}
-
 /// The listed Connection named `name`.
 fn connection<'c>(connections: &'c [Connection], name: &str) -> Option<&'c Connection> {
     connections.iter().find(|c| c.name_any() == name)
 }
 
-/// This shard's Connections in name order, starting after `resume_after` and wrapping around,
-/// so a budget-limited schedule reaches every Connection in turn.
-fn resume_order(
-    names: &[String],
-    resume_after: Option<&str>,
-    shard: Option<crate::pass::Shard>,
-) -> Vec<String> {
-    let mut mine: Vec<String> = names
-        .iter()
-        .filter(|n| shard::owns(shard, n))
-        .cloned()
-        .collect();
-    mine.sort();
-    if let Some(after) = resume_after {
-        let split = mine.partition_point(|n| n.as_str() <= after);
-        mine.rotate_left(split);
-    }
-    mine
-}
-
-/// Reconcile one Connection; returns whether it ended Ready.
+/// Reconcile one live Connection; returns whether it ended Ready.
 async fn reconcile(
     ctx: &PassContext,
     world: &mut World,
@@ -304,12 +273,6 @@ async fn reconcile(
     write_concurrency: std::num::NonZeroUsize,
 ) -> Result<(bool, Option<apply::StatusWrite>), kube::Error> {
     let name = conn.name_any();
-    if conn.meta().deletion_timestamp.is_some() {
-        // Its deleting bindings finish first; the Connection waits for them.
-        apply::finish_deleting_bindings(world, &name, writes).await?;
-        teardown::connection(apply::world_view(world), &conn, writes).await?;
-        return Ok((false, None));
-    }
     hold_with_finalizer(world, &mut conn, writes).await?;
     let conn = &conn;
 
@@ -460,19 +423,4 @@ fn autobind_binding<'w>(world: &'w World, conn: &Connection) -> Option<&'w Bindi
     world.bindings.iter().find(|b| {
         b.view.key.namespace.is_none() && b.view.key.name == name && b.owner_uids.contains(&uid)
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resume_order;
-
-    #[test]
-    fn resumes_after_the_cursor_and_wraps() {
-        let names: Vec<String> = ["c", "a", "b", "d"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(resume_order(&names, None, None), ["a", "b", "c", "d"]);
-        assert_eq!(resume_order(&names, Some("b"), None), ["c", "d", "a", "b"]);
-        // A cursor naming a deleted Connection still resumes at the next name.
-        assert_eq!(resume_order(&names, Some("bb"), None), ["c", "d", "a", "b"]);
-        assert_eq!(resume_order(&names, Some("z"), None), ["a", "b", "c", "d"]);
-    }
 }
