@@ -366,5 +366,7 @@ fn the_creation_record_is_written_only_at_creation() {
     }
 }
 
-/// The statuses plan_status records: the Connection's and its bindings' conditions, autoBind.
+/// autoBind: the binding it keeps, and when it may delete it.
+mod autobind;
+/// The statuses plan_status records: the Connection's and its bindings' conditions.
 mod conditions;

@@ -1,10 +1,10 @@
 use super::*;
 
-fn now() -> Timestamp {
+pub(super) fn now() -> Timestamp {
     Timestamp::from_second(1_700_000_000).unwrap()
 }
 
-fn reason(conds: &[Condition], t: &str) -> String {
+pub(super) fn reason(conds: &[Condition], t: &str) -> String {
     conds
         .iter()
         .find(|c| c.type_ == t)
@@ -146,17 +146,19 @@ fn a_rejected_credential_is_credential_rejected() {
 
 /// A binding never says `Permitted` while its Connection's identity read or discovery was
 /// refused: its PermissionDenied names what was refused, as the Connection's does.
+/// The provider refusing the identity read (`kube-system` is forbidden).
+fn forbidden() -> IdentityError {
+    IdentityError::Forbidden(std::sync::Arc::new(kube::Error::Api(Box::new(
+        kube::core::Status {
+            code: 403,
+            message: "namespaces \"kube-system\" is forbidden".into(),
+            ..Default::default()
+        },
+    ))))
+}
+
 #[test]
 fn a_refused_identity_read_or_discovery_is_every_bindings_permission_denied() {
-    let forbidden = || {
-        IdentityError::Forbidden(std::sync::Arc::new(kube::Error::Api(Box::new(
-            kube::core::Status {
-                code: 403,
-                message: "namespaces \"kube-system\" is forbidden".into(),
-                ..Default::default()
-            },
-        ))))
-    };
     let bindings = vec![
         binding(None, "cb", "c", &["a.x.io"]),
         binding(Some("ns"), "b", "c", &["a.x.io"]),
@@ -354,207 +356,6 @@ fn bound_apis_carry_warnings_for_webhook_conversion_and_shadowing() {
             .contains("ClusterBinding cb, which takes precedence"),
         "{}",
         b.message
-    );
-}
-
-#[test]
-fn auto_bind_name_taken_is_a_condition() {
-    let case = Case::default();
-    let st = plan_status(&case.observed(), &[], &[], AutoBindView::NameTaken, now());
-    assert_eq!(
-        reason(&st.connection.conditions, AUTO_BIND),
-        "False/NameTaken"
-    );
-    assert_eq!(st.autobind, AutoBind::Leave, "never touched");
-    let st = plan_status(
-        &case.observed(),
-        &[],
-        &[],
-        AutoBindView::Maintained(None),
-        now(),
-    );
-    assert_eq!(
-        reason(&st.connection.conditions, AUTO_BIND),
-        "True/Maintained"
-    );
-    let st = plan_status(&case.observed(), &[], &[], AutoBindView::Off, now());
-    assert!(
-        !st.connection
-            .conditions
-            .iter()
-            .any(|c| c.type_ == AUTO_BIND)
-    );
-}
-
-#[test]
-fn auto_bind_needs_two_empty_discoveries_to_delete() {
-    let existing = binding(None, "c", "c", &["a.x.io"]);
-    let mut case = Case {
-        exports: vec![],
-        ..Default::default()
-    };
-    let first = plan_status(
-        &case.observed(),
-        &[],
-        &[],
-        AutoBindView::Maintained(Some(&existing)),
-        now(),
-    );
-    assert_eq!(
-        first.autobind,
-        AutoBind::Leave,
-        "one empty discovery may be a flapping label"
-    );
-    assert_eq!(first.connection.empty_discoveries, Some(1));
-    case.status = first.connection;
-    let second = plan_status(
-        &case.observed(),
-        &[],
-        &[],
-        AutoBindView::Maintained(Some(&existing)),
-        now(),
-    );
-    assert_eq!(second.autobind, AutoBind::Delete);
-
-    // A consumer CRD of the binding still holds objects: the provider withdrawing its exports
-    // does not delete them; the Connection names the CRDs, run after run, until they are empty.
-    let mut held = Case {
-        exports: vec![],
-        holding: [("a.x.io".to_string(), Holding::Objects)].into(),
-        ..Default::default()
-    };
-    for run in 0..3 {
-        let p = plan_status(
-            &held.observed(),
-            &[],
-            &[],
-            AutoBindView::Maintained(Some(&existing)),
-            now(),
-        );
-        assert_eq!(p.autobind, AutoBind::Leave, "run {run}");
-        let c = p
-            .connection
-            .conditions
-            .iter()
-            .find(|c| c.type_ == AUTO_BIND);
-        let c = c.expect("AutoBind condition");
-        assert_eq!(
-            (c.status.as_str(), c.reason.as_str()),
-            ("False", EXPORTS_WITHDRAWN)
-        );
-        assert!(c.message.contains("a.x.io"), "{}", c.message);
-        assert_eq!(exports_withdrawn(&p.connection), Some(c.message.as_str()));
-        held.status = p.connection;
-    }
-    held.holding = [(
-        "a.x.io".to_string(),
-        Holding::Unreadable("forbidden".into()),
-    )]
-    .into();
-    let unsure = plan_status(
-        &held.observed(),
-        &[],
-        &[],
-        AutoBindView::Maintained(Some(&existing)),
-        now(),
-    );
-    assert_eq!(unsure.autobind, AutoBind::Leave, "unreadable: kept");
-    let m = exports_withdrawn(&unsure.connection).expect("ExportsWithdrawn");
-    assert!(m.contains("a.x.io (objects not listed: forbidden)"), "{m}");
-    held.holding.clear();
-    let emptied = plan_status(
-        &held.observed(),
-        &[],
-        &[],
-        AutoBindView::Maintained(Some(&existing)),
-        now(),
-    );
-    assert_eq!(
-        emptied.autobind,
-        AutoBind::Delete,
-        "emptied by a person: deleted"
-    );
-    assert_eq!(
-        reason(&emptied.connection.conditions, AUTO_BIND),
-        "True/Maintained"
-    );
-
-    let case = Case::default();
-    assert_eq!(
-        plan_status(
-            &case.observed(),
-            &[],
-            &[],
-            AutoBindView::Maintained(None),
-            now()
-        )
-        .autobind,
-        AutoBind::Apply(vec!["a.x.io".into(), "b.x.io".into()])
-    );
-    let same = binding(None, "c", "c", &["a.x.io", "b.x.io"]);
-    assert_eq!(
-        plan_status(
-            &case.observed(),
-            &[],
-            &[],
-            AutoBindView::Maintained(Some(&same)),
-            now()
-        )
-        .autobind,
-        AutoBind::Leave
-    );
-    assert_eq!(
-        plan_status(&case.observed(), &[], &[], AutoBindView::Off, now()).autobind,
-        AutoBind::Leave,
-        "autoBind off leaves it"
-    );
-    // The Connection's labels go onto the binding (a selector picking the Connection picks
-    // it); labels someone else added stay without a write.
-    let labelled = Case {
-        labels: [("team".to_string(), "a".to_string())].into(),
-        ..Default::default()
-    };
-    let verdict = |b: &BindingView| {
-        plan_status(
-            &labelled.observed(),
-            &[],
-            &[],
-            AutoBindView::Maintained(Some(b)),
-            now(),
-        )
-        .autobind
-    };
-    assert_eq!(
-        verdict(&same),
-        AutoBind::Apply(vec!["a.x.io".into(), "b.x.io".into()]),
-        "the label is missing"
-    );
-    let mut both = same.clone();
-    both.labels = [("team", "a"), ("owner", "x")]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .into();
-    assert_eq!(verdict(&both), AutoBind::Leave);
-    both.labels.insert("team".into(), "b".into());
-    assert_ne!(verdict(&both), AutoBind::Leave, "another value");
-    // A non-empty discovery resets the count.
-    let reset = Case {
-        status: ConnectionStatus {
-            empty_discoveries: Some(1),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    assert_eq!(
-        plan_status(
-            &reset.observed(),
-            &[],
-            &[],
-            AutoBindView::Maintained(None),
-            now()
-        )
-        .connection
-        .empty_discoveries,
-        None
     );
 }
 
