@@ -73,19 +73,21 @@ pub enum AuthError {
     #[error(
         "may not read Secret {namespace}/{secret}: namespace {namespace} has no RoleBinding granting \
          relsync's ServiceAccount the ClusterRole kbind-relsync-credentials; a namespace admin \
-         creates one as deploy/components/directory/relsync-credentials-example.yaml shows ({message})"
+         creates one as deploy/components/directory/relsync-credentials-example.yaml shows ({})",
+        source.api_message().unwrap_or_default()
     )]
     SecretForbidden {
         namespace: String,
         secret: String,
-        message: String,
+        #[source]
+        source: kube::Error,
     },
-    #[error("reading {what}: {message}")]
+    /// A read failed; a 403 is an RBAC problem of the job's identity, not a bad credential.
+    #[error("reading {what}: {source}")]
     Kube {
         what: String,
-        message: String,
-        /// The job's identity may not read it (403): an RBAC problem, not a bad credential.
-        forbidden: bool,
+        #[source]
+        source: kube::Error,
     },
 }
 
@@ -104,21 +106,15 @@ impl AuthError {
             ) => "HostNotAllowed",
             Self::Host(HostError::BadEndpoint { .. }) => "InvalidConfig",
             Self::Host(_) => "InvalidBaseURL",
-            Self::Kube {
-                forbidden: true, ..
-            }
-            | Self::SecretForbidden { .. } => "PermissionDenied",
+            Self::Kube { source, .. } if source.is_forbidden() => "PermissionDenied",
+            Self::SecretForbidden { .. } => "PermissionDenied",
             Self::Kube { .. } => "CredentialUnreadable",
         }
     }
 }
 
 fn kube_err(what: String) -> impl FnOnce(kube::Error) -> AuthError {
-    move |e| AuthError::Kube {
-        what,
-        forbidden: e.is_forbidden(),
-        message: e.to_string(),
-    }
+    move |source| AuthError::Kube { what, source }
 }
 
 /// A failed Secret read: 403 says which grant is missing, anything else as any failed read.
@@ -131,7 +127,7 @@ fn secret_err(what: String, e: crate::secrets::SecretError) -> AuthError {
         } => AuthError::SecretForbidden {
             namespace,
             secret: name,
-            message: source.api_message().unwrap_or_default().to_string(),
+            source,
         },
         crate::secrets::SecretError::Unreadable { source, .. } => kube_err(what)(source),
         crate::secrets::SecretError::NotFound { name, .. } => AuthError::SecretNotFound(name),
