@@ -155,8 +155,6 @@ impl Roots for Entries<'_, '_> {
         }
     }
 
-    async fn quarantined(&mut self, _name: &str, _generation: i64) {}
-
     async fn apply(&mut self, name: &str) -> Result<(), TurnError<Self::Error>> {
         let Some(entry) = self.entries.iter().find(|e| e.name_any() == name) else {
             return Ok(());
@@ -184,10 +182,6 @@ impl Roots for Entries<'_, '_> {
         // Recorded either way: the cursor says where the next run resumes.
         record::write(ctx, entry, &outcome, self.manager, self.writes).await;
         exhausted.map_or(Ok(()), |why| Err(why.into()))
-    }
-
-    async fn cleanup(&mut self, _name: &str) -> Result<(), TurnError<Self::Error>> {
-        Ok(())
     }
 }
 

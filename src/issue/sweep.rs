@@ -56,8 +56,6 @@ impl Roots for Grants<'_, '_> {
         }
     }
 
-    async fn quarantined(&mut self, _name: &str, _generation: i64) {}
-
     async fn apply(&mut self, name: &str) -> Result<(), TurnError<Self::Error>> {
         let obs = self.obs;
         let Some(g) = grant(obs, name) else {

@@ -1,12 +1,13 @@
 //! The loop over a pass's root objects, owned by the framework (docs/architecture.md "The life
 //! of a run"): which roots a run takes and in what order (this shard's, by name, from where the
-//! last budget-limited run stopped), the budget, poison isolation (src/pass/poison.rs), each
-//! root's errors kept to that root, and where the next run resumes. A pass says only what one
-//! root's turn is ([`Roots`]): observe → plan → apply → record stays in its own files.
+//! last budget-limited run stopped when the pass resumes by the pass Lease), the budget, poison
+//! isolation (src/pass/poison.rs) when the pass asks for it, each root's errors kept to that
+//! root, and the cursor the next run resumes after. A pass says only what one root's turn is
+//! ([`Roots`]): observe → plan → apply → record stays in its own files.
 //!
 //! Finalizers follow kube-runtime's `finalizer` helper: a live root is *applied*, a deleting one
-//! that still needs the pass is *cleaned up*, and any other deleting root is left alone
-//! ([`Phase`]).
+//! the pass still holds is *cleaned up*, and any other deleting root gets no turn ([`Phase`]);
+//! what "holds" means is the pass's (its finalizer, or work left such as schema's bindings).
 
 use std::fmt::Display;
 
@@ -21,7 +22,7 @@ pub enum Phase {
     Apply,
     /// Deleting, and the pass still holds it (its finalizer, or what it owns): clean up.
     Cleanup,
-    /// Deleting with nothing left for the pass: no turn.
+    /// Deleting with nothing left for the pass: no turn, no budget, the cursor stays.
     Done,
 }
 
@@ -68,12 +69,20 @@ pub trait Roots {
     type Error: Display;
     /// What the walk should do with `name`; may count what the pass reports (e.g. unchanged).
     fn look(&mut self, name: &str) -> Look;
-    /// A root two runs in a row died on: not contacted; the pass says so where it reports.
-    fn quarantined(&mut self, name: &str, generation: i64) -> impl Future<Output = ()>;
+    /// A root two runs in a row died on (only in a walk [`Walk::isolated`]): not contacted;
+    /// the pass says so where it reports.
+    fn quarantined(&mut self, name: &str, generation: i64) -> impl Future<Output = ()> {
+        let _ = (name, generation);
+        async {}
+    }
     /// A live root ([`Phase::Apply`]).
     fn apply(&mut self, name: &str) -> impl Future<Output = Result<(), TurnError<Self::Error>>>;
-    /// A deleting root the pass still holds ([`Phase::Cleanup`]).
-    fn cleanup(&mut self, name: &str) -> impl Future<Output = Result<(), TurnError<Self::Error>>>;
+    /// A deleting root the pass still holds ([`Phase::Cleanup`]); a pass that never says
+    /// `Cleanup` has none.
+    fn cleanup(&mut self, name: &str) -> impl Future<Output = Result<(), TurnError<Self::Error>>> {
+        let _ = name;
+        async { Ok(()) }
+    }
 }
 
 /// How the walk spends the budget.
@@ -91,6 +100,8 @@ pub struct Walk {
     /// The kind logs and poison isolation name roots by (`Connection`).
     kind: &'static str,
     order: Vec<String>,
+    /// Where the last run stopped: kept when this one stops before working on any root.
+    resume_after: Option<String>,
     items: Items,
     /// Whether roots are isolated against poison (a root two runs died on is skipped).
     poison: bool,
@@ -134,6 +145,7 @@ impl Walk {
         Self {
             kind,
             order,
+            resume_after: resume_after.map(str::to_string),
             items: Items::PerRoot,
             poison: false,
         }
@@ -172,6 +184,9 @@ impl Walk {
                     walked.done += 1;
                     continue;
                 }
+                Look::Due {
+                    phase: Phase::Done, ..
+                } => continue,
                 Look::Due { generation, phase } => (generation, phase),
             };
             let spent = match self.items {
@@ -179,14 +194,12 @@ impl Walk {
                 Items::PerWrite => budget.check(),
             };
             if let Err(why) = spent {
-                walked.stopped = Some(why);
-                walked.left = (self.order.len() - i) as u64;
+                self.stop(&mut walked, why, i);
                 break;
             }
             match self.turn(poison, roots, name, generation, phase).await {
                 Err(TurnError::Exhausted(why)) => {
-                    walked.stopped = Some(why);
-                    walked.left = (self.order.len() - i) as u64;
+                    self.stop(&mut walked, why, i);
                     break;
                 }
                 Err(TurnError::Failed(e)) => {
@@ -199,6 +212,16 @@ impl Walk {
             walked.last = Some(name.clone());
         }
         walked
+    }
+
+    /// The walk stops at root `i`: it and those after it are left, and a run that worked on no
+    /// root keeps the cursor it started from (else the next would start over at the first).
+    fn stop(&self, walked: &mut Walked, why: Exhausted, i: usize) {
+        walked.stopped = Some(why);
+        walked.left = (self.order.len() - i) as u64;
+        if walked.last.is_none() {
+            walked.last.clone_from(&self.resume_after);
+        }
     }
 
     /// One root's turn, inside poison isolation when the walk has it.
@@ -222,7 +245,7 @@ impl Walk {
         let result = match phase {
             Phase::Apply => roots.apply(name).await,
             Phase::Cleanup => roots.cleanup(name).await,
-            Phase::Done => Ok(()),
+            Phase::Done => Ok(()), // never walked: `run` skips it
         };
         if self.poison {
             poison.leave(&item);

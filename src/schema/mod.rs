@@ -109,7 +109,9 @@ pub async fn run(ctx: PassContext, args: args::SchemaArgs) -> Result<Summary, Pa
     run.orphaned_bindings(&names).await;
     let mut summary = run.summary;
     summary.count("connections", walked.done as i64);
-    summary.count("errors", walked.failed as i64);
+    if walked.failed > 0 {
+        summary.count("errors", walked.failed as i64);
+    }
     summary.finish(run.writes, walked.stopped("Connections"));
     Ok(summary)
 }

@@ -117,15 +117,15 @@ async fn a_failed_root_is_counted_and_the_others_go_on() {
     assert_eq!(
         walked,
         Walked {
-            done: 5,
+            done: 4,
             failed: 1,
-            last: Some("f".into()),
+            last: Some("e".into()),
             stopped: None,
             left: 0,
         }
     );
-    // Unchanged and absent roots take no budget; every due root takes one.
-    assert_eq!(budget.used(), 4);
+    // Unchanged, absent and finished deleting roots take no budget; every other one takes one.
+    assert_eq!(budget.used(), 3);
     assert_eq!(walked.stopped("roots"), None);
 }
 
@@ -147,9 +147,20 @@ async fn the_budget_stops_the_walk_and_the_next_run_resumes_after_the_last_root(
     // The next run starts after it and wraps around.
     let mut s = Script::default();
     let budget = Budget::new(Some(2), Duration::from_secs(3600));
-    let w = Walk::new("X", all, None, stop.resume_after.as_deref());
+    let w = Walk::new("X", all.clone(), None, stop.resume_after.as_deref());
     w.run(&budget, &Tracker::default(), &mut s).await;
     assert_eq!(s.calls, ["apply d", "apply e"]);
+
+    // A run that stops before working on any root keeps the cursor it started from.
+    let budget = Budget::new(Some(0), Duration::from_secs(3600));
+    let w = Walk::new("X", all, None, Some("c"));
+    let walked = w
+        .run(&budget, &Tracker::default(), &mut Script::default())
+        .await;
+    assert_eq!(
+        walked.stopped("roots").unwrap().resume_after.as_deref(),
+        Some("c")
+    );
 }
 
 #[tokio::test]
