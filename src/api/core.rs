@@ -10,6 +10,9 @@ pub const VERSION: &str = "v1alpha1";
 /// CEL: `<plural>.<group>`, lower-case DNS labels; refuses Kinds, versions and URLs.
 pub const API_NAME_RULE: &str =
     r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$')";
+/// The most APIs one binding lists (its CRD's `spec.apis` maxItems; a test keeps them equal).
+pub const MAX_BINDING_APIS: usize = 500;
+
 pub const API_NAME_MESSAGE: &str = "must be <plural>.<group> in lower case, e.g. widgets.example.org (not a Kind, a version or a URL)";
 
 /// Where the provider credentials live. The reference is immutable; the Secret's data is not.
@@ -391,4 +394,26 @@ pub mod condition {
     pub const REASON_FOREIGN_CRD: &str = "ForeignCRD";
     /// Connected=False: the provider refused the credential (401: revoked or expired).
     pub const REASON_CREDENTIAL_REJECTED: &str = "CredentialRejected";
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+
+    #[test]
+    fn a_binding_crd_lists_at_most_max_binding_apis() {
+        for crd in [ClusterBinding::crd(), Binding::crd()] {
+            let v = serde_json::to_value(&crd).unwrap();
+            let apis = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                ["properties"]["apis"];
+            assert_eq!(
+                apis["maxItems"].as_u64(),
+                Some(MAX_BINDING_APIS as u64),
+                "{}",
+                crd.spec.names.kind
+            );
+        }
+    }
 }

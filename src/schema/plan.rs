@@ -267,15 +267,15 @@ pub fn crds_after(
     crds
 }
 
+mod autobind;
 mod binding;
 mod quarantine;
 mod status;
 pub mod sweep;
+pub use autobind::{AutoBind, AutoBindView, EXPORTS_WITHDRAWN, TOO_MANY_APIS, exports_withdrawn};
 pub use binding::{SchemaOwned, schema_owned};
 pub use quarantine::{REASON_QUARANTINED, quarantined_status};
-pub use status::{
-    AutoBind, AutoBindView, EXPORTS_WITHDRAWN, StatusPlan, exports_withdrawn, plan_status,
-};
+pub use status::{StatusPlan, plan_status};
 
 #[cfg(test)]
 mod tests;

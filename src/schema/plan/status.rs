@@ -1,12 +1,13 @@
 //! The statuses `kbind schema` records after one Connection's CRD writes, pure: the
 //! Connection's conditions and exports, each of its bindings' setup side (`binding.rs`), and
-//! the autoBind ClusterBinding to apply or delete.
+//! the autoBind ClusterBinding to apply or delete (`autobind.rs`).
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
+use super::autobind::{AutoBind, AutoBindView, autobind_condition, plan_autobind};
 use super::binding::{ApiState, ConnectionSide, api_state, binding_status};
 use super::*;
 
@@ -17,23 +18,6 @@ pub struct StatusPlan {
     /// Only bindings whose schema-owned status changed.
     pub bindings: Vec<(BindingKey, BindingStatus)>,
     pub autobind: AutoBind,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AutoBind {
-    Leave,
-    /// Apply the ClusterBinding named after the Connection with these APIs.
-    Apply(Vec<String>),
-    Delete,
-}
-
-/// What autoBind has to work with: off, its ClusterBinding (absent or owned by the Connection),
-/// or that name held by a binding the Connection does not own.
-#[derive(Clone, Copy, Debug)]
-pub enum AutoBindView<'a> {
-    Off,
-    Maintained(Option<&'a BindingView>),
-    NameTaken,
 }
 
 pub fn plan_status(
@@ -350,75 +334,6 @@ impl Drift {
     }
 }
 
-/// autoBind's reserved name held by someone else is the user's to resolve: say so where they
-/// look (a log line in a CronJob's pod is seen by nobody).
-fn autobind_condition(
-    o: &Observed,
-    st: &mut ConnectionStatus,
-    autobind: AutoBindView<'_>,
-    now: Timestamp,
-) {
-    let g = o.generation;
-    match autobind {
-        AutoBindView::NameTaken => st.conditions.set_condition(
-            AUTO_BIND,
-            S::False,
-            "NameTaken",
-            &format!(
-                "ClusterBinding {} exists and is not owned by this Connection; autoBind leaves it alone. Delete or rename it to let autoBind maintain it",
-                o.name
-            ),
-            g,
-            now,
-        ),
-        AutoBindView::Maintained(Some(_))
-            if o.exports().is_some_and(|d| d.exports.is_empty()) && !o.holding.is_empty() =>
-        {
-            st.conditions.set_condition(
-                AUTO_BIND,
-                S::False,
-                EXPORTS_WITHDRAWN,
-                &withdrawn_message(o),
-                g,
-                now,
-            )
-        }
-        AutoBindView::Maintained(_) => {
-            st.conditions
-                .set_condition(AUTO_BIND, S::True, "Maintained", "", g, now)
-        }
-        AutoBindView::Off => st.conditions.remove_condition(AUTO_BIND),
-    };
-}
-
-/// The reason of `AutoBind=False` while the provider exports nothing and consumer CRDs of the
-/// autoBind ClusterBinding hold objects; [`exports_withdrawn`] reads it back for the Event.
-pub const EXPORTS_WITHDRAWN: &str = "ExportsWithdrawn";
-
-fn withdrawn_message(o: &Observed) -> String {
-    let why: Vec<String> = o
-        .holding
-        .iter()
-        .map(|(crd, h)| match h {
-            Holding::Objects => format!("{crd} (holds objects)"),
-            Holding::Unreadable(e) => format!("{crd} (objects not listed: {e})"),
-        })
-        .collect();
-    format!(
-        "the provider exports nothing any more; ClusterBinding {} stays while these consumer CRDs may hold objects: {}. Once they are empty (kbind schema needs list on their objects to see it), autoBind removes the binding; a CRD still holding objects is never deleted by it",
-        o.name,
-        why.join(", ")
-    )
-}
-
-/// The message of an `ExportsWithdrawn` AutoBind condition in `st`, if it carries one.
-pub fn exports_withdrawn(st: &ConnectionStatus) -> Option<&str> {
-    st.conditions
-        .iter()
-        .find(|c| c.type_ == AUTO_BIND && c.reason == EXPORTS_WITHDRAWN)
-        .map(|c| c.message.as_str())
-}
-
 fn names_where(
     actions: &[CrdAction],
     outcomes: &[CrdOutcome],
@@ -434,39 +349,4 @@ fn names_where(
 
 fn join(s: &BTreeSet<String>) -> String {
     s.iter().cloned().collect::<Vec<_>>().join(", ")
-}
-
-fn plan_autobind(
-    o: &Observed,
-    d: Option<&Discovered>,
-    st: &ConnectionStatus,
-    existing: Option<&BindingView>,
-    auto_bind: bool,
-) -> AutoBind {
-    let Some(d) = d else { return AutoBind::Leave };
-    if !auto_bind {
-        return AutoBind::Leave;
-    }
-    if d.exports.is_empty() {
-        // Two consecutive successful, empty discoveries before deleting (contract), and never
-        // while a consumer CRD of the binding holds objects: the binding's teardown would
-        // delete them, and a provider must not be able to cause that (autobind_condition says
-        // so instead).
-        return if existing.is_some()
-            && st.empty_discoveries.unwrap_or(0) >= 2
-            && o.holding.is_empty()
-        {
-            AutoBind::Delete
-        } else {
-            AutoBind::Leave
-        };
-    }
-    let apis: Vec<String> = d.exports.iter().map(|e| e.api.name.clone()).collect();
-    // Labels someone else added to the binding stay (they are not kbind's fields): only the
-    // Connection's own must be there with its values.
-    let labelled = |b: &BindingView| o.labels.iter().all(|(k, v)| b.labels.get(k) == Some(v));
-    match existing {
-        Some(b) if b.apis == apis && b.connection == o.name && labelled(b) => AutoBind::Leave,
-        _ => AutoBind::Apply(apis),
-    }
 }

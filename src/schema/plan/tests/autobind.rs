@@ -207,3 +207,59 @@ fn a_non_empty_discovery_resets_the_count_of_empty_ones() {
         None
     );
 }
+
+#[test]
+fn more_exports_than_a_binding_lists_leave_it_and_say_why() {
+    let many = |n: usize| Case {
+        exports: (0..n)
+            .map(|i| export(&format!("r{i:03}.x.io"), "Namespaced", "h"))
+            .collect(),
+        ..Default::default()
+    };
+    let existing = binding(None, "c", "c", &["a.x.io"]);
+    for view in [
+        AutoBindView::Maintained(None),
+        AutoBindView::Maintained(Some(&existing)),
+    ] {
+        let over = plan_status(
+            &many(crate::api::core::MAX_BINDING_APIS + 1).observed(),
+            &[],
+            &[],
+            view,
+            now(),
+        );
+        assert_eq!(
+            over.autobind,
+            AutoBind::Leave,
+            "the binding's CRD would refuse it"
+        );
+        let c = over
+            .connection
+            .conditions
+            .iter()
+            .find(|c| c.type_ == AUTO_BIND)
+            .expect("AutoBind condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", TOO_MANY_APIS)
+        );
+        assert!(
+            c.message.contains("exports 501 APIs") && c.message.contains("at most 500"),
+            "{}",
+            c.message
+        );
+    }
+    // At the limit it is maintained as always.
+    let at = plan_status(
+        &many(crate::api::core::MAX_BINDING_APIS).observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(None),
+        now(),
+    );
+    assert!(matches!(&at.autobind, AutoBind::Apply(apis) if apis.len() == 500));
+    assert_eq!(
+        reason(&at.connection.conditions, AUTO_BIND),
+        "True/Maintained"
+    );
+}
