@@ -640,6 +640,7 @@ async fn unbind_then_rebind_keeps_every_provider_copy() {
         .await
         .expect("an Event on the ClusterBinding says the copies stay");
     assert!(note.contains("3 provider copies stay"), "{note}");
+    assert!(!note.contains("unmarked"), "every copy was reached: {note}");
 
     // The provider labels one copy while no consumer object exists.
     s.provider()
@@ -2386,5 +2387,48 @@ async fn an_unbind_after_the_export_is_withdrawn_still_marks_the_copies() {
     assert_eq!(
         again["bookkeeping_writes"], 2,
         "the Lease only, no heartbeat of a needless connect: {again}"
+    );
+}
+
+/// An unbind while the provider cannot be reached (its credential broken) still releases the
+/// binding: the copies stay unmarked, never deleted, and the ProviderCopiesKept Event says so
+/// instead of counting copies nobody looked at.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_unbind_the_provider_cannot_be_reached_for_says_the_copies_stay_unmarked() {
+    let s = setup("runreached", "Fail").await;
+    s.ensure_provider_ns().await;
+    s.create(&s.consumer(), "w1", json!({"spec": {"size": 1}}))
+        .await;
+    s.resync(&[]);
+    assert!(s.provider().get_opt("w1").await.unwrap().is_some());
+
+    // The credential breaks: resync can no longer build a provider client.
+    let r = s.fx.conn(&s.conn).await.spec.kubeconfig_secret_ref;
+    s.fx.secret(&r.name, &r.key, "not a kubeconfig").await;
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    let uid = cbs.get(&s.cb).await.unwrap().uid().unwrap();
+    cbs.delete(&s.cb, &DeleteParams::default()).await.unwrap();
+    let out = s.resync(&[]);
+    let b = cbs.get(&s.cb).await.unwrap();
+    assert_eq!(
+        cond(&b.status.unwrap().conditions, "InstancesReleased").0,
+        "True",
+        "{out}"
+    );
+    let copy = s.provider().get("w1").await.expect("the copy stays");
+    assert_eq!(copy.annotations().get(kbind::api::keys::ORPHANED), None);
+    let note = support::event_note(&s.fx.consumer, "default", "ProviderCopiesKept", &uid)
+        .await
+        .expect("an Event on the ClusterBinding");
+    assert!(
+        note.contains(&format!(
+            "copies of {} could not be reached and stay unmarked",
+            s.api
+        )),
+        "{note}"
     );
 }

@@ -115,7 +115,7 @@ async fn release_one(
         return Ok(false);
     }
     if !unbound.is_empty() {
-        copies_kept(ctx, b, &unbound, kept).await;
+        copies_kept(ctx, b, &unbound, &kept).await;
     }
     let status = super::record::released_status(b, Timestamp::now());
     if writes.will("apply-status", b.key.to_string(), "InstancesReleased=True") {
@@ -165,8 +165,18 @@ async fn hold_while_quarantined(
     Ok(())
 }
 
-/// Mark the provider copies of every unbound API orphaned: how many copies there are, or
-/// `None` when some are left for the next run (the budget ran out).
+/// What marking the provider copies of a released binding's unbound APIs came to.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Copies found on the provider (marked now or before).
+    copies: i64,
+    /// APIs whose copies could not be listed or marked (provider not reached, an error): their
+    /// copies, if any, stay unmarked.
+    unmarked: Vec<String>,
+}
+
+/// Mark the provider copies of every unbound API orphaned: what was kept, or `None` when some
+/// are left for the next run (the budget ran out).
 async fn mark_all_unbound(
     ctx: &PassContext,
     client: &Client,
@@ -174,23 +184,25 @@ async fn mark_all_unbound(
     provider: Option<&Provider>,
     unbound: &[&BoundApi],
     writes: &mut Writes,
-) -> Option<i64> {
-    let (mut kept, mut done) = (0, true);
+) -> Option<Kept> {
+    let (mut kept, mut done) = (Kept::default(), true);
     for api in unbound {
         match provider {
             Some(p) => match mark_unbound(ctx, client, p, api, writes).await {
                 Ok((n, complete)) => {
-                    kept += n;
+                    kept.copies += n;
                     done &= complete;
                 }
                 // Not fatal for the unbind: an unmarked copy is marked ConsumerObjectGone
                 // at the re-bind instead; it is never deleted either way.
                 Err(e) => {
-                    tracing::warn!(binding = %b.key, api = %api.name, error = %e, "provider copies not marked orphaned")
+                    tracing::warn!(binding = %b.key, api = %api.name, error = %e, "provider copies not marked orphaned");
+                    kept.unmarked.push(api.name.clone());
                 }
             },
             None => {
-                tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked")
+                tracing::info!(binding = %b.key, api = %api.name, "provider not reachable: copies stay unmarked");
+                kept.unmarked.push(api.name.clone());
             }
         }
     }
@@ -198,16 +210,24 @@ async fn mark_all_unbound(
 }
 
 /// The `ProviderCopiesKept` Event on a released ClusterBinding: which consumer CRDs `kbind schema`
-/// now removes, and how many provider copies stay.
-async fn copies_kept(ctx: &PassContext, b: &BindingRef, unbound: &[&BoundApi], kept: i64) {
+/// now removes, and what stays on the provider.
+async fn copies_kept(ctx: &PassContext, b: &BindingRef, unbound: &[&BoundApi], kept: &Kept) {
     let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
-    let note = format!(
+    let mut note = format!(
         "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
-         the {kept} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
+         the {} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
         names.join(", "),
+        kept.copies,
         keys::ORPHANED,
         keys::ORPHANED_UNBOUND
     );
+    if !kept.unmarked.is_empty() {
+        note.push_str(&format!(
+            "; the provider copies of {} could not be reached and stay unmarked (never deleted; a re-bind marks them {})",
+            kept.unmarked.join(", "),
+            keys::ORPHANED_CONSUMER_OBJECT_GONE
+        ));
+    }
     let reference = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("core.kbind.io/v1alpha1".into()),
         kind: Some("ClusterBinding".into()),
