@@ -88,6 +88,9 @@ struct BoundApi {
 struct Provider {
     client: Client,
     local_uid: String,
+    /// The Connection's generation when it was reached: poison isolation records the work
+    /// done through it (src/pass/poison.rs).
+    generation: i64,
 }
 
 /// What one run carries from bound API to bound API.

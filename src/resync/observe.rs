@@ -228,6 +228,7 @@ pub(super) async fn connect(
     Some(Provider {
         client: provider,
         local_uid: local,
+        generation: conn.metadata.generation.unwrap_or(0),
     })
 }
 

@@ -186,6 +186,11 @@ async fn mark_all_unbound(
     writes: &mut Writes,
 ) -> Option<Kept> {
     let (mut kept, mut done) = (Kept::default(), true);
+    // Work through the binding's Connection: a death while marking is blamed on it alone.
+    let item = crate::pass::poison::item("Connection", None, &b.connection);
+    if let Some(p) = provider.filter(|_| !unbound.is_empty()) {
+        ctx.poison.enter(&item, p.generation).await;
+    }
     for api in unbound {
         match provider {
             Some(p) => match mark_unbound(ctx, client, p, api, writes).await {
@@ -206,6 +211,7 @@ async fn mark_all_unbound(
             }
         }
     }
+    ctx.poison.leave(&item);
     done.then_some(kept)
 }
 
