@@ -640,7 +640,10 @@ async fn unbind_then_rebind_keeps_every_provider_copy() {
         .await
         .expect("an Event on the ClusterBinding says the copies stay");
     assert!(note.contains("3 provider copies stay"), "{note}");
-    assert!(!note.contains("unmarked"), "every copy was reached: {note}");
+    assert!(
+        !note.contains("not all marked"),
+        "every copy was reached: {note}"
+    );
 
     // The provider labels one copy while no consumer object exists.
     s.provider()
@@ -2425,10 +2428,12 @@ async fn an_unbind_the_provider_cannot_be_reached_for_says_the_copies_stay_unmar
         .await
         .expect("an Event on the ClusterBinding");
     assert!(
-        note.contains(&format!(
-            "copies of {} could not be reached and stay unmarked",
-            s.api
-        )),
+        note.contains(&format!("copies of {} were not all marked", s.api))
+            && note.contains("the provider was not reached"),
         "{note}"
+    );
+    assert!(
+        !note.contains("provider copies stay"),
+        "no count of copies nobody looked at: {note}"
     );
 }

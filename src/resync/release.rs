@@ -170,8 +170,8 @@ async fn hold_while_quarantined(
 struct Kept {
     /// Copies found on the provider (marked now or before).
     copies: i64,
-    /// APIs whose copies could not be listed or marked (provider not reached, an error): their
-    /// copies, if any, stay unmarked.
+    /// APIs whose copies were not all marked (provider not reached, or an error listing or
+    /// marking them): the unmarked ones stay so.
     unmarked: Vec<String>,
 }
 
@@ -188,7 +188,7 @@ async fn mark_all_unbound(
     let (mut kept, mut done) = (Kept::default(), true);
     // Work through the binding's Connection: a death while marking is blamed on it alone.
     let item = crate::pass::poison::item("Connection", None, &b.connection);
-    if let Some(p) = provider.filter(|_| !unbound.is_empty()) {
+    if let Some(p) = provider.filter(|_| !unbound.is_empty() && ctx.budget.check().is_ok()) {
         ctx.poison.enter(&item, p.generation).await;
     }
     for api in unbound {
@@ -220,16 +220,20 @@ async fn mark_all_unbound(
 async fn copies_kept(ctx: &PassContext, b: &BindingRef, unbound: &[&BoundApi], kept: &Kept) {
     let names: Vec<&str> = unbound.iter().map(|a| a.name.as_str()).collect();
     let mut note = format!(
-        "unbound: kbind schema now removes the consumer CRDs {} and every object of them; \
-         the {} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
-        names.join(", "),
-        kept.copies,
-        keys::ORPHANED,
-        keys::ORPHANED_UNBOUND
+        "unbound: kbind schema now removes the consumer CRDs {} and every object of them",
+        names.join(", ")
     );
+    if kept.unmarked.len() < unbound.len() {
+        note.push_str(&format!(
+            "; the {} provider copies stay on the provider, annotated {}={} (re-bind re-adopts them, see spec.orphans)",
+            kept.copies,
+            keys::ORPHANED,
+            keys::ORPHANED_UNBOUND
+        ));
+    }
     if !kept.unmarked.is_empty() {
         note.push_str(&format!(
-            "; the provider copies of {} could not be reached and stay unmarked (never deleted; a re-bind marks them {})",
+            "; the provider copies of {} were not all marked (the provider was not reached, or listing or marking them failed: see kbind resync's log); they stay on the provider, never deleted, and a re-bind marks the unmarked ones {}",
             kept.unmarked.join(", "),
             keys::ORPHANED_CONSUMER_OBJECT_GONE
         ));

@@ -59,6 +59,16 @@ pub(super) fn autobind_condition(
                 now,
             )
         }
+        // Not discovered this run: what the last discovery found still stands.
+        AutoBindView::Maintained(_)
+            if o.exports().is_none()
+                && st
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == AUTO_BIND && c.reason == TOO_MANY_APIS) =>
+        {
+            false
+        }
         AutoBindView::Maintained(Some(_))
             if o.exports().is_some_and(|d| d.exports.is_empty()) && !o.holding.is_empty() =>
         {

@@ -249,6 +249,33 @@ fn more_exports_than_a_binding_lists_leave_it_and_say_why() {
             c.message
         );
     }
+    // A run that does not discover (the provider unreachable) keeps what the last one found.
+    let mut blind = many(0);
+    blind.discovery_error = Some(DiscoveryError {
+        forbidden: false,
+        message: "listing CRDs: 500".into(),
+    });
+    blind.status = plan_status(
+        &many(crate::api::core::MAX_BINDING_APIS + 1).observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(None),
+        now(),
+    )
+    .connection;
+    let after = plan_status(
+        &blind.observed(),
+        &[],
+        &[],
+        AutoBindView::Maintained(None),
+        now(),
+    );
+    assert_eq!(after.autobind, AutoBind::Leave);
+    assert_eq!(
+        reason(&after.connection.conditions, AUTO_BIND),
+        format!("False/{TOO_MANY_APIS}")
+    );
+
     // At the limit it is maintained as always.
     let at = plan_status(
         &many(crate::api::core::MAX_BINDING_APIS).observed(),
