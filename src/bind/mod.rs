@@ -82,8 +82,8 @@ pub enum BindError {
         #[source]
         source: IdentityError,
     },
-    #[error("listing what the provider exports: {}", .0.message)]
-    Discovery(DiscoveryError),
+    #[error("listing what the provider exports: {0}")]
+    Discovery(#[source] DiscoveryError),
     #[error(
         "Export {export} not found on the provider (is catalog.kbind.io installed there, and the name right?)"
     )]
@@ -155,8 +155,10 @@ pub enum BindError {
         #[source]
         source: kube::Error,
     },
-    #[error("rendering the manifests: {0}")]
-    Render(String),
+    #[error("rendering the manifests as JSON: {0}")]
+    RenderJson(#[source] serde_json::Error),
+    #[error("rendering the manifests as YAML: {0}")]
+    RenderYaml(#[source] serde_saphyr::ser::Error),
 }
 
 fn list_or_none(v: &[String]) -> String {
@@ -171,8 +173,11 @@ impl BindError {
     /// 2: bad input or a refusal; 1: a cluster could not be reached, or a write failed.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::ProviderUnreachable { .. } | Self::ConsumerRequest { .. } | Self::Render(_) => 1,
-            Self::Discovery(d) if !d.forbidden => 1,
+            Self::ProviderUnreachable { .. }
+            | Self::ConsumerRequest { .. }
+            | Self::RenderJson(_)
+            | Self::RenderYaml(_) => 1,
+            Self::Discovery(d) if !d.forbidden() => 1,
             Self::ExportUnreadable { source, .. } if !is_client_error(source) => 1,
             Self::Consumer(e) => e.exit_code(),
             _ => 2,
@@ -392,15 +397,13 @@ fn render_manifests(
     match output {
         Some(OutputFormat::Json) => {
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-            serde_json::to_string_pretty(&list).map_err(|e| BindError::Render(e.to_string()))
+            serde_json::to_string_pretty(&list).map_err(BindError::RenderJson)
         }
         _ => {
             let mut out = String::new();
             for i in &items {
                 out.push_str("---\n");
-                out.push_str(
-                    &serde_saphyr::to_string(i).map_err(|e| BindError::Render(e.to_string()))?,
-                );
+                out.push_str(&serde_saphyr::to_string(i).map_err(BindError::RenderYaml)?);
             }
             Ok(out)
         }

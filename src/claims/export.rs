@@ -102,7 +102,7 @@ async fn render(common: &CommonArgs, entry: &str, args: &HubArgs) -> Result<Stri
         "metadata": { "name": own.spec.export.name },
         "spec": { "permissionClaims": claims },
     });
-    serde_saphyr::to_string(&doc).map_err(|e| PassError::Config(format!("rendering YAML: {e}")))
+    serde_saphyr::to_string(&doc).map_err(|e| PassError::invalid("rendering YAML", e))
 }
 
 fn bad(e: hub::HubError) -> PassError {

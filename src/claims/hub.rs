@@ -36,8 +36,12 @@ pub enum HubError {
         #[source]
         source: kube::Error,
     },
-    #[error("building a request for {what}: {message}")]
-    Request { what: String, message: String },
+    #[error("building a request for {what}: {source}")]
+    Request {
+        what: String,
+        #[source]
+        source: kube::core::request::Error,
+    },
     #[error("APIExportEndpointSlice {slice} not found in {path}")]
     NoSlice { slice: String, path: String },
     #[error("endpoint URL {url} is not a valid URL")]
@@ -171,9 +175,9 @@ impl Hub {
                 }
                 let req = Request::new(&path)
                     .list(&lp)
-                    .map_err(|e| HubError::Request {
+                    .map_err(|source| HubError::Request {
                         what: "listing APIBindings".into(),
-                        message: e.to_string(),
+                        source,
                     })?;
                 let page: ObjectList<APIBinding> =
                     client.request(req).await.map_err(|source| HubError::Kube {
@@ -246,9 +250,9 @@ impl Hub {
         let url = format!("{}{BINDINGS}", self.prefix(&binding.cluster));
         let req = Request::new(url)
             .patch(&binding.name, &pp, &Patch::Merge(&body))
-            .map_err(|e| HubError::Request {
+            .map_err(|source| HubError::Request {
                 what: what.clone(),
-                message: e.to_string(),
+                source,
             })?;
         self.write_client()
             .request::<APIBinding>(req)
@@ -312,9 +316,9 @@ async fn get_opt<K: serde::de::DeserializeOwned>(
 ) -> Result<Option<K>, HubError> {
     let req = Request::new(collection)
         .get(name, &Default::default())
-        .map_err(|e| HubError::Request {
+        .map_err(|source| HubError::Request {
             what: what.into(),
-            message: e.to_string(),
+            source,
         })?;
     match client.request::<K>(req).await {
         Ok(o) => Ok(Some(o)),

@@ -11,6 +11,7 @@ pub mod openapi;
 mod raw;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -31,18 +32,44 @@ pub struct Discovered {
     pub skipped: Vec<(String, String)>,
 }
 
-/// Why discovery failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiscoveryError {
-    pub forbidden: bool,
-    pub message: String,
+/// Why discovery failed. Clone, so the schema pass's per-run memo can hand one provider's
+/// failure to every Connection that shares it; the kube error is shared, not copied.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: Arc<kube::Error>,
+    },
+    #[error(
+        "the provider exports more than kbind holds for one Connection ({exports} CRDs, {kib} KiB of schema; at most {max_exports} and {max_kib} KiB): export fewer CRDs (label core.kbind.io/exported)"
+    )]
+    TooLarge {
+        exports: usize,
+        kib: usize,
+        max_exports: usize,
+        max_kib: usize,
+    },
+    #[error("invalid OpenAPI path {path}: {source}")]
+    Path {
+        path: String,
+        #[source]
+        source: Arc<http::Error>,
+    },
 }
 
-fn error(what: &str, e: &kube::Error) -> DiscoveryError {
-    let forbidden = e.is_forbidden();
-    DiscoveryError {
-        forbidden,
-        message: format!("{what}: {}", e),
+impl DiscoveryError {
+    /// The provider refused us (HTTP 403): the Connection says `PermissionDenied`, not `Ready=False`.
+    pub fn forbidden(&self) -> bool {
+        matches!(self, Self::Kube { source, .. } if source.is_forbidden())
+    }
+}
+
+fn error(what: impl Into<String>, e: kube::Error) -> DiscoveryError {
+    DiscoveryError::Kube {
+        what: what.into(),
+        source: Arc::new(e),
     }
 }
 
@@ -91,7 +118,7 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
         // Endless continue tokens must not hold the pass (docs/hostile-inputs.md).
         if pages == crate::pass::list::MAX_PAGES {
             let e = crate::pass::list::too_many_pages_of(lp.limit.unwrap_or(CRD_PAGE));
-            return Err(error("listing exported provider CRDs", &e));
+            return Err(error("listing exported provider CRDs", e));
         }
         pages += 1;
         let page = match api.list(&lp).await {
@@ -104,7 +131,7 @@ async fn crd_source(provider: &Client) -> Result<Discovered, DiscoveryError> {
                 one_by_one(&api, &lp, &mut d).await?;
                 break;
             }
-            Err(e) => return Err(error("listing exported provider CRDs", &e)),
+            Err(e) => return Err(error("listing exported provider CRDs", e)),
         };
         for item in page
             .items
@@ -143,14 +170,11 @@ fn check_size(d: &Discovered) -> Result<(), DiscoveryError> {
 fn within(d: &Discovered, max_bytes: usize, max_exports: usize) -> Result<(), DiscoveryError> {
     let bytes: usize = d.exports.iter().map(|e| e.crd.len()).sum();
     if bytes > max_bytes || d.exports.len() > max_exports {
-        return Err(DiscoveryError {
-            forbidden: false,
-            message: format!(
-                "the provider exports more than kbind holds for one Connection ({} CRDs, {} KiB of schema; at most {max_exports} and {} KiB): export fewer CRDs (label core.kbind.io/exported)",
-                d.exports.len(),
-                bytes >> 10,
-                max_bytes >> 10
-            ),
+        return Err(DiscoveryError::TooLarge {
+            exports: d.exports.len(),
+            kib: bytes >> 10,
+            max_exports,
+            max_kib: max_bytes >> 10,
         });
     }
     Ok(())
@@ -165,7 +189,7 @@ async fn one_by_one(
 ) -> Result<(), DiscoveryError> {
     let names = crate::pass::list::metadata(raw, lp)
         .await
-        .map_err(|e| error("listing exported provider CRDs", &e))?;
+        .map_err(|e| error("listing exported provider CRDs", e))?;
     for meta in &names {
         let name = meta.metadata.name.clone().unwrap_or_default();
         match raw
@@ -182,7 +206,7 @@ async fn one_by_one(
                 d.skipped.push((name, unreadable(&e)))
             }
             Ok(None) => {} // deleted since the list
-            Err(e) => return Err(error(&format!("reading provider CRD {name}"), &e)),
+            Err(e) => return Err(error(format!("reading provider CRD {name}"), e)),
         }
         check_size(d)?;
     }
@@ -194,7 +218,7 @@ async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError>
     let groups = provider
         .list_api_groups()
         .await
-        .map_err(|e| error("listing API groups", &e))?;
+        .map_err(|e| error("listing API groups", e))?;
     let mut versions: BTreeMap<(String, String), Vec<DiscoveredVersion>> = BTreeMap::new();
     let mut gv_paths = Vec::new();
     for g in groups.groups.iter().filter(|g| !is_builtin_group(&g.name)) {
@@ -206,8 +230,8 @@ async fn openapi_source(provider: &Client) -> Result<Discovered, DiscoveryError>
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => {
                     return Err(error(
-                        &format!("listing resources of {}", v.group_version),
-                        &e,
+                        format!("listing resources of {}", v.group_version),
+                        e,
                     ));
                 }
             };
@@ -262,18 +286,18 @@ async fn openapi_docs(
     paths: &[String],
 ) -> Result<BTreeMap<String, serde_json::Value>, DiscoveryError> {
     let get = |uri: String| async move {
-        let req = http::Request::get(uri)
+        let req = http::Request::get(&uri)
             .body(Vec::new())
-            .map_err(|e| DiscoveryError {
-                forbidden: false,
-                message: format!("invalid OpenAPI path: {e}"),
+            .map_err(|e| DiscoveryError::Path {
+                path: uri.clone(),
+                source: Arc::new(e),
             })?;
         match provider.request::<serde_json::Value>(req).await {
             Ok(doc) => Ok(Some(doc)),
             // Published in discovery but not (or no longer) in OpenAPI: its APIs are skipped
             // as having no schema; the rest of discovery stands.
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(error("reading /openapi/v3", &e)),
+            Err(e) => Err(error("reading /openapi/v3", e)),
         }
     };
     let mut docs = BTreeMap::new();
@@ -304,9 +328,10 @@ mod tests {
         };
         assert!(within(&d(4), 4 * size, 4).is_ok());
         let e = within(&d(5), 4 * size, 10).unwrap_err();
-        assert!(!e.forbidden);
-        assert!(e.message.contains("(5 CRDs,"), "{}", e.message);
-        assert!(e.message.contains("export fewer CRDs"), "{}", e.message);
+        assert!(!e.forbidden());
+        let message = e.to_string();
+        assert!(message.contains("(5 CRDs,"), "{message}");
+        assert!(message.contains("export fewer CRDs"), "{message}");
         assert!(within(&d(5), 100 * size, 4).is_err());
     }
 }

@@ -183,18 +183,18 @@ pub async fn own_config(args: &CommonArgs) -> Result<Config, PassError> {
     };
     let env = std::env::var_os("KUBECONFIG");
     let found = own_kubeconfig(args.kubeconfig.as_deref(), env.as_deref())
-        .map_err(|e| PassError::Config(e.to_string()))?;
+        .map_err(PassError::Kubeconfig)?;
     let config = match found {
         Some((kc, what)) => Config::from_custom_kubeconfig(kc, &options)
             .await
-            .map_err(|e| PassError::Config(format!("kubeconfig {what}: {e}")))?,
+            .map_err(|e| PassError::invalid(format!("kubeconfig {what}"), e))?,
         // Neither names a file: kube reads ~/.kube/config (with --context, only that).
         None if args.context.is_some() => Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| PassError::Config(format!("kubeconfig context: {e}")))?,
-        None => Config::infer().await.map_err(|e| {
-            PassError::Config(format!("no in-cluster config and no kubeconfig: {e}"))
-        })?,
+            .map_err(|e| PassError::invalid("kubeconfig context", e))?,
+        None => Config::infer()
+            .await
+            .map_err(|e| PassError::invalid("no in-cluster config and no kubeconfig", e))?,
     };
     register_secrets(&config.auth_info);
     Ok(with_timeouts(config, args.request_timeout))

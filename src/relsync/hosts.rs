@@ -27,7 +27,7 @@ use reqwest::Url;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
     #[error("baseURL is not a valid URL: {0}")]
-    Invalid(String),
+    Invalid(#[source] url::ParseError),
     #[error("baseURL scheme {0:?} is not http or https")]
     Scheme(String),
     #[error("baseURL must not carry user info, a query or a fragment")]
@@ -51,11 +51,12 @@ pub enum HostError {
     /// allowedHosts lists.
     #[error("host {host} is a link-local or cloud metadata address; refused")]
     Forbidden { host: String },
-    /// The kind's own endpoint (operator configuration) does not parse.
-    #[error("{endpoint} is not a usable URL: {message}")]
+    /// The kind's own endpoint (operator configuration) is not a usable destination.
+    #[error("{endpoint} is not a usable URL: {source}")]
     BadEndpoint {
         endpoint: &'static str,
-        message: String,
+        #[source]
+        source: Box<HostError>,
     },
 }
 
@@ -80,7 +81,7 @@ impl Destination {
 
 /// Parse and sanity-check a baseURL.
 pub fn parse_base_url(raw: &str) -> Result<Destination, HostError> {
-    let url = Url::parse(raw.trim()).map_err(|e| HostError::Invalid(e.to_string()))?;
+    let url = Url::parse(raw.trim()).map_err(HostError::Invalid)?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(HostError::Scheme(url.scheme().to_string()));
     }
@@ -93,7 +94,7 @@ pub fn parse_base_url(raw: &str) -> Result<Destination, HostError> {
     }
     let raw_host = url
         .host_str()
-        .ok_or_else(|| HostError::Invalid("no host".into()))?;
+        .ok_or(HostError::Invalid(url::ParseError::EmptyHost))?;
     let bare = raw_host.trim_start_matches('[').trim_end_matches(']');
     let host = match bare.parse::<IpAddr>() {
         Ok(ip) => ip.to_string(),
@@ -101,7 +102,7 @@ pub fn parse_base_url(raw: &str) -> Result<Destination, HostError> {
     };
     let port = url
         .port_or_known_default()
-        .ok_or_else(|| HostError::Invalid("no port".into()))?;
+        .ok_or(HostError::Invalid(url::ParseError::InvalidPort))?;
     let dest = Destination { url, host, port };
     match dest.host.parse::<IpAddr>() {
         Ok(ip) if crate::upstream::address::is_forbidden(ip) => Err(HostError::Forbidden {
@@ -197,7 +198,7 @@ pub fn admit_endpoint(
     if let Err(e @ HostError::Forbidden { .. }) = parse_base_url(url) {
         return Err(HostError::BadEndpoint {
             endpoint,
-            message: e.to_string(),
+            source: Box::new(e),
         });
     }
     if allowed.is_empty() {
@@ -205,7 +206,7 @@ pub fn admit_endpoint(
     }
     let dest = parse_base_url(url).map_err(|e| HostError::BadEndpoint {
         endpoint,
-        message: e.to_string(),
+        source: Box::new(e),
     })?;
     if allowed.iter().any(|e| entry_admits(e, &dest)) {
         Ok(())

@@ -80,7 +80,7 @@ struct Refusal {
 async fn spicedb_token(client: &Client, args: &RelsyncArgs) -> Result<Token, PassError> {
     if let Some(path) = &args.spicedb_token_file {
         let t = std::fs::read_to_string(path).map_err(|e| {
-            PassError::Config(format!("--spicedb-token-file {}: {e}", path.display()))
+            PassError::invalid(format!("--spicedb-token-file {}", path.display()), e)
         })?;
         return Ok(Token::new(t.trim()));
     }
@@ -292,7 +292,7 @@ async fn spicedb_store(ctx: &PassContext, args: &RelsyncArgs) -> Result<HttpStor
         ctx.args.request_timeout,
         args.max_response_bytes,
     )
-    .map_err(|e| PassError::Config(format!("--spicedb-url: {e}")))?
+    .map_err(|e| PassError::invalid("--spicedb-url", e))?
     .ending_at(spicedb_end))
 }
 

@@ -76,6 +76,13 @@ pub enum KindError {
     /// The request did not complete.
     #[error("{method}: {message}")]
     Transport { method: String, message: String },
+    /// The method's URL could not be built from the configured API URL.
+    #[error("{method}: {source}")]
+    Url {
+        method: String,
+        #[source]
+        source: url::ParseError,
+    },
     /// A page did not advance (repeated cursor, or a page of ids already seen).
     #[error("{method}: pagination stalled: {message}")]
     Stalled { method: String, message: String },

@@ -150,9 +150,9 @@ impl Slack {
     }
 
     async fn call(&self, method: &str, params: &[(&str, &str)]) -> Result<Value, KindError> {
-        let mut url = self.api.join(method).map_err(|e| KindError::Upstream {
+        let mut url = self.api.join(method).map_err(|source| KindError::Url {
             method: method.to_string(),
-            message: e.to_string(),
+            source,
         })?;
         url.query_pairs_mut().extend_pairs(params);
         let (status, body) = get_json(&self.http, method, url, true).await?;

@@ -133,8 +133,7 @@ fn parse_line<C: Collect + ?Sized>(line: &[u8], into: &mut C) -> Result<(), Spic
     if line.is_empty() {
         return Ok(());
     }
-    let v: WireLine<'_> = serde_json::from_slice(line)
-        .map_err(|e| SpiceError::Stream(format!("undecodable line: {e}")))?;
+    let v: WireLine<'_> = serde_json::from_slice(line).map_err(SpiceError::Undecodable)?;
     if let Some(err) = v.error {
         return Err(SpiceError::Stream(body_message(err.get())));
     }

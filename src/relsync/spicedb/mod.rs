@@ -182,6 +182,9 @@ pub enum SpiceError {
     },
     #[error("SpiceDB read stream: {0}")]
     Stream(String),
+    /// A line of the read stream that is not the JSON object SpiceDB documents.
+    #[error("SpiceDB read stream: undecodable line: {0}")]
+    Undecodable(#[source] serde_json::Error),
     /// The stream broke off mid-read (a dropped connection, a stall): worth reading again.
     #[error("SpiceDB read stream cut off: {0}")]
     Cut(#[source] reqwest::Error),
@@ -220,6 +223,7 @@ impl SpiceError {
             | Self::TimedOut { .. } => true,
             Self::Http { status, .. } => upstream::transient(*status),
             Self::Stream(_)
+            | Self::Undecodable(_)
             | Self::TooManyUpdates(_)
             | Self::Delete(_)
             | Self::TooLarge { .. }

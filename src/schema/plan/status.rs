@@ -134,10 +134,10 @@ fn connection_conditions(
     let conds = &mut st.conditions;
     match (&o.discovery, o.exports()) {
         (Some(Err(e)), _) if o.connected_uid().is_some() => {
-            if e.forbidden {
-                permission_denied = Some(("DiscoveryForbidden", e.message.clone()));
+            if e.forbidden() {
+                permission_denied = Some(("DiscoveryForbidden", e.to_string()));
             } else {
-                ready = ready.and(Err(("DiscoveryFailed", e.message.clone())));
+                ready = ready.and(Err(("DiscoveryFailed", e.to_string())));
             }
         }
         (_, Some(d)) => {

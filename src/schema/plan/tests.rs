@@ -131,6 +131,24 @@ fn policy(pull: PullPolicy, update: UpdatePolicy) -> SchemaPolicy {
     }
 }
 
+/// Discovery failing with HTTP `code` from the provider.
+pub(super) fn discovery_failed(code: u16) -> DiscoveryError {
+    DiscoveryError::Kube {
+        what: "listing exported provider CRDs".into(),
+        source: std::sync::Arc::new(kube::Error::Api(
+            match code {
+                403 => kube::core::Status::failure(
+                    "customresourcedefinitions.apiextensions.k8s.io is forbidden",
+                    "Forbidden",
+                ),
+                _ => kube::core::Status::failure("etcd unavailable", "InternalError"),
+            }
+            .with_code(code)
+            .boxed(),
+        )),
+    }
+}
+
 #[test]
 fn install_table() {
     let bound_a = vec![binding(None, "cb", "c", &["a.x.io"])];

@@ -251,10 +251,7 @@ fn more_exports_than_a_binding_lists_leave_it_and_say_why() {
     }
     // A run that does not discover (the provider unreachable) keeps what the last one found.
     let mut blind = many(0);
-    blind.discovery_error = Some(DiscoveryError {
-        forbidden: false,
-        message: "listing CRDs: 500".into(),
-    });
+    blind.discovery_error = Some(discovery_failed(500));
     blind.status = plan_status(
         &many(crate::api::core::MAX_BINDING_APIS + 1).observed(),
         &[],

@@ -61,10 +61,7 @@ fn connection_conditions() {
     assert_eq!(reason(&st.conditions, READY), "False/SecretNotFound");
 
     let mut o = case.observed();
-    o.discovery = Some(Err(DiscoveryError {
-        forbidden: true,
-        message: "listing: 403".into(),
-    }));
+    o.discovery = Some(Err(discovery_failed(403)));
     let st = plan_status(&o, &[], &[], AutoBindView::Off, now()).connection;
     assert_eq!(
         reason(&st.conditions, PERMISSION_DENIED),
@@ -177,10 +174,7 @@ fn a_refused_identity_read_or_discovery_is_every_bindings_permission_denied() {
             "discovery refused",
             Case {
                 bindings: bindings.clone(),
-                discovery_error: Some(DiscoveryError {
-                    forbidden: true,
-                    message: "listing CRDs: forbidden".into(),
-                }),
+                discovery_error: Some(discovery_failed(403)),
                 ..Default::default()
             },
             "True/DiscoveryForbidden",
@@ -189,10 +183,7 @@ fn a_refused_identity_read_or_discovery_is_every_bindings_permission_denied() {
             "discovery failed, nothing refused",
             Case {
                 bindings: bindings.clone(),
-                discovery_error: Some(DiscoveryError {
-                    forbidden: false,
-                    message: "listing CRDs: 500".into(),
-                }),
+                discovery_error: Some(discovery_failed(500)),
                 ..Default::default()
             },
             "False/Permitted",
