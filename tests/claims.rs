@@ -276,6 +276,98 @@ async fn an_unreadable_own_identity_fails_safe_and_says_so() {
     );
 }
 
+/// CatalogEntry `entry` has no status yet and its `tenants`' bindings no claims: no run began it.
+async fn not_begun(fx: &ClaimsFx, entry: &str, tenants: &[String], run: usize) {
+    let e = fx.catalog_entry(entry).await;
+    assert!(
+        e.status.as_ref().is_none_or(|s| s.conditions.is_empty()),
+        "run {run}: {entry} is not begun: {:?}",
+        e.status
+    );
+    for ws in tenants {
+        assert_eq!(fx.claims(ws, "compute").await, vec![], "run {run}: {ws}");
+    }
+}
+
+/// docs/claims.md "Cycles, budget and the cursor": a run whose budget is spent takes no further
+/// CatalogEntry. The entries after it keep their status and their bindings until a run reaches
+/// them; the runs after it go on where it stopped, and then write nothing.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_run_whose_budget_is_spent_takes_no_further_entry() {
+    let fx = ClaimsFx::new("cl-budget").await;
+    let (path_a, export_a) = fx.provider().await;
+    let (path_b, export_b) = fx.provider().await;
+    // Entries are taken in name order: `a` before `b`.
+    let a = format!("a-{}", unique("entry"));
+    let b = format!("b-{}", unique("entry"));
+    let configmaps = || vec![req("", "configmaps", None)];
+    fx.entry(&a, &path_a, &export_a, configmaps()).await;
+    let tenants_a = fx.tenants(2, &path_a, &export_a).await;
+    let tenants_b = fx.tenants(2, &path_b, &export_b).await;
+    // Everything settled but entry `b`, which does not exist yet.
+    fx.run(&[]).await;
+    assert_eq!(fx.run(&[]).await["data_writes"], 0);
+
+    // Each of `a`'s bindings and each of `b`'s needs a write now.
+    fx.entry(
+        &a,
+        &path_a,
+        &export_a,
+        vec![req("", "configmaps", None), req("", "secrets", None)],
+    )
+    .await;
+    fx.entry(&b, &path_b, &export_b, configmaps()).await;
+    let both = pairs(&[("configmaps", "Accepted"), ("secrets", "Accepted")]);
+    let accepted = pairs(&[("configmaps", "Accepted")]);
+
+    // Run 1 writes one of `a`'s bindings and stops inside `a`; run 2 writes the other, which
+    // ends `a`'s cycle and the budget with it. Neither begins `b`.
+    let s = fx.run(&["--max-items", "1"]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    let ready = entry_condition(&fx.catalog_entry(&a).await, "Ready");
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("False", "InProgress"),
+        "{ready:?}"
+    );
+    not_begun(&fx, &b, &tenants_b, 1).await;
+    let s = fx.run(&["--max-items", "1"]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    let ready = entry_condition(&fx.catalog_entry(&a).await, "Ready");
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("True", "InStep"),
+        "{ready:?}"
+    );
+    for ws in &tenants_a {
+        assert_eq!(fx.claims(ws, "compute").await, both, "{ws}");
+    }
+    not_begun(&fx, &b, &tenants_b, 2).await;
+    // `a` has nothing left to write, so run 3's budget reaches `b`.
+    let s = fx.run(&["--max-items", "1"]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    let ready = entry_condition(&fx.catalog_entry(&b).await, "Ready");
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("False", "InProgress"),
+        "{ready:?}"
+    );
+    let s = fx.run(&[]).await;
+    assert_eq!(s["data_writes"], 1, "{s}");
+    for ws in &tenants_b {
+        assert_eq!(fx.claims(ws, "compute").await, accepted, "{ws}");
+    }
+    assert_eq!(
+        entry_condition(&fx.catalog_entry(&b).await, "Ready").1,
+        "InStep"
+    );
+    assert_eq!(fx.run(&[]).await["data_writes"], 0);
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(feature = "servers"),

@@ -2436,4 +2436,187 @@ async fn an_unbind_the_provider_cannot_be_reached_for_says_the_copies_stay_unmar
         !note.contains("provider copies stay"),
         "no count of copies nobody looked at: {note}"
     );
+
+    // A second run: the release is done, so nothing is written and nothing is said again.
+    let released = cbs.get(&s.cb).await.unwrap();
+    let again = s.resync(&[]);
+    assert_eq!(again["data_writes"], 0, "{again}");
+    assert_eq!(
+        cbs.get(&s.cb).await.unwrap().resource_version(),
+        released.resource_version(),
+        "no condition changed: {again}"
+    );
+    assert_eq!(
+        s.provider().get("w1").await.unwrap().resource_version(),
+        copy.resource_version(),
+        "the copy untouched"
+    );
+    let kept =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.fx.consumer.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("ProviderCopiesKept")
+                    && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+            })
+            .count();
+    assert_eq!(kept, 1, "said once");
+
+    // The credential fixed and the unbind finished, a re-bind marks the copy the unbind could
+    // not, as the Event promised: its consumer object is gone, and the copy is kept.
+    s.fx.secret(&r.name, &r.key, &s.fx.provider_kubeconfig())
+        .await;
+    s.fx.run(&[]);
+    support::eventually("binding gone", || async {
+        cbs.get_opt(&s.cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    support::eventually("consumer CRD gone", || async {
+        s.fx.consumer_crd(&s.api).await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(s.fx.cluster_binding("cb", &s.conn, &[&s.api]).await, s.cb);
+    for _ in 0..2 {
+        s.fx.run(&[]);
+        support::wait_established(&Api::all(s.fx.consumer.clone()), &s.api).await;
+        s.resync(&[]);
+    }
+    let copy = s
+        .provider()
+        .get("w1")
+        .await
+        .expect("kept through the re-bind");
+    assert_eq!(
+        copy.annotations()
+            .get(kbind::api::keys::ORPHANED)
+            .map(String::as_str),
+        Some(kbind::api::keys::ORPHANED_CONSUMER_OBJECT_GONE)
+    );
+    assert!(
+        s.consumer().get_opt("w1").await.unwrap().is_none(),
+        "nothing restored unasked"
+    );
+    assert_eq!(s.resync(&[])["data_writes"], 0, "marked: nothing to write");
+}
+
+/// A run killed while it marks a released binding's provider copies (after its first mark) is
+/// blamed on that binding's Connection, as a death while syncing through it would be
+/// (docs/operations.md "Poison items"), not on the Connection the sync reached last; and the
+/// next run finishes the unbind.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn a_run_killed_while_marking_released_copies_is_blamed_on_their_connection() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let s = setup("rkillrel", "Fail").await;
+    // Two more bound APIs, so the sync reaches the unbound binding's Connection and then another
+    // before the release step: `apples` through the same Connection, `zebras` (sorted last)
+    // through a second one, `q`.
+    let apples =
+        s.fx.provider_crd("apples", "Namespaced", Some("true"), None)
+            .await;
+    let zebras =
+        s.fx.provider_crd("zebras", "Namespaced", Some("true"), None)
+            .await;
+    let q =
+        s.fx.connection("q", "provider", json!({"source": "CRD"}), false)
+            .await;
+    s.fx.cluster_binding("cb-apples", &s.conn, &[&apples]).await;
+    s.fx.cluster_binding("cb-zebras", &q, &[&zebras]).await;
+    s.fx.run(&[]);
+    for api in [&apples, &zebras] {
+        support::wait_established(&Api::all(s.fx.consumer.clone()), api).await;
+    }
+    s.ensure_provider_ns().await;
+    for i in 0..2 {
+        s.create(
+            &s.consumer(),
+            &format!("w{i}"),
+            json!({"spec": {"size": i}}),
+        )
+        .await;
+    }
+    s.resync(&[]);
+    assert_eq!(s.resync(&[])["data_writes"], 0);
+    let cbs = Api::<ClusterBinding>::all(s.fx.consumer.clone());
+    cbs.delete(&s.cb, &DeleteParams::default()).await.unwrap();
+    let knob = [("KBIND_CRASH_AFTER_WRITES", "1")];
+    let unbound = || async {
+        let mut n = 0;
+        for i in 0..2 {
+            let copy = s
+                .provider()
+                .get(&format!("w{i}"))
+                .await
+                .expect("copies are kept");
+            if copy
+                .annotations()
+                .get(kbind::api::keys::ORPHANED)
+                .map(String::as_str)
+                == Some(kbind::api::keys::ORPHANED_UNBOUND)
+            {
+                n += 1;
+            }
+        }
+        n
+    };
+    // One write at a time, so a crash point is one copy marked (docs/testing.md "Test-only
+    // code"). Run 1 dies after marking one copy. Its Lease lasts 20 s, renewed every 7: it dies long
+    // before a renewal could record what it worked on, so nothing is blamed for this death.
+    let (code, out, stderr) = s.fx.try_pass_env(
+        "resync",
+        &["--lease-duration", "20s", "--write-concurrency", "1"],
+        &knob,
+    );
+    assert_ne!(code, 0, "{out}\n{stderr}");
+    assert!(stderr.contains("reached, aborting"), "{stderr}");
+    assert_eq!(unbound().await, 1);
+    std::thread::sleep(std::time::Duration::from_millis(20_500));
+    // Run 2 takes over from a dead holder, so it is careful: it records each item as it starts
+    // it. It dies after marking the other copy, inside the release step.
+    let (code, out, stderr) = s.fx.try_pass_env(
+        "resync",
+        &["--lease-duration", "1s", "--write-concurrency", "1"],
+        &knob,
+    );
+    assert_ne!(code, 0, "{out}\n{stderr}");
+    assert!(stderr.contains("reached, aborting"), "{stderr}");
+    assert_eq!(unbound().await, 2);
+    let leases = Api::<Lease>::namespaced(s.fx.consumer.clone(), &s.ns);
+    let lease = leases.get("kbind-resync").await.unwrap();
+    let working_on = lease
+        .annotations()
+        .get(kbind::pass::poison::WORKING_ON)
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        working_on.contains(&format!("Connection/{}@", s.conn))
+            && !working_on.contains(&format!("Connection/{q}@")),
+        "the death is blamed on the Connection whose copies were being marked: {working_on:?}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Run 3 lives: it finishes the unbind, and a death on the Connection once is no quarantine.
+    let (code, out, stderr) = s.fx.try_pass_env("resync", &[], &[]);
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    let b = cbs.get(&s.cb).await.unwrap();
+    assert_eq!(
+        cond(&b.status.unwrap().conditions, "InstancesReleased").0,
+        "True",
+        "{out}"
+    );
+    let lease = leases.get("kbind-resync").await.unwrap();
+    assert!(
+        !lease
+            .annotations()
+            .get(kbind::pass::poison::QUARANTINED)
+            .is_some_and(|q| q.contains(&s.conn)),
+        "{:?}",
+        lease.annotations()
+    );
+    assert_eq!(s.resync(&[])["data_writes"], 0);
 }
