@@ -87,7 +87,7 @@ t0=$SECONDS
 # (`cargo test` does not build another package's binaries).
 cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
 if $node_only; then
-  cargo test --features kbind/servers --test node "$@"
+  cargo test --features kbind/servers --test suite node:: "$@"
 elif [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
   cargo nextest run --workspace --all-targets --features kbind/servers "$@"
 else

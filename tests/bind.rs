@@ -4,7 +4,7 @@
 //! revokes the token), its kubeconfig handed to `kbind bind`, then `kbind schema` and
 //! `kbind resync` as the CronJobs run them.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};

@@ -2,7 +2,7 @@
 //! local kcp front (workspace URLs and the core export's virtual workspace), plus the
 //! single-cluster mode straight against the apiserver.
 
-mod support;
+use crate::support;
 
 use kbind::api::kcp::APIBinding;
 use kbind::api::providers::Requirement;

@@ -1,7 +1,7 @@
 //! The CRDs: checked in exactly as generated, installable, accepting the samples users copy, and
 //! refusing bad input with a message that names the problem.
 
-mod support;
+use crate::support;
 
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;

@@ -11,7 +11,7 @@
 //! use the shared Leases `kbind-system/kbind-schema` and `kbind-system/kbind-resync` (the
 //! ServiceAccounts' Lease Roles exist only there); everything else has unique names.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -6,9 +6,8 @@
 //! written twice. Set `KBIND_FAULT_SEED` to replay a sequence; each test prints its seed and
 //! figures.
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 //! consumer's schema and resync as their CronJobs would; the token is re-issued and the consumer
 //! follows without a person; deleting the Grant stops the consumer with a clear condition.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The pass framework against a real apiserver: Leases, status writes racing another writer.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kbind::api::core::{Connection, ConnectionSpec, SecretKeyRef};

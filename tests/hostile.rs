@@ -4,9 +4,8 @@
 //! secret in a status, an Event or a log. Cases sharing a fixture share a test function; every
 //! function says what it proves. Run against the real servers (`hack/test.sh`).
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //!
 //! helm is built from Go modules by hack/build-servers.sh (like the test servers).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

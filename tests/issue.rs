@@ -4,7 +4,7 @@
 //! API group, grants namespace (also its Lease namespace) and a Grant label passed as
 //! --selector, so tests run in parallel on the shared servers.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

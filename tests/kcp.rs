@@ -2,7 +2,7 @@
 //! the core export's virtual workspace, identity hashes kcp computed, and kcp's own verdict
 //! (`PermissionClaimsValid`, `PermissionClaimsApplied`) on every binding kbind wrote.
 
-mod support;
+use crate::support;
 
 use kbind::api::kcp::PermissionClaim;
 use kbind::api::providers::Requirement;

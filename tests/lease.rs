@@ -7,9 +7,8 @@
 //! answers every Slack request a second late, one scope at a time: the Kubernetes traffic (the
 //! Lease's included) goes straight to the apiserver.
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

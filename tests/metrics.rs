@@ -5,7 +5,7 @@
 //! leaves of the last successful run's. The testkit's stand-in serves only what a real
 //! Pushgateway cannot do: hang, or answer 5xx as a proxy in front of it would.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -27,13 +27,11 @@ mod converged;
 mod model_gen;
 #[path = "model/relsync.rs"]
 mod relsync;
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
 #[path = "model/runs.rs"]
 mod runs;
 #[path = "model/steps.rs"]
 mod steps;
-mod support;
+use crate::support;
 #[path = "model/world.rs"]
 mod world;
 
@@ -114,7 +112,7 @@ impl Config {
                     .unwrap_or(CI_FRESH_SEEDS);
                 let drawn = fresh_seeds(fresh);
                 println!(
-                    "model: fresh seeds {drawn:?} (replay one: KBIND_MODEL_SEEDS=<seed> cargo test --features servers --test model)"
+                    "model: fresh seeds {drawn:?} (replay one: KBIND_MODEL_SEEDS=<seed> cargo test --features servers --test suite model::)"
                 );
                 CI_SEEDS.iter().copied().chain(drawn).collect()
             });
@@ -202,17 +200,17 @@ impl Failure {
         let (steps_var, replay_var) = self.vars;
         if let Some(seed) = self.seed {
             s.push_str(&format!(
-                "replay: KBIND_MODEL_SEEDS={seed} {steps_var}={} cargo test --features servers --test model\n",
+                "replay: KBIND_MODEL_SEEDS={seed} {steps_var}={} cargo test --features servers --test suite model::\n",
                 self.step
             ));
         }
         s.push_str(&format!(
-            "replay these steps: {replay_var}='{}' cargo test --features servers --test model\n",
+            "replay these steps: {replay_var}='{}' cargo test --features servers --test suite model::\n",
             plain.join("; ")
         ));
         if let Some(shrunk) = shrunk {
             s.push_str(&format!(
-                "shrunk ({} steps): {replay_var}='{}' cargo test --features servers --test model\n",
+                "shrunk ({} steps): {replay_var}='{}' cargo test --features servers --test suite model::\n",
                 shrunk.len(),
                 shrunk.join("; ")
             ));

@@ -12,7 +12,7 @@
 //! Both clusters are shared by the tests of this file: a test that installs into one holds its
 //! lock (`Cluster::lock`) and removes what it installed.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

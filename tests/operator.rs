@@ -4,7 +4,7 @@
 //! the provider refused instead of `Permitted`, and `source: Auto` picks the labelled CRDs when
 //! there are any. Each checks a second run writes nothing and changes no condition.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};

@@ -1,9 +1,8 @@
 //! `kbind relsync` run as the real binary against a real SpiceDB (serve-testing, one store per
 //! test) and the local Slack/SCIM stand-ins started in this process.
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use kbind::api::relsync::condition::{PARTIAL_FAILURE, READY, REAP_DEFERRED};
 use kbind_testkit::{Fault, scim, slack};

@@ -1,6 +1,6 @@
 //! `kbind resync` against the consumer and provider apiservers, run as the real binary.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

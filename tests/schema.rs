@@ -2,7 +2,7 @@
 //! Each test uses its own API group, Connection label (passed as --selector) and Lease namespace,
 //! so tests run in parallel on the shared servers without seeing each other's objects.
 
-mod support;
+use crate::support;
 
 use support::fx::{Fx, cond};
 

@@ -1,7 +1,7 @@
 //! The test servers themselves: each is real, reachable and behaves as the rest of the suite
 //! relies on.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

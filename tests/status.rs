@@ -3,7 +3,7 @@
 //! Each test limits the report to its own objects with `-l kbind-test=<label>`: the servers are
 //! shared with every other test.
 
-mod support;
+use crate::support;
 
 use kbind::api::core::{ClusterBinding, Connection};
 use kbind_testkit::faults::{FaultConfig, FaultProxy};

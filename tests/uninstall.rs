@@ -3,9 +3,8 @@
 //! finalizer) is listed by a dry run, released by `--yes` and nothing else is touched, so that
 //! deleting kbind and its namespaces completes.
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

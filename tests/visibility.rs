@@ -3,9 +3,8 @@
 //! audit log is not available here: a loopback proxy in front of each real server records the
 //! User-Agent headers that reach it.
 
-#[path = "support/relsync_fx.rs"]
-mod relsync_fx;
-mod support;
+use crate::relsync_fx;
+use crate::support;
 
 use kbind_testkit::faults::{FaultConfig, FaultProxy};
 use serde_json::json;

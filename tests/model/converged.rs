@@ -9,9 +9,9 @@ use kbind::api::keys;
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::model_gen::{Cover, Key, Kill, Orphans, PObj, Pass};
-use crate::runs::{ROUNDS, Violation, command, run_kbind};
-use crate::world::{FOREIGN_OBJECT_EXISTS, ORPHAN_REASONS, ORPHANED, Obs, World};
+use crate::model::model_gen::{Cover, Key, Kill, Orphans, PObj, Pass};
+use crate::model::runs::{ROUNDS, Violation, command, run_kbind};
+use crate::model::world::{FOREIGN_OBJECT_EXISTS, ORPHAN_REASONS, ORPHANED, Obs, World};
 
 impl World {
     /// Invariant 2: two clean rounds, then the servers must equal the model, and a third round

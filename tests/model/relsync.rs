@@ -7,10 +7,10 @@ use std::time::Instant;
 use kbind_testkit::slack;
 use serde_json::json;
 
-use crate::model_gen::{self, Kill, RModel, RStep, Rng};
+use crate::model::model_gen::{self, Kill, RModel, RStep, Rng};
 use crate::relsync_fx::{Rx, SLACK_TOKEN, workspace};
-use crate::runs::{Figures, Prof, Quiet, RunOutcome, Runs, Violation};
-use crate::{Config, Failure};
+use crate::model::runs::{Figures, Prof, Quiet, RunOutcome, Runs, Violation};
+use crate::model::{Config, Failure};
 
 /// One relsync fixture (its namespace, SpiceDB store, Slack stand-in, source `s`) and its model.
 pub struct RWorld {
@@ -273,7 +273,7 @@ impl RWorld {
     }
 }
 
-/// One relsync sequence, as [`crate::sequence`].
+/// One relsync sequence, as [`crate::model::sequence`].
 pub async fn rsequence(
     cfg: &Config,
     seed: Option<u64>,

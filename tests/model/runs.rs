@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::model_gen::{Kill, Pass};
+use crate::model::model_gen::{Kill, Pass};
 use crate::support;
 
 #[derive(Clone, Debug)]

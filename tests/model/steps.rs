@@ -9,10 +9,10 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::time::Instant;
 
-use crate::model_gen::{BINDING_NS, CObj, Cover, PObj, Pass, Step};
-use crate::runs::{Violation, harness};
+use crate::model::model_gen::{BINDING_NS, CObj, Cover, PObj, Pass, Step};
+use crate::model::runs::{Violation, harness};
 use crate::support;
-use crate::world::{SA, World};
+use crate::model::world::{SA, World};
 
 impl World {
     /// Perform one step; returns what happened (for the replay listing).

@@ -17,9 +17,9 @@ use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::Config;
-use crate::model_gen::{self, BINDING_NS, CObj, Key, Kill, Model, Orphans, PObj, Pass};
-use crate::runs::{LEASE_NS, Prof, Quiet, RunOutcome, Runs, Violation, command, harness};
+use crate::model::Config;
+use crate::model::model_gen::{self, BINDING_NS, CObj, Key, Kill, Model, Orphans, PObj, Pass};
+use crate::model::runs::{LEASE_NS, Prof, Quiet, RunOutcome, Runs, Violation, command, harness};
 use crate::support::{self, fx::Fx};
 
 pub const ORPHANED: &str = keys::ORPHANED;
