@@ -87,6 +87,10 @@ for p in $passes; do
   fi
   # Every crash-point test of a pass has "killed" in its name; --nocapture shows the figures.
   # The tests are modules of one binary (docs/testing.md "One test binary"): list the pass's.
+  if ! cargo test --features servers --test suite --no-run; then
+    rc=1
+    continue
+  fi
   mapfile -t killed < <(cargo test --features servers --test suite -- --list 2>/dev/null \
     | sed -n "s/^\($p::.*killed.*\): test\$/\1/p")
   if [ "${#killed[@]}" -eq 0 ]; then

@@ -5,7 +5,8 @@
 # stops them (also on failure or Ctrl-C).
 #   hack/test.sh                 cargo test
 #   hack/test.sh -- <filter>     extra arguments go to the test runner
-#   hack/test.sh --node-only     only the tests on the real node (tests/node.rs)
+#   hack/test.sh --node-only [-- [<filter>] [--nocapture]]   only the tests on the real node
+#                                (tests/node.rs); <filter> narrows them to node::<filter>
 #   KBIND_TEST_RUNNER=nextest hack/test.sh
 # The real node (hack/node.sh: kubelet, containerd, runc in network namespaces of its own) is
 # brought up beside the servers for tests/node.rs and torn down after, and the run fails if it
@@ -87,7 +88,12 @@ t0=$SECONDS
 # (`cargo test` does not build another package's binaries).
 cargo build --quiet -p kbind-testkit --bin kbind-fake-upstreams
 if $node_only; then
-  cargo test --features kbind/servers --test suite node:: "$@"
+  # The node's tests are the suite's area node:: (docs/testing.md "One test binary"). What
+  # follows -- goes to the test binary: a first word that is not a flag narrows the area to
+  # node::<word> (`--node-only -- an_issued --nocapture`).
+  filter=node::
+  if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then filter="node::$1"; shift; fi
+  cargo test --features kbind/servers --test suite "$filter" -- "$@"
 elif [ "${KBIND_TEST_RUNNER:-cargo}" = nextest ]; then
   cargo nextest run --workspace --all-targets --features kbind/servers "$@"
 else

@@ -6,9 +6,9 @@
 //!
 //! One area: `cargo test --features servers --test suite <area>::`, e.g. `model::`.
 
-mod support;
 #[path = "support/relsync_fx.rs"]
 mod relsync_fx;
+mod support;
 
 mod bind;
 mod claims;

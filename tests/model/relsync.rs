@@ -8,9 +8,9 @@ use kbind_testkit::slack;
 use serde_json::json;
 
 use crate::model::model_gen::{self, Kill, RModel, RStep, Rng};
-use crate::relsync_fx::{Rx, SLACK_TOKEN, workspace};
 use crate::model::runs::{Figures, Prof, Quiet, RunOutcome, Runs, Violation};
 use crate::model::{Config, Failure};
+use crate::relsync_fx::{Rx, SLACK_TOKEN, workspace};
 
 /// One relsync fixture (its namespace, SpiceDB store, Slack stand-in, source `s`) and its model.
 pub struct RWorld {

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use crate::model::model_gen::{BINDING_NS, CObj, Cover, PObj, Pass, Step};
 use crate::model::runs::{Violation, harness};
-use crate::support;
 use crate::model::world::{SA, World};
+use crate::support;
 
 impl World {
     /// Perform one step; returns what happened (for the replay listing).

@@ -230,9 +230,10 @@ impl Pushgateway {
 }
 
 fn temp_file(tag: &str, ext: &str) -> PathBuf {
+    // Unique in the process too: every area's tests share it (docs/testing.md "One test binary").
     std::env::temp_dir().join(format!(
-        "kbind-pushgateway-{}-{tag}.{ext}",
-        std::process::id()
+        "{}-{tag}.{ext}",
+        super::unique("kbind-pushgateway")
     ))
 }
 
