@@ -2,7 +2,8 @@
 //! exists in that command's `--help`, every flag they name on its own exists in some command's,
 //! docs/operations.md covers every pass the registry gives a CronJob, and its paragraph on what a
 //! pass's RBAC file grants names every resource that file's rules grant (a stale line once said
-//! resync read no cluster identity while its Role granted exactly that).
+//! resync read no cluster identity while its Role granted exactly that), and every test or item
+//! they cite as `<file>.rs::<name>` is there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -313,4 +314,101 @@ fn operations_md_covers_every_pass_with_a_cronjob() {
             "docs/operations.md has no section {name}"
         );
     }
+}
+
+/// Every `<file>.rs::<item>` a doc cites (`tests/resync.rs::a_test`,
+/// `src/relsync/encode.rs::tests::a_test`) as `(doc, file, item path)`.
+fn citations(doc: &str, text: &str) -> Vec<(String, String, String)> {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '/' | '.' | '-');
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices(".rs::") {
+        let start = text[..at]
+            .rfind(|c: char| !path_char(c))
+            .map_or(0, |i| i + 1);
+        let file = &text[start..at + 3];
+        if !["tests/", "src/", "examples/", "crates/"]
+            .iter()
+            .any(|p| file.starts_with(p))
+        {
+            continue;
+        }
+        let rest = &text[at + 5..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let item = rest[..end].trim_end_matches(':');
+        if !item.is_empty() {
+            out.push((doc.to_string(), file.to_string(), item.to_string()));
+        }
+    }
+    out
+}
+
+/// The Rust files `file` stands for: itself and, as a module, the files under its folder
+/// (a test module in `tests.rs` beside it, an area's helpers in `tests/model/`).
+fn module_files(file: &str) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let path = std::path::PathBuf::from(file);
+    if path.is_file() {
+        files.push(path.clone());
+    }
+    let mut dirs = vec![path.with_extension("")];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    files
+}
+
+/// Every test or item the docs cite as `<file>.rs::<name>` exists there: a test that moved or was
+/// renamed leaves no doc pointing at nothing (docs/hostile-inputs.md's table cites ~130).
+#[test]
+fn every_test_and_item_the_docs_cite_exists_where_they_say() {
+    let mut docs = docs();
+    for extra in ["jobs/README.md", "deploy/README.md"] {
+        docs.push((extra.to_string(), std::fs::read_to_string(extra).unwrap()));
+    }
+    let cited: Vec<_> = docs
+        .iter()
+        .flat_map(|(doc, text)| citations(doc, text))
+        .collect();
+    assert!(
+        cited.len() > 100,
+        "the citations are found: {}",
+        cited.len()
+    );
+    let mut missing = Vec::new();
+    for (doc, file, item) in &cited {
+        let name = item.rsplit("::").next().unwrap_or(item);
+        let found = module_files(file).iter().any(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            [
+                "fn", "const", "static", "struct", "enum", "type", "trait", "mod",
+            ]
+            .iter()
+            .any(|kw| {
+                text.match_indices(&format!("{kw} {name}")).any(|(i, m)| {
+                    !text[i + m.len()..]
+                        .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                })
+            })
+        });
+        if !found {
+            missing.push(format!("{doc}: {file}::{item}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "cited but not found:\n{}",
+        missing.join("\n")
+    );
 }
