@@ -76,7 +76,7 @@ pub enum KindError {
     /// The request did not complete.
     #[error("{method}: {message}")]
     Transport { method: String, message: String },
-    /// The method's URL could not be built from the configured API URL.
+    /// The configured API URL, or a method's URL built from it, is not a URL.
     #[error("{method}: {source}")]
     Url {
         method: String,

@@ -133,10 +133,10 @@ fn member_of(u: &Value) -> Option<Member> {
 
 impl Slack {
     pub(crate) fn new(config: Config, http: Http, api: &str) -> Result<Self, KindError> {
-        let api = Url::parse(&format!("{}/", api.trim_end_matches('/'))).map_err(|e| {
-            KindError::Upstream {
-                method: "config".into(),
-                message: format!("--slack-api-url: {e}"),
+        let api = Url::parse(&format!("{}/", api.trim_end_matches('/'))).map_err(|source| {
+            KindError::Url {
+                method: "--slack-api-url".into(),
+                source,
             }
         })?;
         Ok(Self {
