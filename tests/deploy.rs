@@ -29,6 +29,7 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
+use support::copies::ConsumerCopies;
 use support::fx::{cond, holds};
 use support::identity::{Without, pass_identity};
 
@@ -190,9 +191,12 @@ struct Setup {
     connection: String,
     binding: String,
     crd: String,
+    /// Its hold on the consumer cluster's provider copies (tests/support/copies.rs).
+    _copies: ConsumerCopies,
 }
 
 async fn setup(env: &support::Env, consumer: &Client, prefix: &str) -> Setup {
+    let copies = ConsumerCopies::shared();
     support::kbind_crds(consumer).await;
     let provider = env.provider().await;
     let ns = support::namespace(consumer, prefix).await;
@@ -256,6 +260,7 @@ async fn setup(env: &support::Env, consumer: &Client, prefix: &str) -> Setup {
         connection,
         binding,
         crd: crd_name,
+        _copies: copies,
     }
 }
 

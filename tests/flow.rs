@@ -35,8 +35,7 @@ fn kubeconfig_of(s: &Secret) -> String {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
-    let ix = Ix::new("flow").await;
-    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
+    let ix = Ix::pinning("flow").await;
     let fx = &ix.fx;
     let admin = fx.env.provider.to_str().unwrap().to_string();
 
@@ -278,8 +277,7 @@ async fn from_nothing_to_synced_objects_through_a_rotation_and_a_revocation() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn a_new_consumer_of_the_service_layer_syncs_at_the_first_tick_after_it_binds() {
-    let ix = Ix::new("flow-tick").await;
-    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
+    let ix = Ix::pinning("flow-tick").await;
     let fx = &ix.fx;
     let api = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)

@@ -754,8 +754,7 @@ fn the_issuer_role_holds_no_escalate_bind_or_wildcard() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn the_real_heartbeat_pins_the_consumer_and_objects_sync_after_it() {
-    let ix = Ix::new("issuee2e").await;
-    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
+    let ix = Ix::pinning("issuee2e").await;
     let fx = &ix.fx;
     let (widgets, export) = ix.widgets_export().await;
     let g = format!("{}-g", fx.label);
@@ -1117,8 +1116,7 @@ async fn a_failed_policy_write_leaves_the_identitys_rbac_as_it_was() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn each_consumer_reads_and_writes_only_its_grants_namespaces() {
-    let ix = Ix::new("isolate").await;
-    let _pin = support::pin_consumer_cluster(&ix.fx.provider, &ix.fx.consumer).await;
+    let ix = Ix::pinning("isolate").await;
     let fx = &ix.fx;
     let p = fx.provider.clone();
     let (widgets, export) = ix.widgets_export().await;

@@ -11,6 +11,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super as support;
+use support::copies::ConsumerCopies;
 
 pub struct Fx {
     pub env: support::Env,
@@ -19,10 +20,24 @@ pub struct Fx {
     pub group: String,
     pub label: String,
     pub ns: String,
+    /// Its hold on the consumer cluster's provider copies (tests/support/copies.rs).
+    _copies: ConsumerCopies,
 }
 
 impl Fx {
     pub async fn new(prefix: &str) -> Self {
+        Self::holding(prefix, ConsumerCopies::shared()).await
+    }
+
+    /// A fixture whose test pins the suite's one consumer cluster to a Grant: it runs while no
+    /// other test can have provider copies of that cluster ([`ConsumerCopies::pinning`]).
+    pub async fn pinning(prefix: &str) -> Self {
+        let env = support::env();
+        let copies = ConsumerCopies::pinning(&env.provider().await, &env.consumer().await).await;
+        Self::holding(prefix, copies).await
+    }
+
+    async fn holding(prefix: &str, copies: ConsumerCopies) -> Self {
         let env = support::env();
         let consumer = env.consumer().await;
         let provider = env.provider().await;
@@ -36,6 +51,7 @@ impl Fx {
             env,
             consumer,
             provider,
+            _copies: copies,
         }
     }
 

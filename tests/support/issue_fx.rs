@@ -26,7 +26,16 @@ pub struct Ix {
 
 impl Ix {
     pub async fn new(prefix: &str) -> Self {
-        let fx = Fx::new(prefix).await;
+        Self::with(Fx::new(prefix).await).await
+    }
+
+    /// [`Ix::new`] for a test whose Grant gets pinned to the suite's one consumer cluster
+    /// ([`Fx::pinning`]); it revokes its Grants before it ends.
+    pub async fn pinning(prefix: &str) -> Self {
+        Self::with(Fx::pinning(prefix).await).await
+    }
+
+    async fn with(fx: Fx) -> Self {
         super::kbind_crds(&fx.provider).await;
         super::grant_policies(&fx.provider).await;
         let ns = super::namespace(&fx.provider, "grants").await;

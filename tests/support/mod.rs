@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod claims_fx;
+pub mod copies;
 pub mod fx;
 pub mod identity;
 pub mod issue_fx;
@@ -440,82 +441,6 @@ fn scoped() {
 pub fn unscoped_lock() -> std::fs::File {
     UNSCOPED.store(true, std::sync::atomic::Ordering::SeqCst);
     lock_file("unscoped.lock", true)
-}
-
-/// A test whose Grant gets pinned to the consumer cluster holds this lock exclusively, and
-/// deletes its Grants (revoked by an issuer run) before dropping it: the suite has one consumer
-/// apiserver, so one consumer cluster UID, and a consumer cluster is pinned to at most one Grant
-/// of a provider, whatever a run's `--selector` (docs/issue.md "Confinement"). A file lock in
-/// the servers' directory, so it holds across test processes.
-pub fn consumer_pin_lock() -> std::fs::File {
-    lock_file("consumer-pin.lock", true)
-}
-
-/// [`consumer_pin_lock`], then what earlier pinning tests left behind deleted: a Grant still
-/// pinned to the suite's one consumer cluster (a test that failed before revoking it), and the
-/// provider copies labelled with that cluster in namespaces their revoked Grants held (objects
-/// no Grant holds make the next pin of that cluster wait for a person's approval, docs/issue.md
-/// "Confinement", as they would for a user).
-pub async fn pin_consumer_cluster(provider: &Client, consumer: &Client) -> std::fs::File {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-    let lock = consumer_pin_lock();
-    let uid = Api::<Namespace>::all(consumer.clone())
-        .get("kube-system")
-        .await
-        .expect("the consumer's kube-system")
-        .metadata
-        .uid
-        .expect("its UID");
-    // A Grant still pinned to it was left by a test that failed before revoking it (this lock's
-    // holders revoke theirs): gone, finalizer and all, or every later pin of it is taken.
-    let grants = Api::<kbind::api::iam::Grant>::all(provider.clone());
-    let leftovers = grants.list(&ListParams::default()).await.map(|l| l.items);
-    for g in leftovers.unwrap_or_default() {
-        if g.status
-            .as_ref()
-            .and_then(|s| s.consumer_cluster.as_deref())
-            != Some(uid.as_str())
-        {
-            continue;
-        }
-        let name = g.metadata.name.unwrap_or_default();
-        let _ = grants.delete(&name, &Default::default()).await;
-        let _ = grants
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
-    }
-    let exported = Api::<CustomResourceDefinition>::all(provider.clone())
-        .list(&ListParams::default().labels("core.kbind.io/exported=true"))
-        .await
-        .expect("exported CRDs");
-    let labelled = ListParams::default().labels(&format!("core.kbind.io/consumer-cluster={uid}"));
-    for crd in exported.items {
-        let Some(v) = crd.spec.versions.iter().find(|v| v.served) else {
-            continue;
-        };
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(&crd.spec.group, &v.name, &crd.spec.names.kind),
-            &crd.spec.names.plural,
-        );
-        let all = Api::<DynamicObject>::all_with(provider.clone(), &ar);
-        // A CRD established moments ago may not be served yet: nothing of it to clear.
-        let Ok(copies) = all.list_metadata(&labelled).await else {
-            continue;
-        };
-        for o in copies.items {
-            let name = o.metadata.name.unwrap_or_default();
-            let api = match o.metadata.namespace.as_deref() {
-                Some(ns) => Api::<DynamicObject>::namespaced_with(provider.clone(), ns, &ar),
-                None => all.clone(),
-            };
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
-    lock
 }
 
 /// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
