@@ -29,8 +29,8 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
-use support::copies::ConsumerCopies;
 use support::fx::{cond, holds};
+use support::hold::ProviderHold;
 use support::identity::{Without, pass_identity};
 
 const NAMESPACE: &str = "kbind-system";
@@ -191,12 +191,12 @@ struct Setup {
     connection: String,
     binding: String,
     crd: String,
-    /// Its hold on the consumer cluster's provider copies (tests/support/copies.rs).
-    _copies: ConsumerCopies,
+    /// Its hold on the shared provider (tests/support/hold.rs).
+    _hold: ProviderHold,
 }
 
 async fn setup(env: &support::Env, consumer: &Client, prefix: &str) -> Setup {
-    let copies = ConsumerCopies::shared();
+    let hold = ProviderHold::shared();
     support::kbind_crds(consumer).await;
     let provider = env.provider().await;
     let ns = support::namespace(consumer, prefix).await;
@@ -260,7 +260,7 @@ async fn setup(env: &support::Env, consumer: &Client, prefix: &str) -> Setup {
         connection,
         binding,
         crd: crd_name,
-        _copies: copies,
+        _hold: hold,
     }
 }
 

@@ -377,7 +377,8 @@ async fn widening_kubeconfig_fields_and_foreign_secrets_are_refused_before_any_r
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn a_provider_crd_too_deep_to_read_or_enormous_spoils_no_other_export() {
-    let fx = Fx::new("hostile-crd").await;
+    // Alone: while its deep CRD exists, every issuer run's pin check waits for a person.
+    let fx = Fx::alone("hostile-crd").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -413,12 +414,13 @@ async fn a_provider_crd_too_deep_to_read_or_enormous_spoils_no_other_export() {
     .await;
     let (deeps, bigs) = (format!("deeps.{}", fx.group), format!("bigs.{}", fx.group));
     // kube-rs itself cannot decode the deep one, so kubectl creates it.
-    kubectl(
+    support::kubectl(
         &fx.env.provider,
         &["create", "-f", "-"],
         Some(&serde_json::to_string(&crd("deeps", "Deep", deep)).unwrap()),
     );
-    kubectl(
+    let _deeps = support::CrdDeletedAtEnd(fx.env.provider.clone(), deeps.clone());
+    support::kubectl(
         &fx.env.provider,
         &[
             "wait",
@@ -462,35 +464,6 @@ async fn a_provider_crd_too_deep_to_read_or_enormous_spoils_no_other_export() {
     let (s, r, m) = cond(&st.conditions, "Ready");
     assert_eq!((s, r), ("False", "ExportUnusable"), "{m}");
     assert!(m.contains(&deeps), "{m}");
-    kubectl(&fx.env.provider, &["delete", "crd", &deeps], None);
-}
-
-/// Run kubectl against `kubeconfig`, feeding `stdin`; it must succeed.
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kubectl");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A provider-side ValidatingAdmissionPolicy refuses some objects (HTTP 422). The refused

@@ -32,6 +32,7 @@ mod runs;
 #[path = "model/steps.rs"]
 mod steps;
 use crate::support;
+use support::hold::ProviderHold;
 #[path = "model/world.rs"]
 mod world;
 
@@ -389,7 +390,7 @@ async fn shrink(cfg: &Config, f: &Failure) -> Vec<String> {
 )]
 async fn random_sequences_of_actions_and_runs_converge_and_stay_put() {
     // Our exports must stay ours for the whole run (a pullPolicy All test would take them).
-    let _exports = support::all_exports_lock(false);
+    let _hold = ProviderHold::shared();
     let cfg = Config::from_env();
     println!(
         "model: lease {:?}, extra flags {:?}, ignoring {:?}",
@@ -465,7 +466,7 @@ const REGRESSIONS: [(&str, &str); 7] = [
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn sequences_that_once_failed_converge() {
-    let _exports = support::all_exports_lock(false);
+    let _hold = ProviderHold::shared();
     let cfg = Config::from_env();
     let mut failures = Vec::new();
     for (what, replay) in REGRESSIONS {

@@ -5,6 +5,7 @@
 use crate::support;
 
 use support::fx::{Fx, cond};
+use support::hold::ProviderHold;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -464,8 +465,8 @@ async fn pull_none_creates_nothing_and_stamps_existing_crds_with_markers_only() 
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn all_pull_installs_every_export_and_auto_bind_follows_exports() {
-    let fx = Fx::new("auto").await;
-    let _lock = support::all_exports_lock(true);
+    // Alone: its Connection takes every export there is, other tests' too.
+    let fx = Fx::alone("auto").await;
     let widgets = fx
         .provider_crd("widgets", "Namespaced", Some("true"), None)
         .await;
@@ -1298,7 +1299,7 @@ async fn uninterrupted() -> (serde_json::Value, BTreeSet<String>) {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn a_run_killed_after_any_write_then_rerun_converges() {
-    let _lock = support::all_exports_lock(false);
+    let _hold = ProviderHold::shared();
     let (want, want_crds) = uninterrupted().await;
     let mut tally = support::Tally::new("schema", "writes");
     for n in support::crash_points("schema writes", SCENE_WRITES) {
@@ -1333,7 +1334,7 @@ async fn a_run_killed_after_any_write_then_rerun_converges() {
     ignore = "needs the test servers: run hack/test.sh"
 )]
 async fn a_run_killed_or_terminated_at_any_moment_then_rerun_converges() {
-    let _lock = support::all_exports_lock(false);
+    let _hold = ProviderHold::shared();
     let (want, want_crds) = uninterrupted().await;
     let mut tally = support::Tally::new("schema", "signals");
     for (signal, delays) in [

@@ -222,8 +222,6 @@ where
 )]
 async fn a_dry_run_lists_then_yes_releases_every_kbind_finalizer_and_deletion_completes() {
     let fx = Fx::new("uninst").await;
-    // Its exports must stay its Connection's: no pullPolicy All test may take them meanwhile.
-    let _exports = support::all_exports_lock(false);
     // A namespaced Binding (gadgets) beside the ClusterBinding (widgets), one Connection.
     let gadgets = fx
         .provider_crd("gadgets", "Namespaced", Some("true"), None)

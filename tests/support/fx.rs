@@ -11,7 +11,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super as support;
-use support::copies::ConsumerCopies;
+use support::hold::ProviderHold;
 
 pub struct Fx {
     pub env: support::Env,
@@ -20,24 +20,30 @@ pub struct Fx {
     pub group: String,
     pub label: String,
     pub ns: String,
-    /// Its hold on the consumer cluster's provider copies (tests/support/copies.rs).
-    _copies: ConsumerCopies,
+    /// Its hold on the shared provider (tests/support/hold.rs).
+    _hold: ProviderHold,
 }
 
 impl Fx {
     pub async fn new(prefix: &str) -> Self {
-        Self::holding(prefix, ConsumerCopies::shared()).await
+        Self::holding(prefix, ProviderHold::shared()).await
+    }
+
+    /// A fixture whose test needs the shared provider alone ([`ProviderHold::alone`]): one
+    /// that pulls every export of it, or exports a CRD no client can decode.
+    pub async fn alone(prefix: &str) -> Self {
+        Self::holding(prefix, ProviderHold::alone()).await
     }
 
     /// A fixture whose test pins the suite's one consumer cluster to a Grant: it runs while no
-    /// other test can have provider copies of that cluster ([`ConsumerCopies::pinning`]).
+    /// other test can have provider copies of that cluster ([`ProviderHold::pinning`]).
     pub async fn pinning(prefix: &str) -> Self {
         let env = support::env();
-        let copies = ConsumerCopies::pinning(&env.provider().await, &env.consumer().await).await;
-        Self::holding(prefix, copies).await
+        let hold = ProviderHold::pinning(&env.provider().await, &env.consumer().await).await;
+        Self::holding(prefix, hold).await
     }
 
-    async fn holding(prefix: &str, copies: ConsumerCopies) -> Self {
+    async fn holding(prefix: &str, hold: ProviderHold) -> Self {
         let env = support::env();
         let consumer = env.consumer().await;
         let provider = env.provider().await;
@@ -51,7 +57,7 @@ impl Fx {
             env,
             consumer,
             provider,
-            _copies: copies,
+            _hold: hold,
         }
     }
 

@@ -35,6 +35,11 @@ impl Ix {
         Self::with(Fx::pinning(prefix).await).await
     }
 
+    /// [`Ix::new`] for a test that needs the shared provider alone ([`Fx::alone`]).
+    pub async fn alone(prefix: &str) -> Self {
+        Self::with(Fx::alone(prefix).await).await
+    }
+
     async fn with(fx: Fx) -> Self {
         super::kbind_crds(&fx.provider).await;
         super::grant_policies(&fx.provider).await;

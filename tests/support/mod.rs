@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 pub mod claims_fx;
-pub mod copies;
 pub mod fx;
+pub mod hold;
 pub mod identity;
 pub mod issue_fx;
 pub mod kcp_fx;
@@ -443,14 +443,6 @@ pub fn unscoped_lock() -> std::fs::File {
     lock_file("unscoped.lock", true)
 }
 
-/// A test whose Connection pulls every export of the shared provider (pullPolicy All) installs
-/// other tests' exports too, owned by its Connection. It holds this lock exclusively; a test whose
-/// exports must stay its own over a long run holds it shared. A file lock in the servers'
-/// directory, so it holds across test processes (nextest) as well; dropped, it is released.
-pub fn all_exports_lock(exclusive: bool) -> std::fs::File {
-    lock_file("all-exports.lock", exclusive)
-}
-
 /// Run `cmd`, send it `signal` (`KILL`, `TERM`) once `trigger` completes if it is still running,
 /// and return what it printed (kept for the secret scan) and whether the signal was sent while
 /// it ran. A trigger that never completes is cut off after [`SIGNAL_TRIGGER_TIMEOUT`].
@@ -826,5 +818,47 @@ impl Denial {
         let dp = kube::api::DeleteParams::default();
         let _ = self.bindings.delete(&self.name, &dp).await;
         let _ = self.policies.delete(&self.name, &dp).await;
+    }
+}
+
+/// Run kubectl against `kubeconfig`, feeding `stdin`; it must succeed.
+pub fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CRD kube cannot decode (tests/hostile.rs, tests/issue.rs), deleted however its test
+/// ends: while it exists, every issuer run's pin check waits for a person.
+pub struct CrdDeletedAtEnd(pub PathBuf, pub String);
+
+impl Drop for CrdDeletedAtEnd {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.0)
+            .args(["delete", "crd", &self.1, "--ignore-not-found"])
+            .output();
     }
 }
