@@ -2245,3 +2245,105 @@ async fn a_namespace_holding_another_consumers_objects_passes_on_only_with_appro
     }
     ix.revoke(&[&x, &z, &w, &v, &q, &u, &t]).await;
 }
+
+/// An exported CRD kube cannot decode (a schema nested past the JSON reader's recursion limit,
+/// docs/hostile-inputs.md) spoils no Grant of other APIs: the issuer issues them, run after
+/// run, and says which CRD it cannot read; while it exists, a consumer cluster waits for a
+/// person before its pin, since the issuer cannot look through that CRD's objects for it
+/// (docs/issue.md "Confinement"); gone, the next run pins. Before, every run exited 1.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "servers"),
+    ignore = "needs the test servers: run hack/test.sh"
+)]
+async fn an_exported_crd_that_cannot_be_read_spoils_no_other_grant() {
+    // Alone: while its CRD exists, every other test's pin would wait for a person too.
+    let ix = Ix::alone("undecodable").await;
+    let (_, export) = ix.widgets_export().await;
+    let mut deep = json!({"type": "string"});
+    for _ in 0..140 {
+        deep = json!({"type": "object", "properties": {"a": deep}});
+    }
+    let deeps = format!("deeps.{}", ix.fx.group);
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": deeps, "labels": {"core.kbind.io/exported": "true"}},
+        "spec": {"group": ix.fx.group, "scope": "Namespaced",
+            "names": {"plural": "deeps", "kind": "Deep"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": deep}}}}]}});
+    // kube-rs cannot decode it, so kubectl creates it.
+    let provider = &ix.fx.env.provider;
+    support::kubectl(provider, &["create", "-f", "-"], Some(&crd.to_string()));
+    let gone = support::CrdDeletedAtEnd(provider.clone(), deeps.clone());
+    let g = format!("{}-g", ix.fx.label);
+    ix.grant(&g, &export, "1h").await;
+    // An Export naming it: no Grant can be issued it.
+    let of_deeps = format!("{}-deeps", ix.fx.label);
+    ix.export(&of_deeps, &[&deeps], json!([])).await;
+    let d = format!("{}-d", ix.fx.label);
+    ix.grant(&d, &of_deeps, "1h").await;
+    let pinned = |st: &Grant| {
+        st.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "ConsumerPinned"))
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    for round in 1..=2 {
+        let s = ix.run(&[]);
+        assert_eq!(
+            ready(&ix.get_grant(&g).await).0,
+            "True",
+            "round {round}: {s}"
+        );
+        if round == 1 {
+            let c = client_of(&ix.kubeconfig(&g).await).await;
+            Api::<Lease>::namespaced(c, &ix.ns)
+                .create(&PostParams::default(), &heartbeat(&ix.uid("u"), &g))
+                .await
+                .unwrap();
+        }
+    }
+    // As a CronJob runs it (no RUST_LOG): kube's client warns with the whole response body it
+    // could not decode (megabytes, and whatever the objects hold); kbind's log leaves it out.
+    let admin = ix.fx.env.provider.to_string_lossy().to_string();
+    let out = support::kbind_command(&ix.args(&admin, &[]))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("kbind issue");
+    let (code, s, err) = support::outcome(out);
+    assert_eq!(code, 0, "{s}\n{err}");
+    assert!(
+        !err.contains("CustomResourceDefinitionList") && err.len() < 64 << 10,
+        "{} bytes of log: {}",
+        err.len(),
+        &err[..err.len().min(2000)]
+    );
+    let e = Api::<kbind::api::catalog::Export>::all(ix.fx.provider.clone())
+        .get(&of_deeps)
+        .await
+        .unwrap();
+    assert_eq!(e.status.unwrap().missing_apis, vec![deeps.clone()]);
+    assert_eq!(ready(&ix.get_grant(&d).await).0, "False");
+    let st = ix.get_grant(&g).await;
+    let (status, reason, message) = pinned(&st).expect("ConsumerPinned");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ApprovalRequired"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&deeps) && message.contains("cannot be read"),
+        "{message}"
+    );
+    assert!(st.status.unwrap().consumer_cluster.is_none());
+
+    drop(gone);
+    ix.run(&[]);
+    let st = ix.get_grant(&g).await;
+    assert_eq!(
+        st.status.and_then(|s| s.consumer_cluster).as_deref(),
+        Some(&*ix.uid("u")),
+        "pinned once the CRD is gone"
+    );
+    ix.revoke(&[&g, &d]).await;
+}

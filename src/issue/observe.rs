@@ -309,7 +309,7 @@ async fn catalog(client: &Client) -> Result<(Vec<Export>, Catalog), IssueError> 
         .await
         .map_err(listed("Collections", None))?;
     let crd_lp = ListParams::default().labels(&format!("{EXPORTED}=true"));
-    let exported = list::map_all(
+    let (exported, undecodable) = list::map_decodable(
         &Api::<CustomResourceDefinition>::all(client.clone()),
         &crd_lp,
         |c| ResolvedApi {
@@ -341,7 +341,11 @@ async fn catalog(client: &Client) -> Result<(Vec<Export>, Catalog), IssueError> 
             .filter_map(|c| Some((c.metadata.name?, c.spec)))
             .collect(),
         exported: exported.into_iter().map(|a| (a.name.clone(), a)).collect(),
+        undecodable: undecodable.into_iter().collect(),
     };
+    for (name, why) in &catalog.undecodable {
+        tracing::warn!(crd = %name, error = %why, "an exported CRD cannot be read; no Grant gets it");
+    }
     Ok((exports, catalog))
 }
 

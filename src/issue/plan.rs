@@ -40,6 +40,9 @@ pub struct Catalog {
     pub collections: BTreeMap<String, CollectionSpec>,
     /// Exported CRDs (label `core.kbind.io/exported: "true"`) by `<plural>.<group>`.
     pub exported: BTreeMap<String, ResolvedApi>,
+    /// Exported CRDs the client cannot decode, by name, with why: no Grant can be issued them,
+    /// and the pin check cannot look through them.
+    pub undecodable: BTreeMap<String, String>,
 }
 
 /// Why a Grant issues nothing this run.

@@ -46,14 +46,20 @@ impl LogLevel {
 
     /// The filter this level stands for: kbind's own lines at this level, other libraries'
     /// (kube, hyper, rustls) at warn at most, so `debug` shows what kbind does rather than TLS
-    /// handshakes and request URLs (`RUST_LOG=debug` shows those).
+    /// handshakes and request URLs (`RUST_LOG=debug` shows those). kube's client warns with a
+    /// whole response body when it cannot decode one (megabytes for a list of CRDs, and whatever
+    /// the objects hold): kbind's own error names what failed, so those lines are left out.
     pub fn filter(self) -> String {
-        match self {
+        let level = match self {
             Self::Error | Self::Warn => self.as_str().to_string(),
             _ => format!("warn,kbind={}", self.as_str()),
-        }
+        };
+        format!("{level},{QUIET_BODIES}")
     }
 }
+
+/// The filter directive that leaves out kube's client's undecodable-response warnings.
+const QUIET_BODIES: &str = "kube_client::client=error";
 
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {

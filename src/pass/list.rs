@@ -121,12 +121,98 @@ where
     Err(too_many_pages_of(size))
 }
 
+/// [`map_all`] for a cluster-scoped kind, where one object the client cannot decode (a CRD
+/// whose schema is nested past the JSON reader's recursion limit, docs/hostile-inputs.md) must
+/// not fail the listing: when a page does not decode, every object is read by name instead,
+/// and those that do not decode come back by name with why, for the caller to report.
+pub async fn map_decodable<K, T>(
+    api: &Api<K>,
+    lp: &ListParams,
+    f: impl Fn(K) -> T,
+) -> Result<(Vec<T>, Vec<(String, String)>), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match map_all(api, lp, &f).await {
+        Err(kube::Error::SerdeError(_)) => {}
+        r => return r.map(|all| (all, Vec::new())),
+    }
+    let names = map_metadata(api, lp, |m| m.metadata.name.unwrap_or_default()).await?;
+    let (mut out, mut undecodable) = (Vec::new(), Vec::new());
+    for name in names {
+        match api.get_opt(&name).await {
+            Ok(Some(o)) => out.push(f(o)),
+            Ok(None) => {} // deleted since the list
+            Err(kube::Error::SerdeError(e)) => undecodable.push((name, e.to_string())),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((out, undecodable))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::{Request, Response};
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::client::Body;
+
+    /// One object nested past the JSON reader's recursion limit fails its page; the listing
+    /// reads by name instead and returns the others, and that one by name.
+    #[tokio::test]
+    async fn an_object_that_does_not_decode_is_named_and_the_rest_are_returned() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition as Crd;
+        let mut deep = serde_json::json!({"type": "string"});
+        for _ in 0..200 {
+            deep = serde_json::json!({"type": "object", "properties": {"a": deep}});
+        }
+        let crd = |name: &str, schema: serde_json::Value| {
+            serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": name}, "spec": {"group": "example.test", "scope": "Namespaced",
+                    "names": {"plural": name, "kind": "W"},
+                    "versions": [{"name": "v1", "served": true, "storage": true,
+                        "schema": {"openAPIV3Schema": schema}}]}})
+        };
+        let flat = serde_json::json!({"type": "object"});
+        let (good, bad) = (crd("good", flat), crd("deep", deep));
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let path = req.uri().path().to_string();
+                let metadata = req
+                    .headers()
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("PartialObjectMetadataList"));
+                let body = match path.rsplit('/').next() {
+                    Some("good") => good.clone(),
+                    Some("deep") => bad.clone(),
+                    _ if metadata => serde_json::json!({"apiVersion": "meta.k8s.io/v1",
+                        "kind": "PartialObjectMetadataList", "metadata": {},
+                        "items": [{"metadata": {"name": "good"}}, {"metadata": {"name": "deep"}}]}),
+                    _ => {
+                        serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
+                        "metadata": {}, "items": [good.clone(), bad.clone()]})
+                    }
+                };
+                send.send_response(Response::new(Body::from(body.to_string().into_bytes())));
+            }
+        });
+        let api: Api<Crd> = Api::all(kube::Client::new(mock, "default"));
+        let (names, undecodable) = map_decodable(&api, &ListParams::default(), |n| {
+            n.metadata.name.unwrap_or_default()
+        })
+        .await
+        .unwrap();
+        server.abort();
+        assert_eq!(names, vec!["good".to_string()]);
+        assert_eq!(undecodable.len(), 1);
+        assert_eq!(undecodable[0].0, "deep");
+        assert!(
+            undecodable[0].1.contains("recursion limit"),
+            "{undecodable:?}"
+        );
+    }
 
     /// A server that hands out a continue token on every page is cut off at MAX_PAGES.
     #[tokio::test]

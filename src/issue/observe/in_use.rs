@@ -9,6 +9,7 @@ use kube::{Api, Client};
 
 use crate::api::iam::Grant;
 use crate::issue::IssueError;
+use crate::pass::StatusCode;
 
 use super::super::plan::{Catalog, Holder, Issued};
 use super::super::render::Kind;
@@ -112,7 +113,14 @@ async fn first_carrying(
         .labels(&super::super::plan::labelled_with(uid))
         .limit(100);
     loop {
-        let page = api.list_metadata(&lp).await?;
+        let page = match api.list_metadata(&lp).await {
+            Ok(page) => page,
+            // Not served: exported a moment ago (the apiserver serves a new CRD once it has
+            // accepted its names) or deleted since the catalog was read. Nothing of it exists,
+            // and a pin must not wait for a person over that.
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
         for m in page.items {
             let heartbeat = leases
                 && m.metadata.namespace.as_deref() == Some(grants_ns)
@@ -166,6 +174,12 @@ async fn carriers(
             (a.name.clone(), Some(a.name.clone()), Ok(ar))
         })
         .collect();
+    // One it cannot decode may hold objects all the same: it cannot look through it.
+    out.extend(catalog.undecodable.iter().map(|(name, why)| {
+        let what = format!("exported CRD {name}");
+        let why = format!("{what} cannot be read: {why}");
+        (what, Some(name.clone()), Err(why))
+    }));
     // Any Export's: what a rule cannot be looked through for names the Export holding it.
     let mut written: Vec<Target> = Vec::new();
     for (export, e) in &catalog.exports {
@@ -242,5 +256,57 @@ fn holder(
     match (holders.next(), holders.next()) {
         (Some(one), None) => Holder::Grant(one.to_string()),
         _ => Holder::Nobody,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response, StatusCode as Http};
+    use kube::client::Body;
+
+    use super::*;
+
+    /// `first_carrying` against an apiserver answering every LIST with `status` and `body`.
+    async fn first_carrying_when(
+        status: Http,
+        body: serde_json::Value,
+    ) -> Result<Option<(Option<String>, String)>, kube::Error> {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            while let Some((_, send)) = handle.next_request().await {
+                let mut r = Response::new(Body::from(body.to_string().into_bytes()));
+                *r.status_mut() = status;
+                send.send_response(r);
+            }
+        });
+        let ar = kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("example.test", "v1", "Widget"),
+            "widgets",
+        );
+        let found = first_carrying(&Client::new(mock, "default"), &ar, "uid-1", "grants").await;
+        server.abort();
+        found
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "code": code, "reason": reason, "message": "refused"})
+    }
+
+    /// An exported API the apiserver does not serve (yet, or any more) holds nothing; a refused
+    /// LIST stays an error (the UID then waits for a person), and an object found is named.
+    #[tokio::test]
+    async fn an_api_not_served_carries_nothing_and_a_refusal_stays_an_error() {
+        let found = first_carrying_when(Http::NOT_FOUND, status(404, "NotFound")).await;
+        assert_eq!(found.unwrap(), None);
+
+        let refused = first_carrying_when(Http::FORBIDDEN, status(403, "Forbidden")).await;
+        assert!(refused.unwrap_err().is_forbidden());
+
+        let list = serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+            "metadata": {}, "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": {"name": "w1", "namespace": "team"}}]});
+        let found = first_carrying_when(Http::OK, list).await;
+        assert_eq!(found.unwrap(), Some((Some("team".into()), "w1".into())));
     }
 }
