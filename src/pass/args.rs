@@ -59,7 +59,7 @@ impl LogLevel {
 }
 
 /// The filter directive that leaves out kube's client's undecodable-response warnings.
-const QUIET_BODIES: &str = "kube_client::client=error";
+const QUIET_BODIES: &str = "kube_client::client=error,kube_client::client::tls=warn";
 
 #[derive(Clone, Debug, Args)]
 pub struct CommonArgs {
@@ -115,7 +115,8 @@ pub struct CommonArgs {
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
     /// Least severe level of kbind's log lines (stderr); other libraries log warnings and errors
-    /// only. RUST_LOG, when set, wins over this flag (e.g. `RUST_LOG=debug` for every library,
+    /// only (kube's client errors only: its warnings quote whole response bodies). RUST_LOG, when
+    /// set, wins over this flag (e.g. `RUST_LOG=debug` for every library,
     /// `RUST_LOG=kbind=debug,kube=info`).
     #[arg(long, value_enum, default_value_t = LogLevel::Info, global = true)]
     pub log_level: LogLevel,

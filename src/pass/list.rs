@@ -121,7 +121,7 @@ where
     Err(too_many_pages_of(size))
 }
 
-/// [`map_all`] for a cluster-scoped kind, where one object the client cannot decode (a CRD
+/// [`map_all`] for a cluster-scoped kind (read by name), where one object the client cannot decode (a CRD
 /// whose schema is nested past the JSON reader's recursion limit, docs/hostile-inputs.md) must
 /// not fail the listing: when a page does not decode, every object is read by name instead,
 /// and those that do not decode come back by name with why, for the caller to report.
@@ -131,7 +131,7 @@ pub async fn map_decodable<K, T>(
     f: impl Fn(K) -> T,
 ) -> Result<(Vec<T>, Vec<(String, String)>), kube::Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope> + Clone + DeserializeOwned + Debug,
 {
     match map_all(api, lp, &f).await {
         Err(kube::Error::SerdeError(_)) => {}

@@ -16,6 +16,7 @@
 //! dropped. File locks in the servers' directory, so they hold across test processes
 //! (nextest) as well.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -30,36 +31,63 @@ const LOCK: &str = "provider.lock";
 /// after another on the other test threads could keep the lock shared for the whole suite.
 const TURNSTILE: &str = "provider.turnstile";
 
-/// Held, never read: dropped, the lock is released.
+thread_local! {
+    /// Holds this thread's test keeps: shared ones (it passes no turnstile for a second
+    /// fixture), or `usize::MAX` while it is alone (a fixture it made would wait for itself).
+    static KEPT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Held, never read: dropped, the lock is released. Locks are taken in one order everywhere:
+/// `unscoped.lock` ([`super::scoped`]), the turnstile, `provider.lock`.
 pub struct ProviderHold {
     _shared: Option<Arc<File>>,
     _alone: Option<File>,
 }
 
+impl Drop for ProviderHold {
+    fn drop(&mut self) {
+        KEPT.with(|k| {
+            k.set(match (k.get(), self._alone.is_some()) {
+                (_, true) => 0,
+                (n, false) => n.saturating_sub(1),
+            })
+        });
+    }
+}
+
 impl ProviderHold {
-    /// The shared hold. One per process while any lives: a test with a second fixture takes no
-    /// new one, so it never waits at the turnstile behind a pin that waits for its first.
+    /// The shared hold. One flock per process while any hold lives; a thread taking its first
+    /// passes the turnstile (an alone test waiting holds it), a thread taking another (a test
+    /// with a second fixture, or a test-level hold) does not, so it never waits behind a test
+    /// that waits for its first.
     pub fn shared() -> Self {
         static HELD: Mutex<Weak<File>> = Mutex::new(Weak::new());
+        super::scoped();
         let held = || HELD.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = held().upgrade() {
-            return Self::holding(f);
-        }
+        let kept = KEPT.with(Cell::get);
+        assert!(
+            kept != usize::MAX,
+            "a test holding the provider alone made a fixture: it would wait for itself"
+        );
         let waited = std::time::Instant::now();
-        let turnstile = super::lock_file(TURNSTILE, true);
-        let taken = Arc::new(super::lock_file(LOCK, false));
+        let turnstile = (kept == 0).then(|| super::lock_file(TURNSTILE, true));
+        // Bound first: a guard in the match's scrutinee would live through its arms.
+        let live = held().upgrade();
+        let f = match live {
+            Some(f) => f,
+            None => {
+                let taken = Arc::new(super::lock_file(LOCK, false));
+                let mut slot = held();
+                // Another thread of this process may have taken one meanwhile: keep one.
+                slot.upgrade().unwrap_or_else(|| {
+                    *slot = Arc::downgrade(&taken);
+                    taken
+                })
+            }
+        };
         drop(turnstile);
         said("shared", waited);
-        let mut slot = held();
-        // Another thread of this process may have taken one meanwhile: keep one live hold.
-        let f = slot.upgrade().unwrap_or_else(|| {
-            *slot = Arc::downgrade(&taken);
-            taken
-        });
-        Self::holding(f)
-    }
-
-    fn holding(f: Arc<File>) -> Self {
+        KEPT.with(|k| k.set(kept + 1));
         Self {
             _shared: Some(f),
             _alone: None,
@@ -67,13 +95,20 @@ impl ProviderHold {
     }
 
     /// The exclusive hold. A test holding it creates no other fixture: that one would wait
-    /// for this hold.
+    /// for this hold (and [`ProviderHold::shared`] refuses it).
     pub fn alone() -> Self {
+        super::scoped();
+        assert_eq!(
+            KEPT.with(Cell::get),
+            0,
+            "a test holding a fixture asked for the provider alone: it would wait for itself"
+        );
         let waited = std::time::Instant::now();
         let turnstile = super::lock_file(TURNSTILE, true);
         let lock = super::lock_file(LOCK, true);
         drop(turnstile);
         said("exclusive", waited);
+        KEPT.with(|k| k.set(usize::MAX));
         Self {
             _shared: None,
             _alone: Some(lock),

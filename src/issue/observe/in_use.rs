@@ -73,7 +73,7 @@ pub(super) async fn in_use(
             // A source the issuer cannot list makes this UID wait for a person, not every
             // Grant of the run; an object found later says more.
             let found = match source {
-                Ok(ar) => first_carrying(client, ar, &uid, grants_ns)
+                Ok(ar) => first_carrying(client, (ar, api.as_deref()), &uid, grants_ns)
                     .await
                     .map_err(|e| format!("listing {what}: {}", e)),
                 Err(why) => Err(why.clone()),
@@ -98,12 +98,13 @@ pub(super) async fn in_use(
     Ok(out)
 }
 
-/// The first object of `ar` labelled with `uid`, page by page (100 a page), but a heartbeat:
-/// a Lease in the grants namespace named after the Grant its label names carries a UID to
-/// pin, and is all of Leases an identity may write (kbind-grant-identities).
+/// The first object of `ar` (of exported CRD `crd`, if it is one) labelled with `uid`, page by
+/// page (100 a page), but a heartbeat: a Lease in the grants namespace named after the Grant
+/// its label names carries a UID to pin, and is all of Leases an identity may write
+/// (kbind-grant-identities).
 async fn first_carrying(
     client: &Client,
-    ar: &kube::api::ApiResource,
+    (ar, crd): (&kube::api::ApiResource, Option<&str>),
     uid: &str,
     grants_ns: &str,
 ) -> Result<Option<(Option<String>, String)>, kube::Error> {
@@ -115,10 +116,12 @@ async fn first_carrying(
     loop {
         let page = match api.list_metadata(&lp).await {
             Ok(page) => page,
-            // Not served: exported a moment ago (the apiserver serves a new CRD once it has
-            // accepted its names) or deleted since the catalog was read. Nothing of it exists,
-            // and a pin must not wait for a person over that.
-            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) if e.is_not_found() => {
+                return match crd {
+                    Some(name) if !established(client, name).await? => Ok(None),
+                    _ => Err(e),
+                };
+            }
             Err(e) => return Err(e),
         };
         for m in page.items {
@@ -146,12 +149,31 @@ async fn first_carrying(
     }
 }
 
+/// Whether exported CRD `name` exists and is Established. A LIST answering 404 holds nothing
+/// when it does not: exported a moment ago (served once the apiserver has accepted its names)
+/// or deleted since the catalog was read, and a pin must not wait for a person over that. An
+/// Established one answering 404 (its version no longer served, objects kept under another)
+/// stays a place the issuer could not look.
+async fn established(client: &Client, name: &str) -> Result<bool, kube::Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get_opt(name)
+        .await?;
+    Ok(crd
+        .and_then(|c| c.status)
+        .and_then(|s| s.conditions)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        }))
+}
+
 /// Where objects carrying a consumer cluster UID can be, each with what a message calls it
 /// and its exported API's name (none for a permission resource): every exported CRD serving
 /// a version (one serving none holds nothing anyone can read or write), and every resource
 /// any Export's `spec.permissions` let an identity write (a revoked Grant's Export may be any
 /// of them). `Err`: why the issuer cannot list it (a `*`, a rule reaching past what it names,
-/// a failed discovery). A CRD no longer exported is looked at when it is granted again (the
+/// a failed discovery, an exported CRD it cannot decode, served or not). A CRD no longer exported is looked at when it is granted again (the
 /// hand-over check, docs/issue.md "Read isolation").
 async fn carriers(
     client: &Client,
@@ -266,16 +288,24 @@ mod tests {
 
     use super::*;
 
-    /// `first_carrying` against an apiserver answering every LIST with `status` and `body`.
+    /// `first_carrying` on exported CRD `widgets.example.test` against an apiserver answering
+    /// its LIST with `status` and `body`, and a GET of the CRD with `crd` (404 when `None`).
     async fn first_carrying_when(
         status: Http,
         body: serde_json::Value,
+        crd: Option<serde_json::Value>,
     ) -> Result<Option<(Option<String>, String)>, kube::Error> {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(async move {
-            while let Some((_, send)) = handle.next_request().await {
+            while let Some((req, send)) = handle.next_request().await {
+                let (code, body) =
+                    match (req.uri().path().contains("customresourcedefinitions"), &crd) {
+                        (false, _) => (status, body.clone()),
+                        (true, Some(c)) => (Http::OK, c.clone()),
+                        (true, None) => (Http::NOT_FOUND, self::status(404, "NotFound")),
+                    };
                 let mut r = Response::new(Body::from(body.to_string().into_bytes()));
-                *r.status_mut() = status;
+                *r.status_mut() = code;
                 send.send_response(r);
             }
         });
@@ -283,7 +313,9 @@ mod tests {
             &kube::api::GroupVersionKind::gvk("example.test", "v1", "Widget"),
             "widgets",
         );
-        let found = first_carrying(&Client::new(mock, "default"), &ar, "uid-1", "grants").await;
+        let crd = Some("widgets.example.test");
+        let found =
+            first_carrying(&Client::new(mock, "default"), (&ar, crd), "uid-1", "grants").await;
         server.abort();
         found
     }
@@ -293,20 +325,35 @@ mod tests {
             "code": code, "reason": reason, "message": "refused"})
     }
 
-    /// An exported API the apiserver does not serve (yet, or any more) holds nothing; a refused
-    /// LIST stays an error (the UID then waits for a person), and an object found is named.
+    fn crd(established: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.test"},
+            "spec": {"group": "example.test", "scope": "Namespaced",
+                "names": {"plural": "widgets", "kind": "Widget"},
+                "versions": [{"name": "v1", "served": true, "storage": true}]},
+            "status": {"conditions": [{"type": "Established", "status": established}]}})
+    }
+
+    /// An exported CRD not served yet (not Established) or gone holds nothing; one Established
+    /// whose LIST answers 404 (its version no longer served, objects kept under another) and a
+    /// refused LIST stay errors (the UID then waits for a person); an object found is named.
     #[tokio::test]
     async fn an_api_not_served_carries_nothing_and_a_refusal_stays_an_error() {
-        let found = first_carrying_when(Http::NOT_FOUND, status(404, "NotFound")).await;
-        assert_eq!(found.unwrap(), None);
+        let not_found = || status(404, "NotFound");
+        for crd in [None, Some(crd("False"))] {
+            let found = first_carrying_when(Http::NOT_FOUND, not_found(), crd.clone()).await;
+            assert_eq!(found.unwrap(), None, "{crd:?}");
+        }
+        let served = first_carrying_when(Http::NOT_FOUND, not_found(), Some(crd("True"))).await;
+        assert!(served.unwrap_err().is_not_found());
 
-        let refused = first_carrying_when(Http::FORBIDDEN, status(403, "Forbidden")).await;
+        let refused = first_carrying_when(Http::FORBIDDEN, status(403, "Forbidden"), None).await;
         assert!(refused.unwrap_err().is_forbidden());
 
         let list = serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
             "metadata": {}, "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
                 "metadata": {"name": "w1", "namespace": "team"}}]});
-        let found = first_carrying_when(Http::OK, list).await;
+        let found = first_carrying_when(Http::OK, list, None).await;
         assert_eq!(found.unwrap(), Some((Some("team".into()), "w1".into())));
     }
 }
